@@ -1,0 +1,53 @@
+"""`aether`: one console script; each subcommand lives with the folder that owns it.
+
+Subcommand modules expose `main(argv: list[str]) -> int` and are imported only when used, so
+`aether capture` never pays for grpc and `aether xds` never pays for kopf.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "operator": ("aether.operator.cli", "run the kopf operator (--kubeconfig F, in-cluster config otherwise)"),
+    "dev-api": ("aether.operator.devapi", "run the API test bed as a local server and write a kubeconfig"),
+    "xds": ("aether.xds.cli", "the node xDS sidecar; also `xds render` and `xds bootstrap`"),
+    "capture": ("aether.netns.capture_cli", "install or check the capture in a netns, outside the CNI runtime"),
+    "demo": ("aether.e2e.demo", "the whole mesh locally: API test bed, operator, sidecar, real Envoy, netns pods"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: aether <command> [options]", "", "commands:"]
+    for name, (_, help_text) in SUBCOMMANDS.items():
+        lines.append(f"  {name:<10} {help_text}")
+    lines.append("")
+    lines.append("`aether <command> --help` shows each command's options.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in SUBCOMMANDS:
+        print(f"aether: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, _ = SUBCOMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            print(f"aether {name}: not built yet ({module_name} does not exist)", file=sys.stderr)
+            return 3
+        raise
+    code: int = module.main(rest)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""A lab of network namespaces: nodes, pods behind veths, processes inside them, all cleaned up.
+
+Every netns, link and process a Lab makes carries the Lab's own short tag, so cleanup removes exactly
+what this Lab made (by name or by PID), even when the test that made it fails.
+
+Topology: each node is a netns (its "host network": the node's Envoy and sidecar run there); each pod is
+a netns whose `eth0` is a veth to its node, with a /32 address and a default route via the node, so a VIP
+that exists nowhere still has a route (the capture diverts it before it leaves).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ipaddress
+import os
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+NETNS_DIR = Path("/run/netns")
+GATEWAY_LL = "169.254.1.1"  # the pod's next hop: the node side of every pod veth
+
+
+def sh(*argv: str, check: bool = True, netns: str | None = None, input: str | None = None) -> str:
+    cmd = list(argv)
+    if netns is not None:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True, input=input)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@dataclass
+class Node:
+    name: str
+    netns: str
+    path: str
+    ip: str | None = None  # the node's address on the lab's node network, if any
+
+
+@dataclass
+class Pod:
+    name: str
+    node: Node
+    netns: str
+    path: str
+    ip: str
+    host_if: str
+
+
+@dataclass
+class Lab:
+    """Network namespaces made by one test (or the demo), removed by `close()`."""
+
+    tag: str = field(default_factory=lambda: "ae" + secrets.token_hex(3))
+    nodes: dict[str, Node] = field(default_factory=dict)
+    pods: dict[str, Pod] = field(default_factory=dict)
+    _netns: list[str] = field(default_factory=list)
+    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _links: int = 0
+    _closed: bool = False
+
+    def __post_init__(self) -> None:
+        atexit.register(self.close)
+
+    # -- namespaces ------------------------------------------------------------------------------
+    def _new_netns(self, suffix: str) -> tuple[str, str]:
+        name = f"{self.tag}-{suffix}"
+        sh("ip", "netns", "add", name)
+        self._netns.append(name)
+        sh("ip", "link", "set", "lo", "up", netns=name)
+        return name, str(NETNS_DIR / name)
+
+    def add_node(self, name: str) -> Node:
+        ns, path = self._new_netns(name)
+        node = Node(name=name, netns=ns, path=path)
+        sh("sysctl", "-qw", "net.ipv4.ip_forward=1", netns=ns)
+        self.nodes[name] = node
+        return node
+
+    def _veth_names(self) -> tuple[str, str]:
+        self._links += 1
+        base = f"{self.tag}{self._links:x}"  # <= 12 chars
+        return f"{base}a", f"{base}b"
+
+    def add_pod(self, node: Node, name: str, ip: str) -> Pod:
+        """A pod netns with eth0 = ip/32, default via the node; the node routes ip to the pod."""
+        ipaddress.IPv4Address(ip)
+        ns, path = self._new_netns(name)
+        host_if, peer = self._veth_names()
+        sh("ip", "link", "add", host_if, "netns", node.netns, "type", "veth", "peer", "name", peer, "netns", ns)
+        sh("ip", "link", "set", peer, "name", "eth0", netns=ns)
+        sh("ip", "addr", "add", f"{ip}/32", "dev", "eth0", netns=ns)
+        sh("ip", "link", "set", "eth0", "up", netns=ns)
+        sh("ip", "route", "add", GATEWAY_LL, "dev", "eth0", "scope", "link", netns=ns)
+        sh("ip", "route", "add", "default", "via", GATEWAY_LL, "dev", "eth0", netns=ns)
+        sh("ip", "addr", "add", f"{GATEWAY_LL}/32", "dev", host_if, netns=node.netns)
+        sh("ip", "link", "set", host_if, "up", netns=node.netns)
+        sh("sysctl", "-qw", f"net.ipv4.conf.{host_if}.proxy_arp=1", netns=node.netns)
+        sh("ip", "route", "add", f"{ip}/32", "dev", host_if, netns=node.netns)
+        pod = Pod(name=name, node=node, netns=ns, path=path, ip=ip, host_if=host_if)
+        self.pods[name] = pod
+        return pod
+
+    def link_nodes(self, a: Node, b: Node, a_ip: str, b_ip: str) -> None:
+        """A veth between two nodes, with routes so each node reaches the other's pods."""
+        ia, ib = self._veth_names()
+        sh("ip", "link", "add", ia, "netns", a.netns, "type", "veth", "peer", "name", ib, "netns", b.netns)
+        for node, ifn, ip in ((a, ia, a_ip), (b, ib, b_ip)):
+            sh("ip", "addr", "add", f"{ip}/30", "dev", ifn, netns=node.netns)
+            sh("ip", "link", "set", ifn, "up", netns=node.netns)
+            node.ip = ip
+        for pod in self.pods.values():
+            if pod.node is a:
+                sh("ip", "route", "replace", f"{pod.ip}/32", "via", a_ip, netns=b.netns)
+            elif pod.node is b:
+                sh("ip", "route", "replace", f"{pod.ip}/32", "via", b_ip, netns=a.netns)
+
+    # -- processes -------------------------------------------------------------------------------
+    def spawn(
+        self, netns: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None, **kw: object
+    ) -> subprocess.Popen[bytes]:
+        """Start a process (in `netns` if given) in its own process group; close() kills it."""
+        cmd = list(argv) if netns is None else ["ip", "netns", "exec", netns, *argv]
+        proc: subprocess.Popen[bytes] = subprocess.Popen(
+            cmd, env={**os.environ, **(env or {})}, start_new_session=True, **kw  # type: ignore[call-overload]
+        )
+        self._procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout)
+
+    # -- cleanup ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for proc in reversed(self._procs):
+            with contextlib.suppress(Exception):
+                self.stop(proc)
+        for ns in reversed(self._netns):
+            # killing anything left inside the netns we made, then the netns (its veths go with it)
+            pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self._netns.clear()
+        atexit.unregister(self.close)
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def leftover_netns(tag_prefix: str = "ae") -> list[str]:
+    """Named netns that look like a Lab's (used by tests that check nothing leaked)."""
+    if not NETNS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(tag_prefix))
+
+
+@contextlib.contextmanager
+def lab(tag: str | None = None) -> Iterator[Lab]:
+    lb = Lab(tag=tag) if tag else Lab()
+    try:
+        yield lb
+    finally:
+        lb.close()
+
+
+def wait_for(pred: object, timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if callable(pred) and pred():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")

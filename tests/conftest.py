@@ -1,0 +1,52 @@
+"""Shared test plumbing: privileged gating, the netns lab, the Envoy binary.
+
+A test marked `privileged` needs root (network namespaces, nftables, policy routing). Outside root it is
+skipped with a reason; with AETHER_REQUIRE_PRIVILEGED=1 (set by .ci/run) any skip of a privileged test is
+turned into a failure, so CI can never go green by skipping the kernel half.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aether.e2e.netlab import Lab, is_root
+from aether.envoybin import EnvoyNotFound, envoy_path
+
+REQUIRE_PRIVILEGED = os.environ.get("AETHER_REQUIRE_PRIVILEGED") == "1"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("privileged") and not is_root():
+        if REQUIRE_PRIVILEGED:
+            pytest.fail("privileged test cannot run: not root, and AETHER_REQUIRE_PRIVILEGED=1")
+        pytest.skip("needs root for network namespaces and nftables")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_PRIVILEGED and report.skipped and item.get_closest_marker("privileged"):
+        report.outcome = "failed"
+        report.longrepr = f"privileged test skipped under AETHER_REQUIRE_PRIVILEGED=1: {report.longrepr}"
+
+
+@pytest.fixture
+def lab() -> Iterator[Lab]:
+    lb = Lab()
+    try:
+        yield lb
+    finally:
+        lb.close()
+
+
+@pytest.fixture(scope="session")
+def envoy_bin() -> Path:
+    try:
+        return envoy_path()
+    except EnvoyNotFound as exc:
+        pytest.fail(str(exc))

@@ -1,0 +1,1 @@
+"""aether.xds: the delta-ADS server, translation of desired state into Envoy resources, SDS, QUIC pairs."""
