@@ -133,7 +133,10 @@ class Lab:
         """Start a process (in `netns` if given) in its own process group; close() kills it."""
         cmd = list(argv) if netns is None else ["ip", "netns", "exec", netns, *argv]
         proc: subprocess.Popen[bytes] = subprocess.Popen(
-            cmd, env={**os.environ, **(env or {})}, start_new_session=True, **kw  # type: ignore[call-overload]
+            cmd,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+            **kw,  # type: ignore[call-overload]
         )
         self._procs.append(proc)
         return proc

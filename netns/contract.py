@@ -7,16 +7,16 @@ Service port and a second capture path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Final
 
 
-class Transport(str, Enum):
+class Transport(StrEnum):
     TCP = "tcp"
     UDP = "udp"
 
 
-class CaptureMode(str, Enum):
+class CaptureMode(StrEnum):
     """`tproxy` is mark-and-divert (the only mode deployed); `redirect` is the negative control (R6)."""
 
     TPROXY = "tproxy"

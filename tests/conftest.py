@@ -8,8 +8,9 @@ turned into a failure, so CI can never go green by skipping the kernel half.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,9 +28,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
     outcome = yield
-    report = outcome.get_result()
+    report: pytest.TestReport = outcome.get_result()
     if REQUIRE_PRIVILEGED and report.skipped and item.get_closest_marker("privileged"):
         report.outcome = "failed"
         report.longrepr = f"privileged test skipped under AETHER_REQUIRE_PRIVILEGED=1: {report.longrepr}"

@@ -1,1 +1,0 @@
-"""aether.e2e: the network-namespace lab, the multi-node e2e harness and the local demo."""

@@ -1,1 +1,0 @@
-"""aether.xds: the delta-ADS server, translation of desired state into Envoy resources, SDS, QUIC pairs."""
