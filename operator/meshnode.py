@@ -19,7 +19,7 @@ API_GROUP = "mesh.aether.dev"
 API_VERSION = "v1alpha1"
 KIND = "MeshNode"
 PLURAL = "meshnodes"
-BLACKHOLE_CLUSTER = "blackhole"
+BLACKHOLE_CLUSTER = "blackhole"  # same as aether.naming.BLACKHOLE_CLUSTER
 
 
 class _Model(BaseModel):
