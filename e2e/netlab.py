@@ -68,6 +68,7 @@ class Lab:
     _netns: list[str] = field(default_factory=list)
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _links: int = 0
+    _peers: list[tuple[Node, Node, str, str]] = field(default_factory=list)
     _closed: bool = False
 
     def __post_init__(self) -> None:
@@ -110,21 +111,27 @@ class Lab:
         sh("ip", "route", "add", f"{ip}/32", "dev", host_if, netns=node.netns)
         pod = Pod(name=name, node=node, netns=ns, path=path, ip=ip, host_if=host_if)
         self.pods[name] = pod
+        self._route_pods()
         return pod
 
     def link_nodes(self, a: Node, b: Node, a_ip: str, b_ip: str) -> None:
-        """A veth between two nodes, with routes so each node reaches the other's pods."""
+        """A veth between two nodes, with routes so each node reaches the other's pods (now and later)."""
         ia, ib = self._veth_names()
         sh("ip", "link", "add", ia, "netns", a.netns, "type", "veth", "peer", "name", ib, "netns", b.netns)
         for node, ifn, ip in ((a, ia, a_ip), (b, ib, b_ip)):
             sh("ip", "addr", "add", f"{ip}/30", "dev", ifn, netns=node.netns)
             sh("ip", "link", "set", ifn, "up", netns=node.netns)
             node.ip = ip
-        for pod in self.pods.values():
-            if pod.node is a:
-                sh("ip", "route", "replace", f"{pod.ip}/32", "via", a_ip, netns=b.netns)
-            elif pod.node is b:
-                sh("ip", "route", "replace", f"{pod.ip}/32", "via", b_ip, netns=a.netns)
+        self._peers.append((a, b, a_ip, b_ip))
+        self._route_pods()
+
+    def _route_pods(self) -> None:
+        for a, b, a_ip, b_ip in self._peers:
+            for pod in self.pods.values():
+                if pod.node is a:
+                    sh("ip", "route", "replace", f"{pod.ip}/32", "via", a_ip, netns=b.netns)
+                elif pod.node is b:
+                    sh("ip", "route", "replace", f"{pod.ip}/32", "via", b_ip, netns=a.netns)
 
     # -- processes -------------------------------------------------------------------------------
     def spawn(
