@@ -104,6 +104,17 @@ class QuicStatus(_Model):
     ineligible: list[IneligibleDestination] = Field(default_factory=list)
     pairs: list[QuicPair] = Field(default_factory=list)
     dormant_pairs: list[QuicPair] = Field(default_factory=list)
+    pair_count: int | None = Field(default=None, description="sidecar-owned: len(pairs), for printer columns")
+    dormant_pair_count: int | None = Field(default=None, description="sidecar-owned: len(dormantPairs)")
+
+
+class Summary(_Model):
+    """Counts for `kubectl get meshnodes` printer columns (JSONPath cannot count a list)."""
+
+    pods: int = 0
+    udp_services: int = 0
+    tcp_services: int = 0
+    unsupported_shapes: int = 0
 
 
 class MeshNodeStatus(_Model):
@@ -112,6 +123,7 @@ class MeshNodeStatus(_Model):
     udp: L4Status = Field(default_factory=L4Status)
     tcp: L4Status = Field(default_factory=L4Status)
     quic: QuicStatus = Field(default_factory=QuicStatus)
+    summary: Summary | None = None
     observed_generation: int | None = None
 
 
