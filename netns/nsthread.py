@@ -1,0 +1,99 @@
+"""Run a function with its thread inside a network namespace given by path.
+
+Python 3.11 has no `os.setns`; `libc.setns` acts on the calling thread only, so each call gets a fresh thread that
+enters the netns, runs the function and ends (it never returns to a pool in the wrong netns). Sockets and netlink
+contexts created by the function stay bound to that netns after the thread is gone.
+
+A path is a netns when it is an nsfs file whose `NS_GET_NSTYPE` is `CLONE_NEWNET`; anything else (a missing path, a
+regular file, another kind of namespace) is refused with a clear error before any setns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import os
+import threading
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+T = TypeVar("T")
+
+CLONE_NEWNET: Final = 0x40000000
+NS_GET_NSTYPE: Final = 0xB703  # _IO(0xb7, 0x3), Linux >= 4.11
+
+_libc: ctypes.CDLL | None = None
+
+
+class NetnsError(OSError):
+    """The path does not name a network namespace."""
+
+
+class NetnsMissing(NetnsError):
+    """Nothing exists at the path (a vanished pod netns)."""
+
+
+def libc() -> ctypes.CDLL:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return _libc
+
+
+def open_netns(path: str | os.PathLike[str]) -> int:
+    """An O_RDONLY fd on the netns at `path`; raises NetnsMissing / NetnsError for anything that is not one."""
+    p = os.fspath(path)
+    if not p:
+        raise NetnsError(errno.EINVAL, "empty netns path")
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        raise NetnsMissing(errno.ENOENT, f"netns {p} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise NetnsError(errno.EINVAL, f"{p} is a directory, not a network namespace") from exc
+    except OSError as exc:
+        raise NetnsError(exc.errno or errno.EINVAL, f"cannot open netns {p}: {exc.strerror}") from exc
+    try:
+        nstype = fcntl.ioctl(fd, NS_GET_NSTYPE)
+    except OSError as exc:
+        os.close(fd)
+        raise NetnsError(errno.EINVAL, f"{p} is not a network namespace (not an nsfs file)") from exc
+    if nstype != CLONE_NEWNET:
+        os.close(fd)
+        raise NetnsError(errno.EINVAL, f"{p} is a namespace but not a network namespace (type {nstype:#x})")
+    return fd
+
+
+def check_netns(path: str | os.PathLike[str]) -> None:
+    os.close(open_netns(path))
+
+
+def setns_current_thread(fd: int) -> None:
+    if libc().setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def run_in_netns(path: str | os.PathLike[str], fn: Callable[[], T]) -> T:
+    """Call `fn()` on a fresh thread that first enters the netns at `path`; return its result or re-raise."""
+    fd = open_netns(path)
+    box: dict[str, object] = {}
+
+    def body() -> None:
+        try:
+            setns_current_thread(fd)
+            box["result"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    try:
+        thread = threading.Thread(target=body, name=f"netns:{os.fspath(path)}", daemon=True)
+        thread.start()
+        thread.join()
+    finally:
+        os.close(fd)
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["result"]  # type: ignore[return-value]

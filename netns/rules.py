@@ -1,0 +1,223 @@
+"""The capture ruleset, as nftables JSON: a pure builder, and the normaliser that compares it with what loaded.
+
+`build_ruleset(mode, ports)` returns the commands that create table `inet aether` (`{"nftables": [{"add": ...}]}`),
+in exactly the shape `nft -j list table inet aether` prints them back (minus handles and counter values), so
+`canonical()` of both sides can be compared for equality.
+
+- `tproxy` (mark-and-divert, the only mode deployed): a `route` chain on hook `output`, priority mangle, one rule per
+  (transport, port): `<proto> dport <p> fib daddr type != local counter meta mark set 0xae71`. The ip rule and the
+  local route that finish the divert are the installer's job (they are not nftables).
+- `redirect` (the negative control, R6): a `nat` chain on hook `output`, priority dstnat, one rule per (transport,
+  port): `<proto> dport <p> fib daddr type != local counter redirect to :<p>` (the same port: a port-rewriting
+  capture matches but silently fails one way).
+
+`redirect` is terminal: nft rejects any statement after it and, `-f` being atomic, then loads nothing at all. The
+builder checks its own output with `check_statement_order`, and the installer reads back what loaded.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Final
+
+from aether.netns.contract import (
+    CAPTURE_DIVERT_FWMARK,
+    CAPTURED_PORTS,
+    NFT_TABLE_FAMILY,
+    NFT_TABLE_NAME,
+    CaptureMode,
+    Transport,
+)
+
+Json = dict[str, Any]
+
+DIVERT_CHAIN: Final = "divert_out"
+REDIRECT_CHAIN: Final = "redirect_out"
+PRIO_MANGLE: Final = -150
+PRIO_DSTNAT: Final = -100
+
+# Statements after which nothing in a rule runs; nft rejects a rule that has anything after one of them.
+TERMINAL_STATEMENTS: Final = frozenset(
+    {"accept", "drop", "reject", "return", "jump", "goto", "queue", "redirect", "dnat", "snat", "masquerade", "tproxy"}
+)
+
+
+class RulesetError(ValueError):
+    """A ruleset that nft would reject, or that breaks the capture contract."""
+
+
+def table_ref() -> Json:
+    return {"family": NFT_TABLE_FAMILY, "name": NFT_TABLE_NAME}
+
+
+def _port_match(transport: Transport, port: int) -> Json:
+    return {"match": {"op": "==", "left": {"payload": {"protocol": transport.value, "field": "dport"}}, "right": port}}
+
+
+def _non_local_daddr() -> Json:
+    return {"match": {"op": "!=", "left": {"fib": {"result": "type", "flags": ["daddr"]}}, "right": "local"}}
+
+
+def _counter() -> Json:
+    return {"counter": {"packets": 0, "bytes": 0}}
+
+
+def _set_divert_mark() -> Json:
+    return {"mangle": {"key": {"meta": {"key": "mark"}}, "value": CAPTURE_DIVERT_FWMARK}}
+
+
+def _redirect(port: int) -> Json:
+    return {"redirect": {"port": port}}
+
+
+def _validated_ports(ports: Mapping[Transport, Sequence[int]]) -> list[tuple[Transport, int]]:
+    out: list[tuple[Transport, int]] = []
+    for transport in sorted(ports, key=lambda t: t.value):
+        if not isinstance(transport, Transport):
+            raise RulesetError(f"unknown transport {transport!r}")
+        seen: set[int] = set()
+        for port in ports[transport]:
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise RulesetError(f"{transport.value} port {port!r} is not a port number (1-65535)")
+            if port in seen:
+                raise RulesetError(f"{transport.value} port {port} listed twice")
+            seen.add(port)
+            out.append((transport, port))
+    if not out:
+        raise RulesetError("no ports to capture: an empty capture is never what was meant")
+    return out
+
+
+def build_ruleset(mode: CaptureMode, ports: Mapping[Transport, Sequence[int]] = CAPTURED_PORTS) -> Json:
+    """The nftables JSON that creates table `inet aether` for `mode` (pure; same input, same output)."""
+    mode = CaptureMode(mode)
+    pairs = _validated_ports(ports)
+    fam, table = NFT_TABLE_FAMILY, NFT_TABLE_NAME
+    if mode is CaptureMode.TPROXY:
+        chain: Json = {"family": fam, "table": table, "name": DIVERT_CHAIN, "type": "route", "hook": "output"}
+        chain |= {"prio": PRIO_MANGLE, "policy": "accept"}
+    else:
+        chain = {"family": fam, "table": table, "name": REDIRECT_CHAIN, "type": "nat", "hook": "output"}
+        chain |= {"prio": PRIO_DSTNAT, "policy": "accept"}
+    commands: list[Json] = [{"add": {"table": table_ref()}}, {"add": {"chain": chain}}]
+    for transport, port in pairs:
+        terminal = _set_divert_mark() if mode is CaptureMode.TPROXY else _redirect(port)
+        expr = [_port_match(transport, port), _non_local_daddr(), _counter(), terminal]
+        commands.append({"add": {"rule": {"family": fam, "table": table, "chain": chain["name"], "expr": expr}}})
+    ruleset = {"nftables": commands}
+    check_statement_order(ruleset)
+    return ruleset
+
+
+def replace_table_commands(ruleset: Json) -> Json:
+    """One transaction that makes table `inet aether` exactly `ruleset`: add (so delete cannot fail), flush,
+    delete, then re-create it whole. Applying it twice leaves one copy."""
+    ref = table_ref()
+    prefix = [{"add": {"table": dict(ref)}}, {"flush": {"table": dict(ref)}}, {"delete": {"table": dict(ref)}}]
+    return {"nftables": prefix + copy.deepcopy(list(ruleset["nftables"]))}
+
+
+def delete_table_commands() -> Json:
+    """Remove table `inet aether` if it is there (idempotent in one transaction)."""
+    ref = table_ref()
+    return {"nftables": [{"add": {"table": dict(ref)}}, {"delete": {"table": dict(ref)}}]}
+
+
+def _objects(items: Iterable[Json]) -> Iterable[tuple[str, Json]]:
+    """(kind, body) for each table/chain/rule, whether given as `{"add": {kind: body}}` or listed `{kind: body}`."""
+    for item in items:
+        if "add" in item:
+            item = item["add"]
+        for kind in ("table", "chain", "rule"):
+            if kind in item:
+                yield kind, item[kind]
+
+
+def _canonical_stmt(stmt: Json) -> Json:
+    if "counter" in stmt:
+        return {"counter": None}  # anonymous counter: its values are state, not configuration
+    return stmt
+
+
+def check_statement_order(ruleset: Json) -> None:
+    """Raise RulesetError if any rule has a statement after a terminal one (nft rejects the whole transaction)."""
+    for kind, body in _objects(ruleset.get("nftables", [])):
+        if kind != "rule":
+            continue
+        expr = body.get("expr", [])
+        for i, stmt in enumerate(expr[:-1]):
+            name = next(iter(stmt), "")
+            if name in TERMINAL_STATEMENTS:
+                after = ", ".join(next(iter(s), "?") for s in expr[i + 1 :])
+                raise RulesetError(
+                    f"rule in chain {body.get('chain')!r}: {after} after terminal {name!r} (nft rejects it)"
+                )
+
+
+def canonical(nft_json: Json) -> Json:
+    """Table `inet aether` from a ruleset or from `nft -j list table|ruleset`, without handles or counter values.
+
+    `{"tables": [...], "chains": {name: {...}}, "rules": {chain: [[stmt, ...], ...]}}`; rule order within a chain is
+    kept (it is meaningful), other objects are keyed by name. Objects of other tables are ignored.
+    """
+    tables: list[Json] = []
+    chains: dict[str, Json] = {}
+    rules: dict[str, list[list[Json]]] = {}
+    for kind, body in _objects(nft_json.get("nftables", [])):
+        if body.get("family") != NFT_TABLE_FAMILY or body.get("table", body.get("name")) != NFT_TABLE_NAME:
+            continue
+        if kind == "table":
+            tables.append({"family": body["family"], "name": body["name"]})
+        elif kind == "chain":
+            chains[body["name"]] = {k: v for k, v in body.items() if k not in ("handle", "family", "table", "name")}
+        else:
+            rules.setdefault(body["chain"], []).append([_canonical_stmt(s) for s in body.get("expr", [])])
+    return {"tables": tables, "chains": chains, "rules": rules}
+
+
+def _describe_rule(expr: list[Json]) -> str:
+    parts: list[str] = []
+    for stmt in expr:
+        if "match" in stmt:
+            m = stmt["match"]
+            left = m["left"]
+            if "payload" in left:
+                parts.append(f"{left['payload']['protocol']} {left['payload']['field']} {m['op']} {m['right']}")
+            elif "fib" in left:
+                parts.append(f"fib {' '.join(left['fib']['flags'])} {left['fib']['result']} {m['op']} {m['right']}")
+            else:
+                parts.append(f"match {m}")
+        elif "mangle" in stmt:
+            parts.append(f"meta mark set {stmt['mangle']['value']:#x}")
+        elif "redirect" in stmt:
+            parts.append(f"redirect to :{stmt['redirect'].get('port', '?')}")
+        else:
+            parts.append(next(iter(stmt), "?"))
+    return " ".join(parts)
+
+
+def diff(wanted: Json, loaded: Json) -> list[str]:
+    """Readable differences between two canonical forms (empty when they are equal)."""
+    out: list[str] = []
+    if wanted["tables"] != loaded["tables"]:
+        if not loaded["tables"]:
+            out.append(f"table {NFT_TABLE_FAMILY} {NFT_TABLE_NAME} is missing")
+        else:
+            out.append(f"tables differ: wanted {wanted['tables']}, loaded {loaded['tables']}")
+    for name in sorted(set(wanted["chains"]) | set(loaded["chains"])):
+        w, got = wanted["chains"].get(name), loaded["chains"].get(name)
+        if w is None:
+            out.append(f"extra chain {name!r}")
+        elif got is None:
+            out.append(f"missing chain {name!r}")
+        elif w != got:
+            out.append(f"chain {name!r} differs: wanted {w}, loaded {got}")
+    for name in sorted(set(wanted["rules"]) | set(loaded["rules"])):
+        w_rules, got_rules = wanted["rules"].get(name, []), loaded["rules"].get(name, [])
+        here = [f"missing rule in {name!r}: {_describe_rule(r)}" for r in w_rules if r not in got_rules]
+        here += [f"extra rule in {name!r}: {_describe_rule(r)}" for r in got_rules if r not in w_rules]
+        if not here and w_rules != got_rules:
+            here.append(f"rules in {name!r} are in a different order or duplicated ({len(got_rules)} loaded)")
+        out += here
+    return out

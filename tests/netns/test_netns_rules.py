@@ -1,0 +1,193 @@
+"""The pure ruleset builder: golden files for both modes, properties, and the normaliser/diff."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aether.netns.contract import CAPTURE_DIVERT_FWMARK, CAPTURED_PORTS, CaptureMode, Transport
+from aether.netns.rules import (
+    DIVERT_CHAIN,
+    REDIRECT_CHAIN,
+    RulesetError,
+    build_ruleset,
+    canonical,
+    check_statement_order,
+    diff,
+    replace_table_commands,
+)
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE_FLAG = "AETHER_UPDATE_GOLDEN"
+
+
+def compare_golden(path: Path, actual: dict[str, Any], *, update: bool) -> None:
+    """Fail when `path` differs from `actual`; rewrite it only when `update` (the explicit flag) is set."""
+    text = json.dumps(actual, indent=2, sort_keys=True) + "\n"
+    if update:
+        path.write_text(text)
+        return
+    if not path.exists():
+        pytest.fail(f"golden file {path} is missing; create it deliberately with {UPDATE_FLAG}=1")
+    if path.read_text() != text:
+        pytest.fail(
+            f"{path.name} differs from the builder's output; if the change is intended, run with {UPDATE_FLAG}=1"
+        )
+
+
+@pytest.mark.parametrize("mode", list(CaptureMode))
+def test_golden_ruleset(mode: CaptureMode) -> None:
+    compare_golden(
+        GOLDEN / f"ruleset_{mode.value}.json", build_ruleset(mode), update=os.environ.get(UPDATE_FLAG) == "1"
+    )
+
+
+def test_golden_mismatch_fails_and_is_not_rewritten(tmp_path: Path) -> None:
+    """Negative control for the golden gate: a differing file fails the test and stays as it was."""
+    path = tmp_path / "ruleset_tproxy.json"
+    path.write_text("{}\n")
+    with pytest.raises(pytest.fail.Exception, match="differs"):
+        compare_golden(path, build_ruleset(CaptureMode.TPROXY), update=False)
+    assert path.read_text() == "{}\n"
+    with pytest.raises(pytest.fail.Exception, match="missing"):
+        compare_golden(tmp_path / "absent.json", build_ruleset(CaptureMode.TPROXY), update=False)
+    assert not (tmp_path / "absent.json").exists()
+
+
+def _rules(ruleset: dict[str, Any]) -> list[dict[str, Any]]:
+    return [c["add"]["rule"] for c in ruleset["nftables"] if "rule" in c["add"]]
+
+
+def _dport(rule: dict[str, Any]) -> tuple[str, int]:
+    m = rule["expr"][0]["match"]
+    return m["left"]["payload"]["protocol"], m["right"]
+
+
+def test_tproxy_shape() -> None:
+    rs = build_ruleset(CaptureMode.TPROXY)
+    chains = [c["add"]["chain"] for c in rs["nftables"] if "chain" in c["add"]]
+    assert chains == [
+        {
+            "family": "inet",
+            "table": "aether",
+            "name": DIVERT_CHAIN,
+            "type": "route",
+            "hook": "output",
+            "prio": -150,
+            "policy": "accept",
+        }
+    ]
+    assert sorted(_dport(r) for r in _rules(rs)) == [("tcp", 18080), ("tcp", 18082), ("udp", 18082)]
+
+
+def test_redirect_shape_keeps_the_port_and_counts_before_redirect() -> None:
+    rs = build_ruleset(CaptureMode.REDIRECT)
+    chains = [c["add"]["chain"] for c in rs["nftables"] if "chain" in c["add"]]
+    assert [(c["name"], c["type"], c["hook"], c["prio"]) for c in chains] == [(REDIRECT_CHAIN, "nat", "output", -100)]
+    for rule in _rules(rs):
+        assert rule["expr"][-1] == {"redirect": {"port": _dport(rule)[1]}}
+        assert "counter" in rule["expr"][-2]
+
+
+def test_statement_after_terminal_is_refused() -> None:
+    rs = build_ruleset(CaptureMode.REDIRECT)
+    bad = copy.deepcopy(rs)
+    _rules(bad)[0]["expr"].append({"counter": None})
+    with pytest.raises(RulesetError, match="after terminal 'redirect'"):
+        check_statement_order(bad)
+
+
+@pytest.mark.parametrize(
+    "ports",
+    [
+        {},
+        {Transport.UDP: ()},
+        {Transport.UDP: (0,)},
+        {Transport.UDP: (70000,)},
+        {Transport.UDP: (18082, 18082)},
+        {Transport.TCP: (True,)},
+    ],
+)
+def test_bad_ports_are_refused(ports: dict[Transport, tuple[int, ...]]) -> None:
+    with pytest.raises(RulesetError):
+        build_ruleset(CaptureMode.TPROXY, ports)
+
+
+def test_replace_transaction_deletes_then_recreates_whole() -> None:
+    rs = build_ruleset(CaptureMode.TPROXY)
+    tx = replace_table_commands(rs)["nftables"]
+    assert [next(iter(c)) for c in tx[:3]] == ["add", "flush", "delete"]
+    assert all("table" in c[next(iter(c))] for c in tx[:3])
+    assert tx[3:] == rs["nftables"]
+
+
+def test_canonical_of_a_listing_equals_canonical_of_the_ruleset() -> None:
+    rs = build_ruleset(CaptureMode.TPROXY)
+    listing: dict[str, Any] = {"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}}]}
+    for i, cmd in enumerate(rs["nftables"]):
+        body = copy.deepcopy(cmd["add"])
+        (kind,) = body
+        body[kind]["handle"] = i + 1
+        for stmt in body[kind].get("expr", []):
+            if "counter" in stmt:
+                stmt["counter"] = {"packets": 7, "bytes": 700}
+        listing["nftables"].append(body)
+    listing["nftables"].append({"table": {"family": "ip", "name": "other", "handle": 9}})
+    assert diff(canonical(rs), canonical(listing)) == []
+
+
+def test_diff_names_missing_and_extra() -> None:
+    wanted = canonical(build_ruleset(CaptureMode.TPROXY))
+    assert diff(wanted, canonical({"nftables": []}))[0] == "table inet aether is missing"
+    fewer = canonical(build_ruleset(CaptureMode.TPROXY, {Transport.UDP: (18082,)}))
+    reasons = diff(wanted, fewer)
+    assert any(r.startswith("missing rule in 'divert_out': tcp dport == 18080") for r in reasons)
+    assert diff(fewer, wanted) and all(r.startswith("extra rule") for r in diff(fewer, wanted))
+    doubled = copy.deepcopy(wanted)
+    doubled["rules"][DIVERT_CHAIN].append(doubled["rules"][DIVERT_CHAIN][0])
+    assert "different order or duplicated" in diff(wanted, doubled)[0]
+
+
+ports_strategy = st.dictionaries(
+    st.sampled_from(list(Transport)),
+    st.lists(st.integers(min_value=1, max_value=65535), min_size=1, max_size=6, unique=True).map(tuple),
+    min_size=1,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(mode=st.sampled_from(list(CaptureMode)), ports=ports_strategy)
+def test_properties(mode: CaptureMode, ports: dict[Transport, tuple[int, ...]]) -> None:
+    rs = build_ruleset(mode, ports)
+    rules = _rules(rs)
+    # one rule per (transport, port), nothing else
+    assert sorted(_dport(r) for r in rules) == sorted((t.value, p) for t, ps in ports.items() for p in ps)
+    for rule in rules:
+        expr = rule["expr"]
+        # every rule diverts only traffic whose destination is not local
+        assert expr[1] == {
+            "match": {"op": "!=", "left": {"fib": {"result": "type", "flags": ["daddr"]}}, "right": "local"}
+        }
+        # counters only before the terminal statement, which is last
+        assert [i for i, s in enumerate(expr) if "counter" in s] == [len(expr) - 2]
+        if mode is CaptureMode.TPROXY:
+            assert expr[-1] == {"mangle": {"key": {"meta": {"key": "mark"}}, "value": CAPTURE_DIVERT_FWMARK}}
+            assert rule["chain"] == DIVERT_CHAIN
+        else:
+            assert expr[-1] == {"redirect": {"port": _dport(rule)[1]}}  # the same port: never rewritten
+            assert rule["chain"] == REDIRECT_CHAIN
+    check_statement_order(rs)
+    # pure: same input, same output; canonical form is stable
+    assert build_ruleset(mode, ports) == rs
+    assert diff(canonical(rs), canonical(build_ruleset(mode, ports))) == []
+
+
+def test_default_ports_are_the_contract() -> None:
+    assert build_ruleset(CaptureMode.TPROXY) == build_ruleset(CaptureMode.TPROXY, CAPTURED_PORTS)
