@@ -1,0 +1,153 @@
+"""deploy/image/cni_install.py: the chained conflist merge (pure) and the install shell on a fake host root."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+CALICO: dict[str, Any] = {
+    "name": "k8s-pod-network",
+    "cniVersion": "0.3.1",
+    "plugins": [
+        {"type": "calico", "ipam": {"type": "calico-ipam"}},
+        {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}},
+    ],
+}
+BRIDGE_CONF: dict[str, Any] = {
+    "cniVersion": "0.4.0",
+    "name": "kindnet",
+    "type": "ptp",
+    "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.244.0.0/24"}]]},
+}
+
+
+def test_merge_appends_our_entry_last(cni_install: ModuleType) -> None:
+    merged = cni_install.merge_plugin(CALICO)
+    assert [p["type"] for p in merged["plugins"]] == ["calico", "portmap", "aether-cni"]
+    assert merged["plugins"][-1] == cni_install.DEFAULT_ENTRY
+    assert merged["name"] == "k8s-pod-network" and merged["cniVersion"] == "0.3.1"
+    assert [p["type"] for p in CALICO["plugins"]] == ["calico", "portmap"], "input modified"
+
+
+def test_merge_is_idempotent(cni_install: ModuleType) -> None:
+    once = cni_install.merge_plugin(CALICO)
+    assert cni_install.merge_plugin(once) == once
+    assert cni_install.merge_plugin(cni_install.merge_plugin(BRIDGE_CONF)) == cni_install.merge_plugin(BRIDGE_CONF)
+
+
+def test_merge_replaces_an_older_entry_and_moves_it_last(cni_install: ModuleType) -> None:
+    old = dict(CALICO, plugins=[{"type": "aether-cni", "mode": "redirect"}, *CALICO["plugins"]])
+    merged = cni_install.merge_plugin(old)
+    assert [p["type"] for p in merged["plugins"]] == ["calico", "portmap", "aether-cni"]
+    assert merged["plugins"][-1]["mode"] == "tproxy"
+
+
+def test_single_plugin_conf_becomes_a_conflist(cni_install: ModuleType) -> None:
+    merged = cni_install.merge_plugin(BRIDGE_CONF)
+    assert merged["cniVersion"] == "0.4.0" and merged["name"] == "kindnet"
+    assert merged["plugins"][0] == {k: v for k, v in BRIDGE_CONF.items() if k not in ("cniVersion", "name")}
+    assert merged["plugins"][1]["type"] == "aether-cni"
+
+
+def test_remove_is_the_inverse(cni_install: ModuleType) -> None:
+    assert cni_install.remove_plugin(cni_install.merge_plugin(CALICO)) == CALICO
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"plugins": "x"}, {"name": "n"}, {"plugins": [{"type": "aether-cni"}]}],
+    ids=["not-list", "no-type", "alone"],
+)
+def test_merge_refuses_configs_it_cannot_chain_into(cni_install: ModuleType, bad: dict[str, Any]) -> None:
+    with pytest.raises(cni_install.InstallError):
+        cni_install.merge_plugin(bad)
+
+
+def test_primary_config_is_the_first_by_name(cni_install: ModuleType) -> None:
+    names = ["99-loopback.conf", "10-calico.conflist", ".10-calico.conflist.tmp", "README", "05-x.json"]
+    assert cni_install.primary_config(names) == "05-x.json"
+    assert cni_install.primary_config(["README"]) is None
+
+
+def _host(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    bundle = tmp_path / "image" / "python"
+    (bundle / "bin").mkdir(parents=True)
+    # The bundle's interpreter: here, this venv's (a wrapper, since a copied venv binary loses its venv).
+    py = bundle / "bin" / "python3"
+    py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    py.chmod(0o755)
+    host = tmp_path / "host"
+    net_d = host / "etc" / "cni" / "net.d"
+    net_d.mkdir(parents=True)
+    return bundle, host, net_d, host / "opt" / "cni" / "bin"
+
+
+def _run(cni_install: ModuleType, bundle: Path, host: Path, *extra: str) -> int:
+    code: int = cni_install.main(
+        [
+            f"--bundle-source={bundle}",
+            f"--host-bundle-dir={host / 'opt' / 'aether'}",
+            f"--host-bundle-path={host / 'opt' / 'aether' / 'current'}",
+            f"--cni-bin-dir={host / 'opt' / 'cni' / 'bin'}",
+            f"--cni-net-dir={host / 'etc' / 'cni' / 'net.d'}",
+            "--bundle-version=0.1.0",
+            "--wait=0",
+            *extra,
+        ]
+    )
+    return code
+
+
+def test_install_on_a_host_twice_then_uninstall(cni_install: ModuleType, tmp_path: Path) -> None:
+    bundle, host, net_d, cni_bin = _host(tmp_path)
+    (net_d / "10-kindnet.conf").write_text(json.dumps(BRIDGE_CONF))
+    assert _run(cni_install, bundle, host) == 0
+    assert sorted(os.listdir(net_d)) == ["10-kindnet.conflist"]
+    first = (net_d / "10-kindnet.conflist").read_text()
+    assert [p["type"] for p in json.loads(first)["plugins"]] == ["ptp", "aether-cni"]
+    shim = cni_bin / "aether-cni"
+    assert shim.stat().st_mode & stat.S_IXUSR
+    assert (host / "opt" / "aether" / "current").resolve() == (host / "opt" / "aether" / "0.1.0").resolve()
+
+    assert _run(cni_install, bundle, host) == 0, "a second run (pod restart) must succeed"
+    assert (net_d / "10-kindnet.conflist").read_text() == first
+    assert sorted(p.name for p in (host / "opt" / "aether").iterdir()) == ["0.1.0", "current"]
+
+    assert _run(cni_install, bundle, host, "--uninstall") == 0
+    assert [p["type"] for p in json.loads((net_d / "10-kindnet.conflist").read_text())["plugins"]] == ["ptp"]
+    assert not shim.exists()
+
+
+def test_install_fails_clearly_without_a_primary_cni(
+    cni_install: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bundle, host, _, _ = _host(tmp_path)
+    assert _run(cni_install, bundle, host) == 1
+    assert "install the primary CNI first" in capsys.readouterr().err
+
+
+def test_the_shim_runs_the_plugin_from_the_bundle(cni_install: ModuleType, tmp_path: Path) -> None:
+    """The shim the runtime executes reaches aether.netns.cni through the bundle's interpreter (CNI VERSION)."""
+    pytest.importorskip("aether.netns.cni", reason="the CNI plugin (netns/cni.py) has not landed yet")
+    bundle, host, net_d, cni_bin = _host(tmp_path)
+    (net_d / "10-calico.conflist").write_text(json.dumps(CALICO))
+    assert _run(cni_install, bundle, host) == 0
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": "VERSION"}
+    proc = subprocess.run(
+        [str(cni_bin / "aether-cni")],
+        input='{"cniVersion": "1.0.0"}',
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "supportedVersions" in json.loads(proc.stdout)
