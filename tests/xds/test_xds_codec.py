@@ -1,0 +1,82 @@
+"""The codec: proto3-JSON dicts -> ADS bytes, including 1.40 fields xds-protos lacks."""
+
+from __future__ import annotations
+
+import pytest
+from envoy.config.listener.v3 import listener_pb2
+from envoy.extensions.transport_sockets.quic.v3 import quic_transport_pb2
+
+from aether.xds import codec
+from aether.xds.resources import CLUSTER, LISTENER
+
+QUIC_DOWNSTREAM = "type.googleapis.com/envoy.extensions.transport_sockets.quic.v3.QuicDownstreamTransport"
+
+
+def _quic_listener(**quic: object) -> dict[str, object]:
+    return {
+        "name": "q",
+        "filterChains": [
+            {
+                "transportSocket": {
+                    "name": "envoy.transport_sockets.quic",
+                    "typedConfig": {"@type": QUIC_DOWNSTREAM, "downstreamTlsContext": {}, **quic},
+                }
+            }
+        ],
+    }
+
+
+def test_enable_resumption_is_field_3_as_in_envoy_1_40() -> None:
+    """api/envoy/extensions/transport_sockets/quic/v3/quic_transport.proto (1.40):
+    google.protobuf.BoolValue enable_resumption = 3."""
+    data = codec.encode(LISTENER, _quic_listener(enableEarlyData=False, enableResumption=False))
+    listener = listener_pb2.Listener.FromString(data)
+    value = listener.filter_chains[0].transport_socket.typed_config.value
+    # the installed (older) class parses it, keeping field 3 as an unknown field: 0x1a = (3 << 3) | 2
+    assert value == b"\x0a\x00\x12\x00\x1a\x00"
+    assert quic_transport_pb2.QuicDownstreamTransport.FromString(value).SerializeToString() == value
+    true = codec.encode(LISTENER, _quic_listener(enableResumption=True))
+    assert (
+        listener_pb2.Listener.FromString(true)
+        .filter_chains[0]
+        .transport_socket.typed_config.value.endswith(b"\x1a\x02\x08\x01")
+    )
+    back = codec.decode_json(LISTENER, data)
+    assert back["filterChains"][0]["transportSocket"]["typedConfig"]["enableResumption"] is False
+
+
+def test_a_misspelled_field_is_an_error_naming_the_resource() -> None:
+    with pytest.raises(codec.CodecError, match=r"Cluster 'c'.*connectTimout"):
+        codec.encode(CLUSTER, {"name": "c", "connectTimout": "1s"}, "c")
+    with pytest.raises(codec.CodecError, match="enableResumptoin"):
+        codec.encode(LISTENER, _quic_listener(enableResumptoin=False))
+
+
+def test_types_only_named_inside_an_any_resolve() -> None:
+    listener = {
+        "name": "x",
+        "filterChains": [
+            {
+                "filters": [
+                    {
+                        "name": "sfs",
+                        "typedConfig": {
+                            "@type": "type.googleapis.com/envoy.extensions.filters.network.set_filter_state.v3.Config"
+                        },
+                    }
+                ]
+            }
+        ],
+    }
+    assert codec.decode_json(LISTENER, codec.encode(LISTENER, listener)) == listener
+
+
+def test_encode_cache_hits_by_version() -> None:
+    cache = codec.EncodeCache(max_entries=2)
+    res = {"name": "c", "connectTimeout": "1s"}
+    a = cache.get(CLUSTER, "v1", "c", res)
+    assert cache.get(CLUSTER, "v1", "c", res) is a and cache.hits == 1
+    cache.get(CLUSTER, "v2", "c", res)
+    cache.get(CLUSTER, "v3", "c", res)
+    cache.get(CLUSTER, "v1", "c", res)
+    assert cache.misses == 4  # v1 fell out of the 2-entry cache

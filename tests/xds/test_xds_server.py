@@ -1,0 +1,223 @@
+"""The delta-ADS server in-process, driven by a gRPC client speaking like Envoy 1.40 (no Envoy here)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from google.rpc import status_pb2  # type: ignore[import-untyped]
+
+from aether.xds.cache import SnapshotCache, make_snapshot
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, Resources
+from aether.xds.samples import node_with, records_for
+from aether.xds.server import DeltaAdsServer, Events, serve
+from aether.xds.sidecar import Sidecar
+from aether.xds.translate import translate
+
+NODE = "node-a"
+
+
+class Client:
+    def __init__(self, port: int, node: str = NODE) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.out: queue.Queue[discovery_pb2.DeltaDiscoveryRequest | None] = queue.Queue()
+        self.node = node
+        self.first = True
+        stub = ads_pb2_grpc.AggregatedDiscoveryServiceStub(self.channel)
+        self.responses = stub.DeltaAggregatedResources(self._requests())
+        self.inbox: queue.Queue[discovery_pb2.DeltaDiscoveryResponse] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _requests(self) -> Iterator[discovery_pb2.DeltaDiscoveryRequest]:
+        while (req := self.out.get()) is not None:
+            yield req
+
+    def _read(self) -> None:
+        try:
+            for resp in self.responses:
+                self.inbox.put(resp)
+        except grpc.RpcError:
+            pass
+
+    def send(self, type_url: str, **kw: object) -> None:
+        req = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, **kw)
+        if self.first:
+            req.node.CopyFrom(base_pb2.Node(id=self.node))
+            self.first = False
+        self.out.put(req)
+
+    def recv(self, timeout: float = 10.0) -> discovery_pb2.DeltaDiscoveryResponse:
+        return self.inbox.get(timeout=timeout)
+
+    def nothing(self, wait: float = 0.5) -> bool:
+        try:
+            self.inbox.get(timeout=wait)
+        except queue.Empty:
+            return True
+        return False
+
+    def close(self) -> None:
+        self.out.put(None)
+        self.channel.close()
+
+
+@pytest.fixture
+def ads() -> Iterator[tuple[SnapshotCache, DeltaAdsServer, int]]:
+    cache = SnapshotCache()
+    servicer = DeltaAdsServer(cache)
+    server, port = serve(servicer, "127.0.0.1:0")
+    try:
+        yield cache, servicer, port
+    finally:
+        server.stop(grace=0).wait(5)
+
+
+def _res(n: int, pods: int = 1) -> Resources:
+    node = node_with(n, pods)
+    return translate(node, records_for(node))
+
+
+def _names(resp: discovery_pb2.DeltaDiscoveryResponse) -> list[str]:
+    return sorted(r.name for r in resp.resources)
+
+
+def test_wildcard_cds_then_eds_by_name_then_lds(ads: tuple[SnapshotCache, DeltaAdsServer, int]) -> None:
+    cache, _, port = ads
+    cache.set_snapshot(NODE, make_snapshot(_res(2)))
+    c = Client(port)
+    try:
+        c.send(CLUSTER)
+        cds = c.recv()
+        assert _names(cds) == ["blackhole", "udp:default/svc-0", "udp:default/svc-1"]
+        c.send(CLUSTER, response_nonce=cds.nonce)
+        c.send(ENDPOINT, resource_names_subscribe=["udp:default/svc-0", "udp:default/svc-1", "udp:nope/x"])
+        eds = c.recv()
+        assert _names(eds) == ["udp:default/svc-0", "udp:default/svc-1"]
+        assert list(eds.removed_resources) == ["udp:nope/x"]  # explicitly asked, not in the snapshot
+        c.send(ENDPOINT, response_nonce=eds.nonce)
+        c.send(LISTENER)
+        lds = c.recv()
+        assert _names(lds) == ["capture-udp:default/client-0"]
+        c.send(LISTENER, response_nonce=lds.nonce)
+        # one service more: only what changed goes out, per type
+        cache.set_snapshot(NODE, make_snapshot(_res(3)))
+        got = {r.type_url: r for r in (c.recv(), c.recv())}
+        assert _names(got[CLUSTER]) == ["udp:default/svc-2"]
+        assert _names(got[LISTENER]) == ["capture-udp:default/client-0"]
+        assert c.nothing()  # no EDS push: svc-2's CLA is not subscribed yet (Envoy asks when the cluster warms)
+        # one service fewer: removed_resources only
+        for r in got.values():
+            c.send(r.type_url, response_nonce=r.nonce)
+        cache.set_snapshot(NODE, make_snapshot(_res(1)))
+        cds2 = c.recv()
+        assert cds2.type_url == CLUSTER and list(cds2.removed_resources) == ["udp:default/svc-1", "udp:default/svc-2"]
+    finally:
+        c.close()
+
+
+def test_reconnect_with_initial_versions_resends_nothing_unchanged(
+    ads: tuple[SnapshotCache, DeltaAdsServer, int],
+) -> None:
+    cache, servicer, port = ads
+    snap = make_snapshot(_res(5))
+    cache.set_snapshot(NODE, snap)
+    held_cds = dict(snap.versions[CLUSTER])
+    held_cds["udp:default/svc-0"] = "stale"  # one changed while we were away
+    held_cds["udp:default/old"] = "1"  # one removed while we were away
+    c = Client(port)
+    try:
+        c.send(CLUSTER, initial_resource_versions=held_cds)
+        cds = c.recv()
+        assert _names(cds) == ["udp:default/svc-0"]
+        assert list(cds.removed_resources) == ["udp:default/old"]
+        c.send(LISTENER, initial_resource_versions=snap.versions[LISTENER])
+        assert c.nothing()
+        records = [r for r in servicer.sent if r.type_url == LISTENER]
+        assert records == []
+    finally:
+        c.close()
+
+
+def test_on_demand_hook_can_supply_a_missing_name(ads: tuple[SnapshotCache, DeltaAdsServer, int]) -> None:
+    cache, servicer, port = ads
+    base = _res(1)
+    cache.set_snapshot(NODE, make_snapshot(base))
+    asked: list[tuple[str, str, set[str]]] = []
+
+    def hook(node: str, type_url: str, names: set[str]) -> None:
+        asked.append((node, type_url, names))
+        extra = {**base, CLUSTER: {**base[CLUSTER], "od": {"name": "od", "type": "STATIC", "connectTimeout": "1s"}}}
+        cache.set_snapshot(node, make_snapshot(extra))
+
+    servicer.on_demand = hook
+    c = Client(port)
+    try:
+        c.send(CLUSTER, resource_names_subscribe=["*", "od"])
+        first = c.recv()
+        assert asked == [(NODE, CLUSTER, {"od"})]
+        assert "od" in _names(first)
+    finally:
+        c.close()
+
+
+def test_nack_rolls_back_to_the_last_good_state_and_says_why(
+    ads: tuple[SnapshotCache, DeltaAdsServer, int], tmp_path: object
+) -> None:
+    cache, servicer, port = ads
+    statuses: list[str] = []
+
+    class Sink:
+        def publish(self, node_name: str, conditions: list) -> None:  # type: ignore[type-arg]
+            statuses.append(f"{conditions[0].status}/{conditions[0].reason}: {conditions[0].message}")
+
+    sidecar = Sidecar(NODE, cache, Sink(), path_exists=lambda p: True)
+    servicer.events = sidecar
+    good = node_with(2, 1)
+    sidecar.on_records(records_for(good))
+    sidecar.on_state(good)
+    good_version = sidecar.served_version
+    c = Client(port)
+    try:
+        c.send(CLUSTER)
+        cds = c.recv()
+        c.send(CLUSTER, response_nonce=cds.nonce)
+        c.send(ENDPOINT, resource_names_subscribe=["udp:default/svc-0", "udp:default/svc-1"])
+        eds = c.recv()
+        c.send(ENDPOINT, response_nonce=eds.nonce)
+        assert statuses[-1].startswith("True/Accepted")
+        bad = node_with(2, 1)
+        bad.status.udp.services[1].endpoints[0].ip = "not-an-ip"
+        sidecar.on_state(bad)
+        bad_version = sidecar.served_version
+        push = c.recv()
+        assert push.type_url == ENDPOINT and _names(push) == ["udp:default/svc-1"]
+        c.send(
+            ENDPOINT,
+            response_nonce=push.nonce,
+            error_detail=status_pb2.Status(code=3, message="malformed IP address: not-an-ip"),
+        )
+        undo = c.recv()  # the rollback re-sends the good CLA
+        assert _names(undo) == ["udp:default/svc-1"]
+        assert undo.system_version_info == good_version != bad_version
+        assert cache.get(NODE).version == good_version  # type: ignore[union-attr]
+        assert statuses[-1].startswith("False/Rejected")
+        assert good_version is not None
+        assert "malformed IP address: not-an-ip" in statuses[-1] and good_version in statuses[-1]
+        c.send(ENDPOINT, response_nonce=undo.nonce)
+        # the next good state recovers
+        better = node_with(3, 1)
+        sidecar.on_state(better)
+        assert c.recv().type_url == CLUSTER
+    finally:
+        c.close()
+
+
+def test_default_events_is_quiet() -> None:
+    ev = Events()
+    ev.on_ack("n", CLUSTER, "v")
+    ev.on_nack("n", CLUSTER, "v", "x")

@@ -1,0 +1,130 @@
+"""Snapshots and the per-node snapshot cache (shaped like go-control-plane's pkg/cache).
+
+A `Snapshot` is one node's complete resource set with a content-hash version per resource (so a restarted
+server computes the same versions and re-sends nothing unchanged) and the encoded bytes of each. The cache keeps
+the current snapshot per node id plus the one before it (the fallback a NACKed state rolls back to) and tells
+watchers (the open streams) when the node's snapshot changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from aether.xds.codec import EncodeCache
+from aether.xds.resources import KNOWN_TYPES, Resources, version_of
+
+# Order in which a changed snapshot is pushed: clusters (and their endpoints) before the listeners that use them.
+PUSH_ORDER = KNOWN_TYPES
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: str
+    resources: Resources
+    versions: dict[str, dict[str, str]]
+    encoded: dict[str, dict[str, bytes]] = field(repr=False)
+
+    def types(self) -> list[str]:
+        known = [t for t in PUSH_ORDER if t in self.versions]
+        return known + sorted(t for t in self.versions if t not in PUSH_ORDER)
+
+
+_SHARED_ENCODER = EncodeCache()
+
+
+def make_snapshot(
+    resources: Resources,
+    encoder: EncodeCache | None = None,
+    previous: Snapshot | None = None,
+) -> Snapshot:
+    """Versions every resource by content and encodes it (a resource that does not encode raises CodecError
+    before anything is served). `previous` lets unchanged dicts (same object) skip hashing."""
+    enc = encoder or _SHARED_ENCODER
+    versions: dict[str, dict[str, str]] = {}
+    encoded: dict[str, dict[str, bytes]] = {}
+    for type_url, named in resources.items():
+        prev_res = previous.resources.get(type_url, {}) if previous else {}
+        prev_ver = previous.versions.get(type_url, {}) if previous else {}
+        tv: dict[str, str] = {}
+        te: dict[str, bytes] = {}
+        for name, res in named.items():
+            ver = prev_ver[name] if prev_res.get(name) is res else version_of(res)
+            tv[name] = ver
+            te[name] = enc.get(type_url, ver, name, res)
+        versions[type_url] = tv
+        encoded[type_url] = te
+    digest = hashlib.blake2b(digest_size=10)
+    for type_url in sorted(versions):
+        for name, ver in sorted(versions[type_url].items()):
+            digest.update(f"{type_url}\0{name}\0{ver}\n".encode())
+    return Snapshot(digest.hexdigest(), resources, versions, encoded)
+
+
+Watcher = Callable[[], None]
+
+
+class SnapshotCache:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: dict[str, Snapshot] = {}
+        self._fallback: dict[str, Snapshot] = {}
+        self._watchers: dict[str, list[Watcher]] = {}
+
+    def get(self, node: str) -> Snapshot | None:
+        with self._lock:
+            return self._current.get(node)
+
+    def fallback(self, node: str) -> Snapshot | None:
+        with self._lock:
+            return self._fallback.get(node)
+
+    def set_snapshot(self, node: str, snapshot: Snapshot) -> bool:
+        """Install a snapshot; returns False (and notifies nobody) when its content equals the current one."""
+        with self._lock:
+            cur = self._current.get(node)
+            if cur is not None and cur.version == snapshot.version:
+                return False
+            if cur is not None:
+                self._fallback[node] = cur
+            self._current[node] = snapshot
+            watchers = list(self._watchers.get(node, ()))
+        for w in watchers:
+            w()
+        return True
+
+    def rollback(self, node: str, bad_version: str) -> Snapshot | None:
+        """If the current snapshot is `bad_version`, restore the one before it; returns the restored one."""
+        with self._lock:
+            cur = self._current.get(node)
+            prev = self._fallback.get(node)
+            if cur is None or cur.version != bad_version or prev is None:
+                return None
+            self._current[node] = prev
+            del self._fallback[node]
+            watchers = list(self._watchers.get(node, ()))
+        for w in watchers:
+            w()
+        return prev
+
+    def watch(self, node: str, watcher: Watcher) -> Callable[[], None]:
+        with self._lock:
+            self._watchers.setdefault(node, []).append(watcher)
+
+        def cancel() -> None:
+            with self._lock:
+                lst = self._watchers.get(node, [])
+                if watcher in lst:
+                    lst.remove(watcher)
+
+        return cancel
+
+    def nodes(self) -> list[str]:
+        with self._lock:
+            return sorted(self._current)
+
+
+def versions_of(snapshot: Snapshot | None, type_url: str) -> Mapping[str, str]:
+    return snapshot.versions.get(type_url, {}) if snapshot else {}

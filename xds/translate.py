@@ -1,0 +1,38 @@
+"""Desired state -> Envoy resources for one node: compose the per-area builders (pure).
+
+Builders follow the contract in `aether.xds.resources`. The east-west QUIC builder
+(`aether.xds.eastwest.build`) joins when that module exists. The gates run on the merged result.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import TypeAlias
+
+from aether.netns.records import PodRecord
+from aether.operator.meshnode import MeshNode
+from aether.xds import tcp_floor, udp
+from aether.xds.resources import KNOWN_TYPES, Resources, TranslateOptions, merge
+
+Builder: TypeAlias = Callable[[MeshNode, Mapping[str, PodRecord], TranslateOptions], Resources]
+
+
+def builders() -> list[Builder]:
+    out: list[Builder] = [udp.build, tcp_floor.build]
+    try:
+        eastwest = importlib.import_module("aether.xds.eastwest")
+    except ModuleNotFoundError as exc:
+        if exc.name != "aether.xds.eastwest":
+            raise
+    else:
+        out.append(eastwest.build)
+    return out
+
+
+def translate(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions | None = None) -> Resources:
+    opts = options or TranslateOptions()
+    merged = merge(*(build(node, records, opts) for build in builders()))
+    for type_url in KNOWN_TYPES[:3]:  # CDS, EDS, LDS always present (possibly empty): removals need a type
+        merged.setdefault(type_url, {})
+    return merged

@@ -1,0 +1,104 @@
+"""Per-service plaintext UDP (R1): one transparent UDP listener per local pod, a destination-IP matcher.
+
+For each local pod (MeshNode lists it and the CNI wrote its record) one listener on UDP 0.0.0.0:18082 bound
+into the pod netns (`network_namespace_filepath`, `transparent: true`), whose `udp_proxy` matcher maps every
+arm's VIP (`DestinationIPInput`, exact) to the arm's `udp:<ns>/<svc>` cluster, `on_no_match` -> blackhole.
+One EDS cluster per UDP service (EDS name = cluster name) with endpoints at the backend's application port.
+Listener count scales with local pods, never with services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from aether.naming import BLACKHOLE_CLUSTER
+from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.netns.records import PodRecord
+from aether.operator.meshnode import MeshNode, ServiceArm
+from aether.xds.l4 import arms_by_cluster, eds_cluster, load_assignment, local_pods, seconds, sorted_arms, stat_name
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, TranslateOptions
+
+UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
+UDP_PROXY_CONFIG: Final = "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.UdpProxyConfig"
+UDP_ROUTE: Final = "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.Route"
+DESTINATION_IP_INPUT: Final = (
+    "type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.DestinationIPInput"
+)
+LISTENER_PREFIX: Final = "capture-udp:"
+
+
+def listener_name(namespace: str, pod: str) -> str:
+    return f"{LISTENER_PREFIX}{namespace}/{pod}"
+
+
+def _route(cluster: str) -> ResourceDict:
+    return {"action": {"name": "route", "typedConfig": {"@type": UDP_ROUTE, "cluster": cluster}}}
+
+
+def matcher(arms: list[ServiceArm]) -> ResourceDict:
+    """VIP -> cluster, exact on the datagram's destination IP; everything else to the blackhole."""
+    out: ResourceDict = {"onNoMatch": _route(BLACKHOLE_CLUSTER)}
+    if arms:
+        out["matcherTree"] = {
+            "input": {"name": "destination-ip", "typedConfig": {"@type": DESTINATION_IP_INPUT}},
+            "exactMatchMap": {"map": {arm.vip: _route(arm.cluster) for arm in sorted_arms(arms)}},
+        }
+    return out
+
+
+def capture_listener(
+    name: str, netns: str, arms: list[ServiceArm], options: TranslateOptions, stat_prefix: str
+) -> ResourceDict:
+    listener: ResourceDict = {
+        "name": name,
+        "address": {
+            "socketAddress": {
+                "protocol": "UDP",
+                "address": "0.0.0.0",
+                "portValue": L4_OUTBOUND_PORT,
+                "networkNamespaceFilepath": netns,
+            }
+        },
+        "transparent": True,
+        "listenerFilters": [
+            {
+                "name": UDP_PROXY_FILTER,
+                "typedConfig": {
+                    "@type": UDP_PROXY_CONFIG,
+                    "statPrefix": stat_prefix,
+                    "idleTimeout": seconds(options.udp_session_idle_s),
+                    "matcher": matcher(arms),
+                },
+            }
+        ],
+    }
+    if options.udp_prefer_gro:
+        listener["udpListenerConfig"] = {"downstreamSocketConfig": {"preferGro": True}}
+    return listener
+
+
+def blackhole_cluster(options: TranslateOptions) -> ResourceDict:
+    return {
+        "name": BLACKHOLE_CLUSTER,
+        "type": "STATIC",
+        "connectTimeout": seconds(options.cluster_connect_timeout_s),
+        "loadAssignment": {"clusterName": BLACKHOLE_CLUSTER},
+    }
+
+
+def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
+    """The UDP builder (contract in aether.xds.resources)."""
+    arms = node.status.udp.services
+    listeners: dict[str, ResourceDict] = {}
+    for pod, record in local_pods(node, records):
+        name = listener_name(pod.namespace, pod.name)
+        listeners[name] = capture_listener(
+            name, record.netns, arms, options, stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
+        )
+    clusters: dict[str, ResourceDict] = {BLACKHOLE_CLUSTER: blackhole_cluster(options)}
+    assignments: dict[str, ResourceDict] = {}
+    for cluster, group in sorted(arms_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):
+        clusters[cluster] = eds_cluster(cluster, options)
+        assignments[cluster] = load_assignment(cluster, group)
+    return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: assignments}
