@@ -24,7 +24,11 @@ from typing import Any
 
 PLUGIN_TYPE = "aether-cni"
 CONFIG_SUFFIXES = (".conf", ".conflist", ".json")
-DEFAULT_ENTRY: dict[str, Any] = {"type": PLUGIN_TYPE, "mode": "tproxy", "stateDir": "/run/aether/pods"}
+# The plugin takes no options of its own (its record directory is AETHER_STATE_DIR, default /run/aether/pods).
+DEFAULT_ENTRY: dict[str, Any] = {"type": PLUGIN_TYPE}
+# The conflist versions aether-cni speaks (aether.netns.cni_request.SUPPORTED_VERSIONS; a test keeps them equal).
+# Chaining into a conflist of another version would fail every pod's ADD on the node, so the installer refuses.
+SUPPORTED_CNI_VERSIONS = ("0.4.0", "1.0.0")
 
 
 class InstallError(RuntimeError):
@@ -67,6 +71,12 @@ def merge_plugin(config: dict[str, Any], entry: dict[str, Any] | None = None) ->
     if ours.get("type") != PLUGIN_TYPE:
         raise InstallError(f"entry type must be {PLUGIN_TYPE!r}")
     conflist = to_conflist(json.loads(json.dumps(config)))
+    version = conflist.get("cniVersion")
+    if version not in SUPPORTED_CNI_VERSIONS:
+        raise InstallError(
+            f"the primary conflist has cniVersion {version!r}; aether-cni speaks {', '.join(SUPPORTED_CNI_VERSIONS)}:"
+            " chaining it there would fail every pod's ADD, so nothing was changed"
+        )
     others = [p for p in conflist["plugins"] if not (isinstance(p, dict) and p.get("type") == PLUGIN_TYPE)]
     if not others:
         raise InstallError("no primary CNI plugin to chain after")

@@ -15,7 +15,7 @@ import pytest
 
 CALICO: dict[str, Any] = {
     "name": "k8s-pod-network",
-    "cniVersion": "0.3.1",
+    "cniVersion": "1.0.0",
     "plugins": [
         {"type": "calico", "ipam": {"type": "calico-ipam"}},
         {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}},
@@ -33,7 +33,7 @@ def test_merge_appends_our_entry_last(cni_install: ModuleType) -> None:
     merged = cni_install.merge_plugin(CALICO)
     assert [p["type"] for p in merged["plugins"]] == ["calico", "portmap", "aether-cni"]
     assert merged["plugins"][-1] == cni_install.DEFAULT_ENTRY
-    assert merged["name"] == "k8s-pod-network" and merged["cniVersion"] == "0.3.1"
+    assert merged["name"] == "k8s-pod-network" and merged["cniVersion"] == "1.0.0"
     assert [p["type"] for p in CALICO["plugins"]] == ["calico", "portmap"], "input modified"
 
 
@@ -44,10 +44,10 @@ def test_merge_is_idempotent(cni_install: ModuleType) -> None:
 
 
 def test_merge_replaces_an_older_entry_and_moves_it_last(cni_install: ModuleType) -> None:
-    old = dict(CALICO, plugins=[{"type": "aether-cni", "mode": "redirect"}, *CALICO["plugins"]])
+    old = dict(CALICO, plugins=[{"type": "aether-cni", "old": True}, *CALICO["plugins"]])
     merged = cni_install.merge_plugin(old)
     assert [p["type"] for p in merged["plugins"]] == ["calico", "portmap", "aether-cni"]
-    assert merged["plugins"][-1]["mode"] == "tproxy"
+    assert merged["plugins"][-1] == {"type": "aether-cni"}
 
 
 def test_single_plugin_conf_becomes_a_conflist(cni_install: ModuleType) -> None:
@@ -55,6 +55,18 @@ def test_single_plugin_conf_becomes_a_conflist(cni_install: ModuleType) -> None:
     assert merged["cniVersion"] == "0.4.0" and merged["name"] == "kindnet"
     assert merged["plugins"][0] == {k: v for k, v in BRIDGE_CONF.items() if k not in ("cniVersion", "name")}
     assert merged["plugins"][1]["type"] == "aether-cni"
+
+
+def test_merge_refuses_a_cni_version_the_plugin_does_not_speak(cni_install: ModuleType) -> None:
+    """kindnet and older Calico write cniVersion 0.3.1: chaining there would fail every ADD on the node."""
+    with pytest.raises(cni_install.InstallError, match=r"0\.3\.1"):
+        cni_install.merge_plugin(dict(CALICO, cniVersion="0.3.1"))
+
+
+def test_installer_versions_are_the_plugins(cni_install: ModuleType) -> None:
+    from aether.netns.cni_request import SUPPORTED_VERSIONS
+
+    assert tuple(cni_install.SUPPORTED_CNI_VERSIONS) == tuple(SUPPORTED_VERSIONS)
 
 
 def test_remove_is_the_inverse(cni_install: ModuleType) -> None:

@@ -1,0 +1,237 @@
+"""RBAC: no wildcards, and every API call the code makes is allowed by the ClusterRole bound to its account.
+
+The calls come from two places: the API test bed's audit log of a real run of the operator (and of the node
+sidecar in cluster mode) against it, when those exist; and a fixed list derived by reading the code, which
+also pins the shape of the roles (tests/deploy/README is the rule: extend the list when the code grows a call).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+# (verb, apiGroup, resource, subresource): what the code asks, by reading it (operator/, xds/, and kopf itself).
+OPERATOR_CALLS = [
+    *[
+        (v, "", r, "")
+        for r in ("services", "pods", "serviceaccounts", "namespaces", "nodes")
+        for v in ("list", "watch")
+    ],
+    *[(v, "discovery.k8s.io", "endpointslices", "") for v in ("list", "watch")],
+    *[(v, "gateway.networking.k8s.io", r, "") for r in ("udproutes", "referencegrants") for v in ("list", "watch")],
+    ("patch", "gateway.networking.k8s.io", "udproutes", "status"),
+    *[(v, "mesh.aether.dev", "meshnodes", "") for v in ("get", "list", "watch", "create", "patch")],
+    ("patch", "mesh.aether.dev", "meshnodes", "status"),
+    ("create", "", "events", ""),
+]
+NODE_CALLS = [
+    *[(v, "mesh.aether.dev", "meshnodes", "") for v in ("get", "list", "watch")],
+    ("patch", "mesh.aether.dev", "meshnodes", "status"),
+]
+# What each account must NOT be able to do: least privilege, pinned.
+NODE_FORBIDDEN = [
+    ("create", "mesh.aether.dev", "meshnodes", ""),
+    ("delete", "mesh.aether.dev", "meshnodes", ""),
+    ("patch", "mesh.aether.dev", "meshnodes", ""),
+    ("get", "", "secrets", ""),
+    ("list", "", "pods", ""),
+]
+OPERATOR_FORBIDDEN = [
+    ("get", "", "secrets", ""),
+    ("list", "", "secrets", ""),
+    ("delete", "mesh.aether.dev", "meshnodes", ""),
+    ("patch", "", "services", ""),
+    ("update", "gateway.networking.k8s.io", "udproutes", ""),
+]
+
+
+def _roles(rendered: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """ServiceAccount name -> the rules of every ClusterRole bound to it."""
+    roles = {o["metadata"]["name"]: o.get("rules", []) for o in rendered if o["kind"] == "ClusterRole"}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for b in (o for o in rendered if o["kind"] == "ClusterRoleBinding"):
+        for s in b["subjects"]:
+            assert s["kind"] == "ServiceAccount" and s["namespace"] == "aether-system"
+            out.setdefault(s["name"], []).extend(roles[b["roleRef"]["name"]])
+    return out
+
+
+def test_no_wildcards_and_no_namespaced_roles(rendered: list[dict[str, Any]], rbac_check: ModuleType) -> None:
+    assert not [o for o in rendered if o["kind"] in ("Role", "RoleBinding")]
+    for role in (o for o in rendered if o["kind"] == "ClusterRole"):
+        assert rbac_check.wildcards(role["rules"]) == [], role["metadata"]["name"]
+        assert "aggregationRule" not in role
+
+
+def test_wildcard_gate_sees_red(rendered: list[dict[str, Any]], rbac_check: ModuleType) -> None:
+    """Negative control: a `*` verb, resource, group or subresource is found."""
+    for field, value in (("verbs", "*"), ("resources", "*"), ("apiGroups", "*"), ("resources", "meshnodes/*")):
+        role = copy.deepcopy(next(o for o in rendered if o["kind"] == "ClusterRole"))
+        role["rules"][0][field] = [*role["rules"][0][field], value]
+        assert rbac_check.wildcards(role["rules"]), (field, value)
+
+
+def test_rule_matching(rbac_check: ModuleType) -> None:
+    R = rbac_check.Request
+    rules = [
+        {"apiGroups": ["mesh.aether.dev"], "resources": ["meshnodes/status"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"], "resourceNames": ["p1"]},
+        {"apiGroups": ["apps"], "resources": ["*/scale"], "verbs": ["*"]},
+    ]
+    assert rbac_check.allows(rules, R("patch", "mesh.aether.dev", "meshnodes", "status"))
+    assert not rbac_check.allows(rules, R("patch", "mesh.aether.dev", "meshnodes"))  # status is not the object
+    assert not rbac_check.allows(rules, R("patch", "", "meshnodes", "status"))  # wrong group
+    assert rbac_check.allows(rules, R("get", "", "pods", "", "p1"))
+    assert not rbac_check.allows(rules, R("get", "", "pods", "", "p2"))
+    assert not rbac_check.allows(rules, R("list", "", "pods"))  # resourceNames never cover a list
+    assert rbac_check.allows(rules, R("update", "apps", "deployments", "scale"))
+    assert not rbac_check.allows(rules, R("update", "apps", "deployments"))
+
+
+@pytest.mark.parametrize(
+    ("account", "calls", "forbidden"),
+    [("aether-operator", OPERATOR_CALLS, OPERATOR_FORBIDDEN), ("aether-node", NODE_CALLS, NODE_FORBIDDEN)],
+)
+def test_code_calls_are_allowed_and_nothing_more(
+    rendered: list[dict[str, Any]],
+    rbac_check: ModuleType,
+    account: str,
+    calls: list[tuple[str, str, str, str]],
+    forbidden: list[tuple[str, str, str, str]],
+) -> None:
+    rules = _roles(rendered)[account]
+    assert rbac_check.denied(rules, [rbac_check.Request(*c) for c in calls]) == []
+    assert [c for c in forbidden if rbac_check.allows(rules, rbac_check.Request(*c))] == []
+
+
+def test_rbac_gate_sees_red(rendered: list[dict[str, Any]], rbac_check: ModuleType) -> None:
+    """Negative control: drop the MeshNode status rule and the status patch is reported denied."""
+    rules = [r for r in _roles(rendered)["aether-node"] if "meshnodes/status" not in r["resources"]]
+    denied = rbac_check.denied(rules, [rbac_check.Request(*c) for c in NODE_CALLS])
+    assert denied == [rbac_check.Request("patch", "mesh.aether.dev", "meshnodes", "status")]
+
+
+# -- the operator, run against the API test bed: its audit log is the list of calls --------------------------
+
+
+def _seed(store: Any) -> None:
+    """A small cluster: the CRDs, a node, two meshed pods, a UDP Service with a slice, and a UDPRoute."""
+    crd_rt = store.lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+    for path in [REPO / "crds" / "meshnode.yaml", *sorted((REPO / "crds" / "testbed").glob("*.yaml"))]:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                store.create(crd_rt, None, doc)
+    rt = {p: store.lookup("", "v1", p) for p in ("nodes", "pods", "services", "serviceaccounts")}
+    store.create(rt["nodes"], None, {"metadata": {"name": "node-a"}})
+    for sa in ("client", "dns"):
+        store.create(rt["serviceaccounts"], "default", {"metadata": {"name": sa, "namespace": "default"}})
+    for name, sa, ip in (("client-0", "client", "10.200.1.2"), ("dns-0", "dns", "10.200.1.3")):
+        store.create(
+            rt["pods"],
+            "default",
+            {
+                "metadata": {"name": name, "namespace": "default", "labels": {"app": name.split("-")[0]}},
+                "spec": {"nodeName": "node-a", "serviceAccountName": sa, "containers": [{"name": "c", "image": "x"}]},
+                "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
+            },
+        )
+    store.create(
+        rt["services"],
+        "default",
+        {
+            "metadata": {"name": "dns-a", "namespace": "default"},
+            "spec": {
+                "clusterIP": "10.96.0.10",
+                "selector": {"app": "dns"},
+                "ports": [{"port": 18082, "protocol": "UDP"}],
+            },
+        },
+    )
+    store.create(
+        store.lookup("discovery.k8s.io", "v1", "endpointslices"),
+        "default",
+        {
+            "metadata": {"name": "dns-a-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "dns-a"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.200.1.3"], "conditions": {"ready": True}, "nodeName": "node-a"}],
+            "ports": [{"port": 5353, "protocol": "UDP"}],
+        },
+    )
+    udproutes = next(t for t in store.types.values() if t.plural == "udproutes")
+    store.create(
+        udproutes,
+        "default",
+        {
+            "apiVersion": udproutes.api_version,
+            "kind": "UDPRoute",
+            "metadata": {"name": "dns", "namespace": "default"},
+            "spec": {
+                "parentRefs": [{"group": "", "kind": "Service", "name": "dns-a"}],
+                "rules": [{"backendRefs": [{"name": "dns-a", "port": 5353}]}],
+            },
+        },
+    )
+
+
+def _meshnode_written(store: Any) -> bool:
+    objs = store.objects.get(("mesh.aether.dev", "meshnodes"), {})
+    return any((o.get("status") or {}).get("pods") for o in objs.values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("aether.operator.cli") is None, reason="the operator (operator/cli.py) has not landed"
+)
+def test_operator_calls_in_the_audit_log_are_allowed(
+    rendered: list[dict[str, Any]], rbac_check: ModuleType, tmp_path: Path
+) -> None:
+    from aether.operator import apitestbed
+
+    audit = tmp_path / "audit.jsonl"
+    with apitestbed.start(audit_path=audit) as started:
+        bed: Any = started  # its attributes are set in __init__ after a branch mypy cannot type
+        bed.call(_seed)
+        kubeconfig = Path(bed.kubeconfig_path)
+        env = dict(os.environ, KUBECONFIG=str(kubeconfig))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aether.cli", "operator", "--kubeconfig", str(kubeconfig)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "operator.log", "w"),  # noqa: SIM115 (closed with the process)
+        )
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and not bed.call(_meshnode_written) and proc.poll() is None:
+                time.sleep(0.5)
+            time.sleep(2)  # let status writes and events settle
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        written = bed.call(_meshnode_written)
+        records = bed.audit
+    log = (tmp_path / "operator.log").read_text()[-3000:]
+    assert written, f"the operator wrote no MeshNode with pods; its log ends:\n{log}"
+    calls = {
+        rbac_check.Request(r.verb, r.api_group or "", r.resource, r.subresource or "")
+        for r in records
+        if r.resource is not None
+    }
+    assert rbac_check.Request("create", "mesh.aether.dev", "meshnodes", "") in calls
+    rules = _roles(rendered)["aether-operator"]
+    assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; operator log:\n{log}"
