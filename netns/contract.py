@@ -6,9 +6,8 @@ Service port and a second capture path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Final, NamedTuple
 
 
 class Transport(StrEnum):
@@ -23,8 +22,7 @@ class CaptureMode(StrEnum):
     REDIRECT = "redirect"
 
 
-@dataclass(frozen=True)
-class PortRole:
+class PortRole(NamedTuple):  # a NamedTuple, not a dataclass: the CNI plugin's import budget is tight
     name: str
     number: int
     transports: frozenset[Transport]

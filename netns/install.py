@@ -12,8 +12,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from aether.netns import rules as nftrules
 from aether.netns.contract import (
@@ -52,13 +51,12 @@ class CaptureDrift(CaptureError):
         super().__init__(f"capture in {netns} drifted: " + "; ".join(self.reasons))
 
 
-@dataclass
-class CaptureState:
+class CaptureState(NamedTuple):
     """What is in a netns now: the aether table (canonical form), and our ip rules and routes."""
 
     table: dict[str, Any]
-    rules: list[Rule] = field(default_factory=list)
-    routes: list[Route] = field(default_factory=list)
+    rules: list[Rule]
+    routes: list[Route]
 
 
 def _ours(rule: Rule) -> bool:

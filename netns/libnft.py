@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import json
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 NFT_CTX_OUTPUT_JSON: Final = 1 << 4
 LIBRARY_NAMES: Final = ("libnftables.so.1", "libnftables.so")
@@ -51,8 +50,7 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-@dataclass(frozen=True)
-class NftResult:
+class NftResult(NamedTuple):
     rc: int
     output: str
     error: str

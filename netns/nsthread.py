@@ -11,7 +11,6 @@ regular file, another kind of namespace) is refused with a clear error before an
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
@@ -38,7 +37,12 @@ class NetnsMissing(NetnsError):
 def libc() -> ctypes.CDLL:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        try:
+            _libc = ctypes.CDLL("libc.so.6", use_errno=True)  # not ctypes.util.find_library: it may spawn ldconfig
+        except OSError:
+            from ctypes.util import find_library
+
+            _libc = ctypes.CDLL(find_library("c"), use_errno=True)
     return _libc
 
 

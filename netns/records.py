@@ -8,13 +8,40 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-DEFAULT_STATE_DIR = "/run/aether/pods"
-STATE_DIR_ENV = "AETHER_STATE_DIR"
+from aether.netns.record_file import (
+    DEFAULT_STATE_DIR,
+    STATE_DIR_ENV,
+    RecordError,
+    record_path_str,
+    remove_record,
+    state_dir_str,
+    write_text_atomic,
+)
+
+__all__ = [
+    "DEFAULT_STATE_DIR",
+    "STATE_DIR_ENV",
+    "PodRecord",
+    "RecordError",
+    "load_records",
+    "read_record",
+    "record_path",
+    "remove_record",
+    "state_dir",
+    "write_record",
+]
+
+
+def state_dir(override: str | os.PathLike[str] | None = None) -> Path:
+    return Path(state_dir_str(override))
+
+
+def record_path(uid: str, directory: str | os.PathLike[str] | None = None) -> Path:
+    return Path(record_path_str(uid, directory))
 
 
 class PodRecord(BaseModel):
@@ -29,42 +56,11 @@ class PodRecord(BaseModel):
     ifname: str = ""
 
 
-class RecordError(ValueError):
-    pass
-
-
-def state_dir(override: str | os.PathLike[str] | None = None) -> Path:
-    return Path(override or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
-
-
-def record_path(uid: str, directory: str | os.PathLike[str] | None = None) -> Path:
-    if not uid or "/" in uid or uid in (".", ".."):
-        raise RecordError(f"pod uid {uid!r} cannot name a record file")
-    return state_dir(directory) / f"{uid}.json"
-
-
 def write_record(record: PodRecord, directory: str | os.PathLike[str] | None = None) -> Path:
     """Write atomically (temp file + rename), so a reader never sees half a record."""
     path = record_path(record.uid, directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{record.uid}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(record.model_dump_json(indent=2))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, record.model_dump_json(indent=2))
     return path
-
-
-def remove_record(uid: str, directory: str | os.PathLike[str] | None = None) -> bool:
-    path = record_path(uid, directory)
-    try:
-        path.unlink()
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def read_record(path: Path) -> PodRecord:

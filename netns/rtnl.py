@@ -14,8 +14,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 NETLINK_ROUTE: Final = 0
 NLMSG_ERROR: Final = 2
@@ -52,8 +51,7 @@ _RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg and fib_rule_hdr share this layout
 _RTATTR = struct.Struct("=HH")
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     priority: int
     fwmark: int
     fwmask: int
@@ -62,8 +60,7 @@ class Rule:
     family: int = socket.AF_INET
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     table: int
     type: int
     scope: int
