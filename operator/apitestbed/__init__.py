@@ -58,11 +58,11 @@ class TestBed:
         self._thread.start()
         if not self._ready.wait(30) or self.handler is None:
             raise RuntimeError(f"the API test bed did not start: {self._error!r}")
-        self.url = f"http://{host}:{self.port}"
+        self.url: str = f"http://{host}:{self.port}"
         if kubeconfig_path is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="aether-testbed-")
             kubeconfig_path = Path(self._tmp.name) / "kubeconfig"
-        self.kubeconfig_path = write_kubeconfig(kubeconfig_path, self.url)
+        self.kubeconfig_path: Path = write_kubeconfig(kubeconfig_path, self.url)
 
     @property
     def audit(self) -> list[AuditRecord]:
@@ -112,8 +112,33 @@ class TestBed:
         self.stop()
 
 
+def mesh_crds() -> list[dict[str, Any]]:
+    """The CRDs aether needs: MeshNode (generated from the model) and the Gateway API test copies."""
+    from aether.operator.crdgen import crds_dir, meshnode_crd
+
+    out = [meshnode_crd()]
+    for path in sorted((crds_dir() / "testbed").glob("*.yaml")):
+        out.append(yaml.safe_load(path.read_text()))
+    return out
+
+
 def start(
-    port: int = 0, kubeconfig_path: Path | None = None, audit_path: Path | None = None, host: str = "127.0.0.1"
+    port: int = 0,
+    kubeconfig_path: Path | None = None,
+    audit_path: Path | None = None,
+    host: str = "127.0.0.1",
+    crds: bool = True,
 ) -> TestBed:
-    """Start the test bed on host:port (0 = a free port) and write a kubeconfig for it."""
-    return TestBed(port, kubeconfig_path, audit_path, host)
+    """Start the test bed on host:port (0 = a free port), write a kubeconfig for it, and (crds) install the
+    MeshNode and Gateway API test CRDs, as a cluster set up for aether would have them."""
+    bed = TestBed(port, kubeconfig_path, audit_path, host)
+    if crds:
+        docs = mesh_crds()
+
+        def install(store: Store) -> None:
+            rt = store.lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+            for doc in docs:
+                store.create(rt, None, doc)
+
+        bed.call(install)
+    return bed

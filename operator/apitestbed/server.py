@@ -58,8 +58,10 @@ def parse_target(path: str) -> Target | None:
     else:
         return None
     namespace: str | None = None
-    namespace_object = group == "" and rest[0] == "namespaces" and (
-        len(rest) <= 2 or (len(rest) == 3 and rest[2] in ("status", "finalize"))
+    namespace_object = (
+        group == ""
+        and rest[0] == "namespaces"
+        and (len(rest) <= 2 or (len(rest) == 3 and rest[2] in ("status", "finalize")))
     )
     if rest[0] == "namespaces" and len(rest) >= 3 and not namespace_object:
         namespace, rest = rest[1], rest[2:]
@@ -211,14 +213,19 @@ class TestBedHandler(kmock.KubernetesEmulator):
                 raise ApiError(415, "UnsupportedMediaType", f"the test bed does not serve patches of type {ctype!r}")
         except PatchError as exc:
             raise ApiError(422, "Invalid", str(exc)) from exc
-        if ctype != "application/json-patch+json" and not (isinstance(body, dict) and "resourceVersion" in (
-            body.get("metadata") or {}
-        )):
+        if ctype != "application/json-patch+json" and not (
+            isinstance(body, dict) and "resourceVersion" in (body.get("metadata") or {})
+        ):
             new.setdefault("metadata", {}).pop("resourceVersion", None)
         return self.store.replace(rt, t.namespace, t.name or "", new, t.subresource)
 
     async def _watch(
-        self, raw: aiohttp.web.BaseRequest, rt: ResourceType, namespace: str | None, sel: Selector, params: dict[str, str]
+        self,
+        raw: aiohttp.web.BaseRequest,
+        rt: ResourceType,
+        namespace: str | None,
+        sel: Selector,
+        params: dict[str, str],
     ) -> aiohttp.web.StreamResponse:
         since = params.get("resourceVersion")
         watcher = self.store.watch(rt, namespace, sel, since)

@@ -51,7 +51,7 @@ def _spec_part(obj: Obj) -> Obj:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
-@dataclass
+@dataclass(eq=False)
 class Watcher:
     rtype: ResourceType
     namespace: str | None

@@ -1,0 +1,132 @@
+"""Thin kopf handlers: one index per watched kind (typed views), one event handler per kind that marks the key
+dirty, and a startup handler that starts the reconcile loop (reconciler.py) over those indexes.
+
+`build_registry(config)` makes a fresh registry so several operators can run in one process (tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from aether.naming import DEFAULT_TRUST_DOMAIN
+
+from .kubeapi import KubeWriter, api_client
+from .meshnode import API_GROUP, API_VERSION, PLURAL
+from .reconcile import views
+from .reconcile.model import Kind, View
+from .reconciler import Reconciler
+
+GATEWAY = "gateway.networking.k8s.io"
+
+# kind -> (kopf resource spec, parser)
+WATCHED: dict[Kind, tuple[tuple[str, ...], Callable[[dict[str, Any]], View]]] = {
+    "namespace": (("v1", "namespaces"), views.parse_namespace),
+    "node": (("v1", "nodes"), views.parse_node),
+    "pod": (("v1", "pods"), views.parse_pod),
+    "service": (("v1", "services"), views.parse_service),
+    "slice": (("discovery.k8s.io", "v1", "endpointslices"), views.parse_slice),
+    "route": ((GATEWAY, "v1alpha2", "udproutes"), views.parse_route),
+    "grant": ((GATEWAY, "v1beta1", "referencegrants"), views.parse_grant),
+}
+
+
+@dataclass
+class OperatorConfig:
+    kubeconfig: str | None = None  # None: in-cluster service account
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    debounce: float = 0.1
+    reconciler: list[Reconciler] = field(default_factory=list)  # filled at startup, for tests and probes
+
+
+def _key(body: kopf.Body) -> tuple[str, str]:
+    return (body.metadata.namespace or "", body.metadata.name or "")
+
+
+def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    indexes: dict[Kind, Any] = {}
+    state: dict[str, Any] = {}
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        client = api_client(config.kubeconfig)
+        cfg = client.configuration
+        token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+        scheme, _sep, value = (token or "").partition(" ")
+        return kopf.ConnectionInfo(
+            server=cfg.host,
+            ca_path=cfg.ssl_ca_cert,
+            insecure=not cfg.verify_ssl,
+            scheme=scheme if value else None,
+            token=(value or scheme) or None,
+            certificate_path=cfg.cert_file,
+            private_key_path=cfg.key_file,
+        )
+
+    def make_index(kind: Kind, resource: tuple[str, ...], parse: Callable[[dict[str, Any]], View]) -> None:
+        def index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], View]:
+            return {_key(body): parse(dict(body))}
+
+        kopf.index(*resource, registry=registry, id=f"aether_{kind}s")(index)
+
+        def event(body: kopf.Body, **_: Any) -> None:
+            reconciler: Reconciler | None = state.get("reconciler")
+            if reconciler is not None:
+                reconciler.ready.set()
+                reconciler.touch(kind, _key(body))
+
+        kopf.on.event(*resource, registry=registry, id=f"aether_{kind}_event")(event)
+
+    for kind, (resource, parse) in WATCHED.items():
+        make_index(kind, resource, parse)
+
+    @kopf.index(API_GROUP, API_VERSION, PLURAL, registry=registry, id="aether_meshnodes")
+    def meshnode_index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+        return {body.metadata.name or "": {"metadata": dict(body.metadata), "status": dict(body.status)}}
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        settings.posting.enabled = False
+        settings.peering.standalone = True
+        settings.watching.server_timeout = 300
+        settings.watching.client_timeout = 330
+        for kind in WATCHED:
+            indexes[kind] = kwargs[f"aether_{kind}s"]  # kopf passes each index by its id
+        meshnodes = kwargs["aether_meshnodes"]
+
+        def lookup(kind: Kind, key: tuple[str, str]) -> View | None:
+            store = indexes[kind].get(key)
+            return next(iter(store), None) if store is not None else None
+
+        def meshnode(name: str) -> dict[str, Any] | None:
+            store = meshnodes.get(name)
+            return next(iter(store), None) if store is not None else None
+
+        writer = KubeWriter(api_client(config.kubeconfig))
+        reconciler = Reconciler(writer, lookup, meshnode, config.trust_domain, debounce=config.debounce)
+        state["reconciler"] = reconciler
+        state["task"] = asyncio.create_task(reconciler.run(), name="aether-reconciler")
+        config.reconciler.append(reconciler)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        task: asyncio.Task[None] | None = state.pop("task", None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return registry
+
+
+def quiet_kopf_loggers(verbose: bool = False) -> None:
+    """kopf logs every handled event at INFO; at cluster scale that is noise."""
+    if not verbose:
+        for name in ("kopf", "kopf.objects", "kopf.activities"):
+            logging.getLogger(name).setLevel(logging.WARNING)

@@ -1,0 +1,124 @@
+"""The operator's writes to the API (thin, sync, through the official client): MeshNodes, MeshNode status,
+UDPRoute status, Events. Every write that merges lists owned by others carries a resourceVersion precondition."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import kubernetes
+
+from .meshnode import API_GROUP, API_VERSION, KIND, PLURAL
+
+MERGE = "application/merge-patch+json"
+GATEWAY_GROUP, UDPROUTE_VERSION, UDPROUTES = "gateway.networking.k8s.io", "v1alpha2", "udproutes"
+ApiException = kubernetes.client.exceptions.ApiException
+
+
+def api_client(kubeconfig: str | None) -> kubernetes.client.ApiClient:
+    """A client for the kubeconfig file, or the in-cluster service account when None."""
+    cfg = kubernetes.client.Configuration()
+    if kubeconfig:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return kubernetes.client.ApiClient(cfg)
+
+
+def now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubeWriter:
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.core = kubernetes.client.CoreV1Api(client)
+
+    # ---- MeshNodes ---------------------------------------------------------------------------
+    def get_meshnode(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: Any = self.custom.get_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, name)
+            return dict(obj)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_meshnode(self, name: str, node_uid: str) -> dict[str, Any]:
+        body = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": KIND,
+            "metadata": {
+                "name": name,
+                "labels": {"app.kubernetes.io/managed-by": "aether-operator"},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid, "blockOwnerDeletion": False}
+                ],
+            },
+            "spec": {},
+        }
+        try:
+            obj: Any = self.custom.create_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, body)
+            return dict(obj)
+        except ApiException as exc:
+            if exc.status == 409:
+                existing = self.get_meshnode(name)
+                if existing is not None:
+                    return existing
+            raise
+
+    def patch_meshnode_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        obj: Any = self.custom.patch_cluster_custom_object_status(
+            API_GROUP, API_VERSION, PLURAL, name, patch, _content_type=MERGE
+        )
+        return dict(obj)
+
+    def delete_meshnode(self, name: str) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # ---- UDPRoutes ---------------------------------------------------------------------------
+    def get_route(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            obj: Any = self.custom.get_namespaced_custom_object(
+                GATEWAY_GROUP, UDPROUTE_VERSION, namespace, UDPROUTES, name
+            )
+            return dict(obj)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_route_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            GATEWAY_GROUP, UDPROUTE_VERSION, namespace, UDPROUTES, name, patch, _content_type=MERGE
+        )
+
+    def post_event(self, route: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = route.get("metadata") or {}
+        stamp = now()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'udproute')}.", "namespace": meta.get("namespace")},
+            "involvedObject": {
+                "apiVersion": f"{GATEWAY_GROUP}/{UDPROUTE_VERSION}",
+                "kind": "UDPRoute",
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "aether-operator"},
+            "reportingComponent": "aether-operator",
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self.core.create_namespaced_event(str(meta.get("namespace")), body)  # type: ignore[arg-type]

@@ -1,0 +1,221 @@
+"""The cluster as the reconcile sees it, and incremental reconcile over it.
+
+`ClusterModel` holds the typed views (fed from the kopf indexes), remembers which namespaces each namespace
+result read and which namespaces each node depends on, and on `reconcile()` recomputes only what a change can
+reach. `reconcile(full=True)` recomputes everything; a property test checks both agree."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from aether.naming import DEFAULT_TRUST_DOMAIN
+from aether.operator.meshnode import MeshNodeStatus
+
+from .namespace import NamespaceResult, compute_namespace
+from .nodes import assemble, dependency_set, meshed_pods
+from .routes import Verdict
+from .views import GrantView, NamespaceView, NodeView, PodView, RouteView, ServiceView, SliceView
+
+Kind = Literal["namespace", "node", "pod", "service", "slice", "route", "grant"]
+View = NamespaceView | NodeView | PodView | ServiceView | SliceView | RouteView | GrantView
+
+
+@dataclass
+class Output:
+    """What changed in one reconcile: node statuses to write, nodes gone, route verdicts of namespaces
+    whose results changed (routes gone from them map to ())."""
+
+    nodes: dict[str, MeshNodeStatus] = field(default_factory=dict)
+    removed_nodes: set[str] = field(default_factory=set)
+    routes: dict[tuple[str, str], tuple[Verdict, ...]] = field(default_factory=dict)
+    new_discards: set[tuple[str, str, str]] = field(default_factory=set)
+
+
+class _Reader:
+    """The World a namespace computation sees; records which namespaces it read."""
+
+    def __init__(self, model: ClusterModel) -> None:
+        self.m = model
+        self.read: set[str] = set()
+
+    def namespace(self, name: str) -> NamespaceView | None:
+        self.read.add(name)
+        return self.m.namespaces.get(name)
+
+    def service(self, namespace: str, name: str) -> ServiceView | None:
+        self.read.add(namespace)
+        return self.m.services[namespace].get(name)
+
+    def services_in(self, namespace: str) -> Iterable[ServiceView]:
+        self.read.add(namespace)
+        return self.m.services[namespace].values()
+
+    def slices_of(self, namespace: str, service: str) -> Iterable[SliceView]:
+        self.read.add(namespace)
+        names = self.m.slices_by_service.get((namespace, service), ())
+        return [self.m.slices[namespace][n] for n in sorted(names)]
+
+    def routes_in(self, namespace: str) -> Iterable[RouteView]:
+        self.read.add(namespace)
+        return self.m.routes[namespace].values()
+
+    def grants_in(self, namespace: str) -> Iterable[GrantView]:
+        self.read.add(namespace)
+        return self.m.grants[namespace].values()
+
+    def pod(self, namespace: str, name: str) -> PodView | None:
+        self.read.add(namespace)
+        return self.m.pods.get((namespace, name))
+
+
+class ClusterModel:
+    def __init__(self, trust_domain: str = DEFAULT_TRUST_DOMAIN) -> None:
+        self.trust_domain = trust_domain
+        self.namespaces: dict[str, NamespaceView] = {}
+        self.nodes: dict[str, NodeView] = {}
+        self.pods: dict[tuple[str, str], PodView] = {}
+        self.pods_by_node: dict[str, set[tuple[str, str]]] = defaultdict(set)
+        self.services: dict[str, dict[str, ServiceView]] = defaultdict(dict)
+        self.slices: dict[str, dict[str, SliceView]] = defaultdict(dict)
+        self.slices_by_service: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self.routes: dict[str, dict[str, RouteView]] = defaultdict(dict)
+        self.grants: dict[str, dict[str, GrantView]] = defaultdict(dict)
+        self.results: dict[str, NamespaceResult] = {}
+        self.readers: dict[str, set[str]] = defaultdict(set)  # namespace -> results that read it
+        self.reads: dict[str, frozenset[str]] = {}
+        self.node_deps: dict[str, frozenset[str]] = {}
+        self.dependents: dict[str, set[str]] = defaultdict(set)  # namespace -> nodes depending on it
+        self.dirty_ns: set[str] = set()
+        self.dirty_nodes: set[str] = set()
+        self.all_deps_dirty = False
+        self.known_nodes: set[str] = set()
+        self.discards: set[tuple[str, str, str]] = set()
+
+    # ---- feeding -----------------------------------------------------------------------------
+    def apply(self, kind: Kind, key: tuple[str, str], view: View | None) -> None:
+        """Insert/replace (view) or delete (None) one object; key is (namespace or "", name)."""
+        ns, name = key
+        if kind == "namespace":
+            old = self.namespaces.pop(name, None)
+            if isinstance(view, NamespaceView):
+                self.namespaces[name] = view
+            if old != view:
+                self.dirty_ns.add(name)
+                self.all_deps_dirty = True
+        elif kind == "node":
+            self.nodes.pop(name, None)
+            if isinstance(view, NodeView):
+                self.nodes[name] = view
+            self.dirty_nodes.add(name)
+        elif kind == "pod":
+            old_pod = self.pods.pop(key, None)
+            if old_pod is not None and old_pod.node:
+                self.pods_by_node[old_pod.node].discard(key)
+                self.dirty_nodes.add(old_pod.node)
+            if isinstance(view, PodView):
+                self.pods[key] = view
+                if view.node:
+                    self.pods_by_node[view.node].add(key)
+                    self.dirty_nodes.add(view.node)
+            if old_pod != view:
+                self.dirty_ns.add(ns)
+        elif kind == "slice":
+            old_slice = self.slices[ns].pop(name, None)
+            if old_slice is not None and old_slice.service:
+                self.slices_by_service[(ns, old_slice.service)].discard(name)
+            if isinstance(view, SliceView):
+                self.slices[ns][name] = view
+                if view.service:
+                    self.slices_by_service[(ns, view.service)].add(name)
+            self.dirty_ns.add(ns)
+        elif kind == "service":
+            self.services[ns].pop(name, None)
+            if isinstance(view, ServiceView):
+                self.services[ns][name] = view
+        elif kind == "route":
+            self.routes[ns].pop(name, None)
+            if isinstance(view, RouteView):
+                self.routes[ns][name] = view
+        elif kind == "grant":
+            self.grants[ns].pop(name, None)
+            if isinstance(view, GrantView):
+                self.grants[ns][name] = view
+        if kind in ("service", "route", "grant"):
+            self.dirty_ns.add(ns)
+
+    # ---- reconciling -------------------------------------------------------------------------
+    def mesh_namespaces(self) -> frozenset[str]:
+        return frozenset(n for n, v in self.namespaces.items() if v.meshed)
+
+    def _all_namespaces(self) -> set[str]:
+        return set(self.namespaces) | set(self.services) | set(self.routes) | set(self.pods_ns())
+
+    def pods_ns(self) -> set[str]:
+        return {ns for ns, _ in self.pods}
+
+    def reconcile(self, full: bool = False) -> Output:
+        out = Output()
+        if full:
+            self.dirty_ns |= self._all_namespaces() | set(self.results)
+            self.dirty_nodes |= set(self.nodes) | self.known_nodes
+            self.all_deps_dirty = True
+        todo = set(self.dirty_ns)
+        for ns in self.dirty_ns:
+            todo |= self.readers.get(ns, set())
+        changed_ns: set[str] = set()
+        for ns in sorted(todo):
+            reader = _Reader(self)
+            result = compute_namespace(reader, ns)
+            for old in self.reads.get(ns, frozenset()):
+                self.readers[old].discard(ns)
+            self.reads[ns] = frozenset(reader.read)
+            for r in reader.read:
+                self.readers[r].add(ns)
+            old_result = self.results.get(ns)
+            if old_result != result or full:
+                changed_ns.add(ns)
+                self.results[ns] = result
+                old_routes = set(old_result.route_verdicts) if old_result else set()
+                for rkey in old_routes - set(result.route_verdicts):
+                    out.routes[rkey] = ()
+                out.routes.update(result.route_verdicts)
+        self.dirty_ns.clear()
+        nodes = set(self.dirty_nodes)
+        if self.all_deps_dirty:
+            nodes |= set(self.nodes)
+        for ns in changed_ns:
+            nodes |= self.dependents.get(ns, set())
+        mesh = self.mesh_namespaces()
+        for node in sorted(nodes):
+            if node not in self.nodes:
+                if node in self.known_nodes:
+                    out.removed_nodes.add(node)
+                    self.known_nodes.discard(node)
+                self._set_deps(node, frozenset())
+                continue
+            pods = meshed_pods((self.pods[k] for k in self.pods_by_node.get(node, ())), self.namespaces)
+            deps = dependency_set(pods, self.namespaces, mesh)
+            self._set_deps(node, deps)
+            results = [self.results[d] for d in deps if d in self.results]
+            out.nodes[node] = assemble(pods, results, self.trust_domain)
+            self.known_nodes.add(node)
+        self.dirty_nodes.clear()
+        self.all_deps_dirty = False
+        if changed_ns:
+            current = set().union(*(r.discards for r in self.results.values()))
+            out.new_discards = current - self.discards
+            self.discards = current
+        return out
+
+    def _set_deps(self, node: str, deps: frozenset[str]) -> None:
+        old = self.node_deps.get(node, frozenset())
+        if old == deps:
+            return
+        for ns in old - deps:
+            self.dependents[ns].discard(node)
+        for ns in deps - old:
+            self.dependents[ns].add(node)
+        self.node_deps[node] = deps

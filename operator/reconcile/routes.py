@@ -1,0 +1,233 @@
+"""GAMMA UDPRoutes on mesh Services: which route owns a parent, where its arm points, and each route's verdict.
+
+udp_proxy routes an arm to exactly one cluster, so of several backendRefs the heaviest *live* one (ready
+endpoints at the port) wins, ties by cluster name, weight 0 is drain and never chosen; no live backend sends
+the arm to the blackhole with reason NoHealthyBackend. A backend always resolves to its own endpoints (routes
+are never chained), so route loops cannot form. Two routes on one parent: the older wins."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aether.naming import BLACKHOLE_CLUSTER, ref, udp_cluster
+from aether.operator.meshnode import Endpoint, ServiceArm, UnsupportedShape
+
+from .views import BackendRef, ParentRef, RouteView, ServicePort, ServiceView
+from .world import World
+
+# Gateway API reasons (Accepted / ResolvedRefs) and ours for discarded backends.
+ACCEPTED, NO_MATCHING_PARENT, UNSUPPORTED_VALUE, CONFLICTED = (
+    "Accepted",
+    "NoMatchingParent",
+    "UnsupportedValue",
+    "Conflicted",
+)
+RESOLVED, REF_NOT_PERMITTED, INVALID_KIND, BACKEND_NOT_FOUND = (
+    "ResolvedRefs",
+    "RefNotPermitted",
+    "InvalidKind",
+    "BackendNotFound",
+)
+WEIGHTED_SPLIT, DRAINED, NO_HEALTHY_BACKEND = "WeightedSplit", "Drained", "NoHealthyBackend"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Our status for one (route, parentRef)."""
+
+    parent: ParentRef
+    accepted: bool
+    accepted_reason: str
+    accepted_message: str
+    resolved: bool = True
+    resolved_reason: str = RESOLVED
+    resolved_message: str = "all backendRefs resolved"
+    discarded: tuple[tuple[str, str], ...] = ()  # (backend ref, reason)
+    chosen: str | None = None
+
+
+def endpoints_at(world: World, svc: ServiceView, port: ServicePort) -> tuple[Endpoint, ...]:
+    """Ready endpoints of svc for one of its ports (matched to slice ports by name and protocol)."""
+    found: set[tuple[str, int]] = set()
+    for sl in world.slices_of(svc.namespace, svc.name):
+        numbers = [p.port for p in sl.ports if p.name == port.name and p.protocol == port.protocol]
+        if not numbers:
+            continue
+        for ep in sl.endpoints:
+            if ep.ready:
+                found.add((ep.ip, numbers[0]))
+    return tuple(Endpoint(ip=ip, port=p) for ip, p in sorted(found))
+
+
+def mesh_member(world: World, namespace: str) -> bool:
+    ns = world.namespace(namespace)
+    return ns is not None and ns.meshed
+
+
+def _parent_mismatch(svc: ServiceView | None, parent: ParentRef, route: RouteView, world: World) -> str | None:
+    target = f"Service {parent.namespace or route.namespace}/{parent.name}"
+    if parent.problem:
+        return parent.problem
+    if parent.namespace not in (None, route.namespace):
+        return (
+            f"{target}: cross-namespace (consumer) routes are not supported; put the route in the Service's namespace"
+        )
+    if svc is None:
+        return f"{target} does not exist"
+    if not mesh_member(world, svc.namespace):
+        return f"{target} is not in a mesh namespace (label mesh.aether.dev/enabled=true)"
+    if svc.cluster_ip is None:
+        return f"{target} has no ClusterIP"
+    udp = svc.ports_of("UDP")
+    if not udp:
+        return f"{target} has no UDP port"
+    if parent.port is not None and parent.port not in [p.port for p in udp]:
+        return f"{target} has no UDP port {parent.port}"
+    if parent.section_name is not None and parent.section_name not in [p.name for p in udp]:
+        return f"{target} has no UDP port named {parent.section_name!r}"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    backend: BackendRef
+    cluster: str
+    endpoints: tuple[Endpoint, ...]
+
+
+def _resolve_backend(world: World, route: RouteView, b: BackendRef) -> tuple[_Candidate | None, str, str]:
+    """-> (candidate, reason, message); candidate None when the ref cannot be used."""
+    if b.problem:
+        return None, UNSUPPORTED_VALUE, b.problem
+    if b.group not in ("", "core") or b.kind != "Service":
+        return None, INVALID_KIND, f"backendRef {b.ref}: kind {b.group or 'core'}/{b.kind} is not a Service"
+    if b.namespace != route.namespace and not any(
+        g.permits(route.namespace, b.name) for g in world.grants_in(b.namespace)
+    ):
+        return None, REF_NOT_PERMITTED, f"backendRef {b.ref}: no ReferenceGrant in {b.namespace} allows it"
+    svc = world.service(b.namespace, b.name)
+    if svc is None:
+        return None, BACKEND_NOT_FOUND, f"backendRef {b.ref}: Service not found"
+    if b.port is None:
+        return None, BACKEND_NOT_FOUND, f"backendRef {b.ref}: port is required"
+    ports = [p for p in svc.ports_of("UDP") if p.port == b.port]
+    if not ports:
+        return None, BACKEND_NOT_FOUND, f"backendRef {b.ref}: Service has no UDP port {b.port}"
+    return _Candidate(b, udp_cluster(b.namespace, b.name), endpoints_at(world, svc, ports[0])), RESOLVED, ""
+
+
+def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: ServiceView) -> tuple[ServiceArm, Verdict]:
+    """The arm a route gives its parent Service, and the route's verdict for that parent."""
+    bad: list[tuple[str, str, str]] = []  # (ref, reason, message)
+    usable: list[_Candidate] = []
+    for b in route.backends:
+        cand, reason, message = _resolve_backend(world, route, b)
+        if cand is None:
+            bad.append((b.ref, reason, message))
+        else:
+            usable.append(cand)
+    live = [c for c in usable if c.backend.weight > 0 and c.endpoints]
+    winner = min(live, key=lambda c: (-c.backend.weight, c.cluster), default=None)
+    discarded: list[tuple[str, str]] = [(r, reason) for r, reason, _ in bad]
+    for c in usable:
+        if c is winner:
+            continue
+        reason = DRAINED if c.backend.weight == 0 else NO_HEALTHY_BACKEND if not c.endpoints else WEIGHTED_SPLIT
+        discarded.append((c.backend.ref, reason))
+    vip = svc.cluster_ip or ""
+    route_ref = ref(route.namespace, route.name)
+    if winner is None:
+        arm = ServiceArm(
+            service=ref(svc.namespace, svc.name),
+            vip=vip,
+            cluster=BLACKHOLE_CLUSTER,
+            route=route_ref,
+            reason=NO_HEALTHY_BACKEND,
+        )
+    else:
+        arm = ServiceArm(
+            service=ref(svc.namespace, svc.name),
+            vip=vip,
+            cluster=winner.cluster,
+            backend=winner.backend.ref,
+            route=route_ref,
+            endpoints=list(winner.endpoints),
+        )
+    resolved_reason = RESOLVED
+    for r in (REF_NOT_PERMITTED, INVALID_KIND, BACKEND_NOT_FOUND, UNSUPPORTED_VALUE):
+        if any(reason == r for _, reason, _ in bad):
+            resolved_reason = r
+            break
+    verdict = Verdict(
+        parent=parent,
+        accepted=True,
+        accepted_reason=ACCEPTED,
+        accepted_message=(
+            f"routes {ref(svc.namespace, svc.name)} to {winner.cluster}"
+            if winner
+            else "no live backend: the arm goes to the blackhole (NoHealthyBackend)"
+        ),
+        resolved=not bad,
+        resolved_reason=resolved_reason,
+        resolved_message="; ".join(m for _, _, m in bad) or "all backendRefs resolved",
+        discarded=tuple(sorted(discarded)),
+        chosen=winner.cluster if winner else None,
+    )
+    return arm, verdict
+
+
+def shapes_of(route: RouteView, verdict: Verdict) -> list[UnsupportedShape]:
+    """One shape per discard reason: every discarded backend appears exactly once."""
+    by_reason: dict[str, list[str]] = {}
+    for backend, reason in verdict.discarded:
+        by_reason.setdefault(reason, []).append(backend)
+    return [
+        UnsupportedShape(route=ref(route.namespace, route.name), reason=reason, discarded=sorted(refs))
+        for reason, refs in sorted(by_reason.items())
+    ]
+
+
+def parent_service_key(route: RouteView, parent: ParentRef) -> tuple[str, str]:
+    return (parent.namespace or route.namespace, parent.name)
+
+
+def attach_routes(
+    world: World, namespace: str
+) -> tuple[dict[tuple[str, str], RouteView], dict[tuple[str, str, int], Verdict]]:
+    """For the routes in `namespace`: the winning route per parent Service, and a verdict for every (route,
+    parent index) we own that is not decided by resolve_route_on (rejected or conflicted)."""
+    verdicts: dict[tuple[str, str, int], Verdict] = {}
+    claims: dict[tuple[str, str], list[tuple[RouteView, int]]] = {}
+    for route in sorted(world.routes_in(namespace), key=lambda r: r.order):
+        for i, parent in enumerate(route.parents):
+            if not (parent.ours or parent.problem):
+                continue
+            key = (route.namespace, route.name, i)
+            if route.problems:
+                verdicts[key] = Verdict(parent, False, UNSUPPORTED_VALUE, "; ".join(route.problems))
+                continue
+            skey = parent_service_key(route, parent)
+            svc = world.service(*skey) if parent.namespace in (None, route.namespace) else None
+            problem = _parent_mismatch(svc, parent, route, world)
+            if problem is not None:
+                reason = (
+                    UNSUPPORTED_VALUE
+                    if parent.problem or parent.namespace not in (None, route.namespace)
+                    else NO_MATCHING_PARENT
+                )
+                verdicts[key] = Verdict(parent, False, reason, problem)
+                continue
+            claims.setdefault(skey, []).append((route, i))
+    winners: dict[tuple[str, str], RouteView] = {}
+    for skey, claimants in claims.items():
+        first = claimants[0][0]
+        winners[skey] = first
+        for route, i in claimants:
+            if route.key != first.key:
+                verdicts[(route.namespace, route.name, i)] = Verdict(
+                    route.parents[i],
+                    False,
+                    CONFLICTED,
+                    f"Service {skey[0]}/{skey[1]} is already routed by the older UDPRoute {first.namespace}/{first.name}",
+                )
+    return winners, verdicts

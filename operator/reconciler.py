@@ -1,0 +1,156 @@
+"""The reconcile loop: dirty keys from the kopf handlers -> current views from the kopf indexes -> the pure
+incremental model -> writes (only MeshNodes whose status changed, only routes whose status changed).
+
+Bursts coalesce: a change wakes the loop, which waits `debounce` seconds for more before reconciling once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from aether.metrics import UDP_UNSUPPORTED
+
+from .kubeapi import ApiException, KubeWriter, now
+from .meshnode import MeshNodeStatus
+from .nodestatus import current_owned, digest, owned_wire, status_patch
+from .reconcile.model import ClusterModel, Kind, Output, View
+from .reconcile.routes import Verdict
+from .routestatus import comparable, parents_status, transition_events
+
+log = logging.getLogger("aether.operator")
+Lookup = Callable[[Kind, tuple[str, str]], View | None]
+MeshNodeLookup = Callable[[str], dict[str, Any] | None]
+
+
+class Reconciler:
+    def __init__(
+        self,
+        writer: KubeWriter,
+        lookup: Lookup,
+        meshnode: MeshNodeLookup,
+        trust_domain: str,
+        debounce: float = 0.1,
+        concurrency: int = 4,
+    ) -> None:
+        self.writer, self.lookup, self.meshnode = writer, lookup, meshnode
+        self.model = ClusterModel(trust_domain)
+        self.debounce = debounce
+        self.pending: dict[tuple[Kind, tuple[str, str]], None] = {}
+        self.wake = asyncio.Event()
+        self.ready = asyncio.Event()
+        self.digests: dict[str, str] = {}
+        self.sem = asyncio.Semaphore(concurrency)
+        self.cycles = 0
+        self.node_writes: list[str] = []
+        self.route_writes: list[tuple[str, str]] = []
+        self.idle = asyncio.Event()
+
+    def touch(self, kind: Kind, key: tuple[str, str]) -> None:
+        self.pending[(kind, key)] = None
+        self.idle.clear()
+        self.wake.set()
+
+    async def run(self) -> None:
+        await self.ready.wait()
+        while True:
+            await self.wake.wait()
+            await asyncio.sleep(self.debounce)
+            self.wake.clear()
+            batch, self.pending = self.pending, {}
+            try:
+                for kind, key in batch:
+                    self.model.apply(kind, key, self.lookup(kind, key))
+                out = self.model.reconcile()
+                await self.write(out)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconcile failed; retrying the batch")
+                for item in batch:
+                    self.pending[item] = None
+                self.model.dirty_nodes |= set(self.model.nodes)
+                self.digests.clear()
+                self.wake.set()
+                await asyncio.sleep(1.0)
+            self.cycles += 1
+            if not self.pending:
+                self.idle.set()
+
+    async def write(self, out: Output) -> None:
+        for route, backend, reason in sorted(out.new_discards):
+            UDP_UNSUPPORTED.labels(reason=reason).inc()
+            log.info("UDPRoute %s: backend %s discarded (%s)", route, backend, reason)
+        jobs = [self._node(name, status) for name, status in out.nodes.items()]
+        jobs += [self._delete_node(name) for name in out.removed_nodes]
+        jobs += [self._route(key, verdicts) for key, verdicts in out.routes.items()]
+        await asyncio.gather(*jobs)
+
+    async def _node(self, name: str, status: MeshNodeStatus) -> None:
+        owned = owned_wire(status)
+        want = digest(owned)
+        if self.digests.get(name) == want:
+            return
+        async with self.sem:
+            await asyncio.to_thread(self._write_node, name, owned, want)
+
+    def _write_node(self, name: str, owned: dict[str, Any], want: str) -> None:
+        current = self.meshnode(name)
+        for attempt in range(6):
+            if current is None:
+                node = self.model.nodes.get(name)
+                if node is None:
+                    return
+                current = self.writer.create_meshnode(name, node.uid)
+            if digest(current_owned(current.get("status"))) == want:
+                break
+            rv = (current.get("metadata") or {}).get("resourceVersion")
+            try:
+                self.writer.patch_meshnode_status(name, status_patch(owned, current.get("status"), rv, now()))
+                self.node_writes.append(name)
+                break
+            except ApiException as exc:
+                if exc.status not in (404, 409) or attempt == 5:
+                    raise
+                current = self.writer.get_meshnode(name)
+        self.digests[name] = want
+
+    async def _delete_node(self, name: str) -> None:
+        self.digests.pop(name, None)
+        async with self.sem:
+            await asyncio.to_thread(self.writer.delete_meshnode, name)
+
+    async def _route(self, key: tuple[str, str], verdicts: tuple[Verdict, ...]) -> None:
+        async with self.sem:
+            await asyncio.to_thread(self._write_route, key, verdicts)
+
+    def _write_route(self, key: tuple[str, str], verdicts: tuple[Verdict, ...]) -> None:
+        for attempt in range(6):
+            route = self.writer.get_route(*key)
+            if route is None:
+                return
+            meta, status = route.get("metadata") or {}, route.get("status")
+            existing = (status or {}).get("parents") if isinstance(status, dict) else None
+            existing = existing if isinstance(existing, list) else []
+            raw_gen = meta.get("generation")
+            generation = raw_gen if isinstance(raw_gen, int) else 0
+            parents = parents_status(verdicts, existing, generation, now())
+            if comparable(parents) == comparable(existing):
+                return
+            patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": {"parents": parents}}
+            try:
+                self.writer.patch_route_status(key[0], key[1], patch)
+            except ApiException as exc:
+                if exc.status == 409 and attempt < 5:
+                    continue
+                if exc.status == 404:
+                    return
+                raise
+            self.route_writes.append(key)
+            for ev in transition_events(verdicts, existing):
+                try:
+                    self.writer.post_event(route, ev.type, ev.reason, ev.message)
+                except ApiException as exc:
+                    log.warning("could not post an Event for UDPRoute %s/%s: %s", key[0], key[1], exc.reason)
+            return
