@@ -108,6 +108,17 @@ def crds_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "crds"
 
 
+def stale(directory: Path | None = None) -> list[str]:
+    """Files under `directory` (default crds/) that differ from what the model generates."""
+    base = directory or crds_dir()
+    out = []
+    for name, text in render().items():
+        path = base / name
+        if not path.is_file() or path.read_text() != text:
+            out.append(name)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     out = Path(args[0]) if args else crds_dir()

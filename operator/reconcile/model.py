@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from aether.naming import DEFAULT_TRUST_DOMAIN
 from aether.operator.meshnode import MeshNodeStatus
@@ -17,7 +17,7 @@ from aether.operator.meshnode import MeshNodeStatus
 from .namespace import NamespaceResult, compute_namespace
 from .nodes import assemble, dependency_set, meshed_pods
 from .routes import Verdict
-from .views import GrantView, NamespaceView, NodeView, PodView, RouteView, ServiceView, SliceView
+from .views import PARSERS, GrantView, NamespaceView, NodeView, PodView, RouteView, ServiceView, SliceView
 
 Kind = Literal["namespace", "node", "pod", "service", "slice", "route", "grant"]
 View = NamespaceView | NodeView | PodView | ServiceView | SliceView | RouteView | GrantView
@@ -145,6 +145,12 @@ class ClusterModel:
                 self.grants[ns][name] = view
         if kind in ("service", "route", "grant"):
             self.dirty_ns.add(ns)
+
+    def apply_raw(self, kind: Kind, obj: dict[str, Any], deleted: bool = False) -> None:
+        """apply() from a raw API object (what tests and benchmarks feed)."""
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        self.apply(kind, key, None if deleted else PARSERS[kind](obj))
 
     # ---- reconciling -------------------------------------------------------------------------
     def mesh_namespaces(self) -> frozenset[str]:

@@ -398,3 +398,14 @@ def parse_grant(obj: Raw) -> GrantView:
         (str(t.get("group", "")), str(t.get("kind", "")), _s(t.get("name"))) for t in map(_d, _l(spec.get("to")))
     )
     return GrantView(str(meta.get("namespace", "")), str(meta.get("name", "")), from_, to)
+
+
+PARSERS: dict[str, Any] = {
+    "namespace": parse_namespace,
+    "node": parse_node,
+    "pod": parse_pod,
+    "service": parse_service,
+    "slice": parse_slice,
+    "route": parse_route,
+    "grant": parse_grant,
+}

@@ -1,0 +1,100 @@
+"""Builders for the raw objects tests and the demo apply: namespaces, nodes, pods, Services, EndpointSlices,
+UDPRoutes, ReferenceGrants. Plain dicts in API shape, so they work with any client and any cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aether.operator.reconcile.views import EGRESS_ANNOTATION, GATEWAY_GROUP, MESH_LABEL, SERVICE_NAME_LABEL
+
+Obj = dict[str, Any]
+Port = tuple[str, int, str]  # (name, port, protocol)
+
+
+def namespace(name: str, meshed: bool = True, egress: str | None = None) -> Obj:
+    meta: Obj = {"name": name, "labels": {MESH_LABEL: "true"} if meshed else {}}
+    if egress is not None:
+        meta["annotations"] = {EGRESS_ANNOTATION: egress}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def node(name: str) -> Obj:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+
+def pod(ns: str, name: str, node_name: str, sa: str = "default") -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+        "spec": {"nodeName": node_name, "serviceAccountName": sa, "containers": [{"name": "app", "image": "app"}]},
+    }
+
+
+def pod_status(ip: str, phase: str = "Running") -> Obj:
+    return {"status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}]}}
+
+
+def service(ns: str, name: str, cluster_ip: str, ports: list[Port]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "clusterIP": cluster_ip,
+            "ports": [{"name": n, "port": p, "protocol": proto} for n, p, proto in ports],
+        },
+    }
+
+
+def endpoint_slice(
+    ns: str, svc: str, ports: list[Port], endpoints: list[tuple[str, bool, str | None]], name: str | None = None
+) -> Obj:
+    """endpoints: (ip, ready, pod name or None)."""
+    eps = []
+    for ip, ready, pod_name in endpoints:
+        ep: Obj = {"addresses": [ip], "conditions": {"ready": ready}}
+        if pod_name:
+            ep["targetRef"] = {"kind": "Pod", "name": pod_name, "namespace": ns}
+        eps.append(ep)
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name or f"{svc}-1", "namespace": ns, "labels": {SERVICE_NAME_LABEL: svc}},
+        "addressType": "IPv4",
+        "ports": [{"name": n, "port": p, "protocol": proto} for n, p, proto in ports],
+        "endpoints": eps,
+    }
+
+
+def backend(name: str, port: int, weight: int | None = None, namespace: str | None = None) -> Obj:
+    ref: Obj = {"name": name, "port": port}
+    if weight is not None:
+        ref["weight"] = weight
+    if namespace is not None:
+        ref["namespace"] = namespace
+    return ref
+
+
+def udproute(ns: str, name: str, parent: str, backends: list[Obj], parent_port: int | None = None) -> Obj:
+    parent_ref: Obj = {"group": "", "kind": "Service", "name": parent}
+    if parent_port is not None:
+        parent_ref["port"] = parent_port
+    return {
+        "apiVersion": f"{GATEWAY_GROUP}/v1alpha2",
+        "kind": "UDPRoute",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"parentRefs": [parent_ref], "rules": [{"backendRefs": backends}]},
+    }
+
+
+def reference_grant(ns: str, name: str, from_namespace: str, service: str | None = None) -> Obj:
+    to: Obj = {"group": "", "kind": "Service"}
+    if service is not None:
+        to["name"] = service
+    return {
+        "apiVersion": f"{GATEWAY_GROUP}/v1beta1",
+        "kind": "ReferenceGrant",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"from": [{"group": GATEWAY_GROUP, "kind": "UDPRoute", "namespace": from_namespace}], "to": [to]},
+    }

@@ -1,0 +1,65 @@
+"""crds/ is generated from the pydantic model; the MeshNode CRD is structural and has the contract's shape."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aether.operator import crdgen
+from aether.operator.meshnode import MeshNodeStatus
+
+
+def test_crds_are_not_stale() -> None:
+    assert crdgen.stale() == [], "crds/ is stale: run `.venv/bin/python -m aether.operator.crdgen`"
+
+
+def test_stale_check_sees_a_changed_model_negative_control(tmp_path: Path) -> None:
+    """The staleness gate must go red: an edited copy of the CRD is reported, a missing one too."""
+    text = (crdgen.crds_dir() / "meshnode.yaml").read_text()
+    (tmp_path / "meshnode.yaml").write_text(text.replace("unsupportedShapes", "unsupportedShape"))
+    assert crdgen.stale(tmp_path) == ["meshnode.yaml"]
+    (tmp_path / "meshnode.yaml").unlink()
+    assert crdgen.stale(tmp_path) == ["meshnode.yaml"]
+
+
+def _walk(schema: Any, path: str = "") -> list[str]:
+    bad = []
+    if isinstance(schema, dict):
+        for forbidden in ("$ref", "anyOf", "title", "$defs"):
+            if forbidden in schema:
+                bad.append(f"{path}: {forbidden}")
+        typed = "type" in schema or "x-kubernetes-preserve-unknown-fields" in schema
+        if ("properties" in schema or "items" in schema) and not typed:
+            bad.append(f"{path}: no type")
+        for k, v in schema.items():
+            bad += _walk(v, f"{path}/{k}")
+    elif isinstance(schema, list):
+        for i, v in enumerate(schema):
+            bad += _walk(v, f"{path}[{i}]")
+    return bad
+
+
+def test_meshnode_crd_shape() -> None:
+    crd = yaml.safe_load((crdgen.crds_dir() / "meshnode.yaml").read_text())
+    assert crd["spec"]["scope"] == "Cluster"
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Pods",
+        "UDP Services",
+        "QUIC Pairs",
+        "Dormant Pairs",
+        "Ready",
+        "Age",
+    ]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert _walk(status) == []
+    props = status["properties"]
+    assert set(props) >= {"conditions", "pods", "udp", "tcp", "quic"}
+    assert set(props["quic"]["properties"]) >= {"identities", "destinations", "ineligible", "pairs", "dormantPairs"}
+    assert set(props["udp"]["properties"]) == {"services", "unsupportedShapes"}
+    # every field of the model is in the schema (camelCase)
+    wire = MeshNodeStatus.model_json_schema(by_alias=True)["properties"]
+    assert set(wire) == set(props)
