@@ -20,6 +20,7 @@ MODELS: dict[tuple[str, str], str] = {
     ("v1", "ServiceAccount"): "V1ServiceAccount",
     ("v1", "ConfigMap"): "V1ConfigMap",
     ("v1", "Service"): "V1Service",
+    ("v1", "Pod"): "V1Pod",
     ("apps/v1", "Deployment"): "V1Deployment",
     ("apps/v1", "DaemonSet"): "V1DaemonSet",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",

@@ -18,22 +18,21 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
-# (verb, apiGroup, resource, subresource): what the code asks, by reading it (operator/, xds/, and kopf itself).
+# (verb, apiGroup, resource, subresource): what the code asks, read from operator/handlers.py (kopf indexes and
+# event handlers on WATCHED: list + watch), operator/kubeapi.py (MeshNode get/create/delete/status patch, UDPRoute
+# get/status patch, core Events) and kopf (CRD observation; events for handler failures).
 OPERATOR_CALLS = [
-    *[
-        (v, "", r, "")
-        for r in ("services", "pods", "serviceaccounts", "namespaces", "nodes")
-        for v in ("list", "watch")
-    ],
+    *[(v, "", r, "") for r in ("namespaces", "nodes", "pods", "services") for v in ("list", "watch")],
     *[(v, "discovery.k8s.io", "endpointslices", "") for v in ("list", "watch")],
     *[(v, "gateway.networking.k8s.io", r, "") for r in ("udproutes", "referencegrants") for v in ("list", "watch")],
+    ("get", "gateway.networking.k8s.io", "udproutes", ""),
     ("patch", "gateway.networking.k8s.io", "udproutes", "status"),
-    *[(v, "mesh.aether.dev", "meshnodes", "") for v in ("get", "list", "watch", "create", "patch")],
+    *[(v, "mesh.aether.dev", "meshnodes", "") for v in ("get", "list", "watch", "create", "delete")],
     ("patch", "mesh.aether.dev", "meshnodes", "status"),
+    *[(v, "apiextensions.k8s.io", "customresourcedefinitions", "") for v in ("list", "watch")],
     ("create", "", "events", ""),
 ]
 NODE_CALLS = [
@@ -51,9 +50,11 @@ NODE_FORBIDDEN = [
 OPERATOR_FORBIDDEN = [
     ("get", "", "secrets", ""),
     ("list", "", "secrets", ""),
-    ("delete", "mesh.aether.dev", "meshnodes", ""),
+    ("patch", "mesh.aether.dev", "meshnodes", ""),  # spec and metadata are not the operator's to change
     ("patch", "", "services", ""),
+    ("patch", "", "pods", ""),
     ("update", "gateway.networking.k8s.io", "udproutes", ""),
+    ("patch", "gateway.networking.k8s.io", "udproutes", ""),
 ]
 
 
@@ -126,60 +127,59 @@ def test_rbac_gate_sees_red(rendered: list[dict[str, Any]], rbac_check: ModuleTy
 # -- the operator, run against the API test bed: its audit log is the list of calls --------------------------
 
 
+NS = "e2e"
+
+
 def _seed(store: Any) -> None:
-    """A small cluster: the CRDs, a node, two meshed pods, a UDP Service with a slice, and a UDPRoute."""
-    crd_rt = store.lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-    for path in [REPO / "crds" / "meshnode.yaml", *sorted((REPO / "crds" / "testbed").glob("*.yaml"))]:
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc and doc.get("kind") == "CustomResourceDefinition":
-                store.create(crd_rt, None, doc)
-    rt = {p: store.lookup("", "v1", p) for p in ("nodes", "pods", "services", "serviceaccounts")}
+    """A small cluster (the test bed installs the CRDs itself): a node, two meshed pods, a UDP Service with a slice, and a UDPRoute."""
+    rt = {p: store.lookup("", "v1", p) for p in ("namespaces", "nodes", "pods", "services", "serviceaccounts")}
+    store.create(rt["namespaces"], None, {"metadata": {"name": NS, "labels": {"mesh.aether.dev/enabled": "true"}}})
     store.create(rt["nodes"], None, {"metadata": {"name": "node-a"}})
     for sa in ("client", "dns"):
-        store.create(rt["serviceaccounts"], "default", {"metadata": {"name": sa, "namespace": "default"}})
+        store.create(rt["serviceaccounts"], NS, {"metadata": {"name": sa, "namespace": NS}})
     for name, sa, ip in (("client-0", "client", "10.200.1.2"), ("dns-0", "dns", "10.200.1.3")):
         store.create(
             rt["pods"],
-            "default",
+            NS,
             {
-                "metadata": {"name": name, "namespace": "default", "labels": {"app": name.split("-")[0]}},
+                "metadata": {"name": name, "namespace": NS, "labels": {"app": name.split("-")[0]}},
                 "spec": {"nodeName": "node-a", "serviceAccountName": sa, "containers": [{"name": "c", "image": "x"}]},
                 "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]},
             },
         )
     store.create(
         rt["services"],
-        "default",
+        NS,
         {
-            "metadata": {"name": "dns-a", "namespace": "default"},
+            "metadata": {"name": "dns-a", "namespace": NS},
             "spec": {
                 "clusterIP": "10.96.0.10",
                 "selector": {"app": "dns"},
-                "ports": [{"port": 18082, "protocol": "UDP"}],
+                "ports": [{"name": "udp", "port": 18082, "targetPort": 5353, "protocol": "UDP"}],
             },
         },
     )
     store.create(
         store.lookup("discovery.k8s.io", "v1", "endpointslices"),
-        "default",
+        NS,
         {
-            "metadata": {"name": "dns-a-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "dns-a"}},
+            "metadata": {"name": "dns-a-1", "namespace": NS, "labels": {"kubernetes.io/service-name": "dns-a"}},
             "addressType": "IPv4",
             "endpoints": [{"addresses": ["10.200.1.3"], "conditions": {"ready": True}, "nodeName": "node-a"}],
-            "ports": [{"port": 5353, "protocol": "UDP"}],
+            "ports": [{"name": "udp", "port": 5353, "protocol": "UDP"}],
         },
     )
     udproutes = next(t for t in store.types.values() if t.plural == "udproutes")
     store.create(
         udproutes,
-        "default",
+        NS,
         {
             "apiVersion": udproutes.api_version,
             "kind": "UDPRoute",
-            "metadata": {"name": "dns", "namespace": "default"},
+            "metadata": {"name": "dns", "namespace": NS},
             "spec": {
                 "parentRefs": [{"group": "", "kind": "Service", "name": "dns-a"}],
-                "rules": [{"backendRefs": [{"name": "dns-a", "port": 5353}]}],
+                "rules": [{"backendRefs": [{"name": "dns-a", "port": 18082}]}],
             },
         },
     )

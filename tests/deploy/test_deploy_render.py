@@ -127,3 +127,33 @@ def test_kustomize_lite_images_and_namespace(kustomize_lite: ModuleType, tmp_pat
     assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "reg.example/aether:1.2"
     assert dep["metadata"]["namespace"] == "ns"
     assert "namespace" not in role["metadata"]
+
+
+KIND = REPO / "e2e" / "kind"
+
+
+def test_kind_overlay_renders_deploy_with_the_e2e_image(
+    rendered: list[dict[str, Any]], kustomize_lite: ModuleType, kube_schema: ModuleType
+) -> None:
+    overlay = kustomize_lite.render(KIND)
+    assert {kustomize_lite.identity(o) for o in overlay} == {kustomize_lite.identity(o) for o in rendered}
+    images = {
+        c["image"]
+        for o in overlay
+        for c in [
+            *o.get("spec", {}).get("template", {}).get("spec", {}).get("initContainers", []),
+            *o.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []),
+        ]
+    }
+    assert images == {"localhost/aether:e2e"}
+    if shutil.which("kubectl"):
+        out = subprocess.run(
+            ["kubectl", "kustomize", str(KIND)], capture_output=True, text=True, timeout=120, check=True
+        )
+        theirs = {kustomize_lite.identity(o): o for o in yaml.safe_load_all(out.stdout) if o}
+        assert theirs == {kustomize_lite.identity(o): o for o in overlay}
+
+
+def test_kind_workloads_validate(kube_schema: ModuleType) -> None:
+    docs = [d for d in yaml.safe_load_all((KIND / "workloads.yaml").read_text()) if d]
+    assert [p for d in docs for p in kube_schema.validate(d)] == []
