@@ -111,6 +111,47 @@ class TestBedHandler(kmock.KubernetesEmulator):
                 )
             )
 
+    def _resource_list(self, path: str) -> dict[str, Any] | None:
+        """/api/v1 and /apis/<group>/<version> from the store's types (kmock says groupVersion "/v1" for
+        core and lists subresources with short names, which confuses kubectl)."""
+        parts = [p for p in path.split("/") if p]
+        if len(parts) == 2 and parts[0] == "api":
+            group, version = "", parts[1]
+        elif len(parts) == 3 and parts[0] == "apis":
+            group, version = parts[1], parts[2]
+        else:
+            return None
+        resources: list[dict[str, Any]] = []
+        for rt in sorted(self.store.types.values(), key=lambda r: r.plural):
+            if (rt.group, rt.version) != (group, version):
+                continue
+            resources.append(
+                {
+                    "name": rt.plural,
+                    "singularName": rt.kind.lower(),
+                    "namespaced": rt.namespaced,
+                    "kind": rt.kind,
+                    "verbs": list(ALL_VERBS),
+                    "shortNames": list(rt.short_names),
+                }
+            )
+            for sub in sorted(rt.subresources):
+                resources.append(
+                    {
+                        "name": f"{rt.plural}/{sub}",
+                        "singularName": "",
+                        "namespaced": rt.namespaced,
+                        "kind": rt.kind,
+                        "verbs": ["get", "patch", "update"],
+                    }
+                )
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": f"{group}/{version}" if group else version,
+            "resources": resources,
+        }
+
     def _record(self, raw: aiohttp.web.BaseRequest, target: Target | None, code: int) -> None:
         params = dict(raw.query)
         if target is None:
@@ -136,6 +177,9 @@ class TestBedHandler(kmock.KubernetesEmulator):
         target = parse_target(raw_request.path)
         if target is None:
             self._record(raw_request, None, 200)
+            listing = self._resource_list(raw_request.path)
+            if listing is not None:
+                return aiohttp.web.json_response(listing, status=200 if listing.get("resources") else 404)
             return await super().__call__(raw_request)
         try:
             response = await self._serve(raw_request, target)
