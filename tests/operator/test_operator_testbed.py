@@ -47,7 +47,7 @@ def raw(bed: TestBed, method: str, path: str, body: Any = None, ctype: str = "ap
 
 
 def test_namespaces_list_and_object_metadata(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
-    core = kubernetes.client.CoreV1Api(client)
+    core: Any = kubernetes.client.CoreV1Api(client)
     assert {"default", "kube-system"} <= {n.metadata.name for n in core.list_namespace().items}
     ns = core.create_namespace(o.namespace("tb-meta"))  # POST answers 201 with the object (client returns it)
     assert ns.metadata.uid and ns.metadata.resource_version and ns.metadata.generation == 1
@@ -59,7 +59,7 @@ def test_namespaces_list_and_object_metadata(bed: TestBed, client: kubernetes.cl
 
 
 def test_status_subresource_and_generation(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
-    core = kubernetes.client.CoreV1Api(client)
+    core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-status"))
     body = o.pod("tb-status", "p", "n1")
     body.update(o.pod_status("10.0.0.1"))
@@ -79,7 +79,7 @@ def test_status_subresource_and_generation(bed: TestBed, client: kubernetes.clie
 
 
 def test_put_json_patch_test_op_and_optimistic_concurrency(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
-    core = kubernetes.client.CoreV1Api(client)
+    core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-put"))
     svc = core.create_namespaced_service("tb-put", o.service("tb-put", "s", "10.96.0.1", [("dns", 53, "UDP")]))
     rv = svc.metadata.resource_version
@@ -103,7 +103,7 @@ def test_put_json_patch_test_op_and_optimistic_concurrency(bed: TestBed, client:
 
 
 def test_finalizers_delay_deletion(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
-    core = kubernetes.client.CoreV1Api(client)
+    core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-fin"))
     core.create_namespaced_config_map("tb-fin", {"metadata": {"name": "c", "finalizers": ["x/y"]}})
     core.delete_namespaced_config_map("c", "tb-fin")
@@ -135,7 +135,8 @@ def test_crd_registers_in_discovery_and_owner_references_are_collected(
     }
     assert raw(bed, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)[0] == 201
     assert "things" in {r["name"] for r in raw(bed, "GET", "/apis/example.dev/v1")[1]["resources"]}
-    core, custom = kubernetes.client.CoreV1Api(client), kubernetes.client.CustomObjectsApi(client)
+    core: Any = kubernetes.client.CoreV1Api(client)
+    custom: Any = kubernetes.client.CustomObjectsApi(client)
     node = core.create_node(o.node("tb-gc-node"))
     custom.create_cluster_custom_object(
         G,
@@ -163,7 +164,7 @@ def test_crd_registers_in_discovery_and_owner_references_are_collected(
 def test_watch_resumes_from_resource_version_without_losing_events(
     bed: TestBed, client: kubernetes.client.ApiClient
 ) -> None:
-    core = kubernetes.client.CoreV1Api(client)
+    core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-watch"))
     listed = core.list_namespaced_config_map("tb-watch")
     rv = listed.metadata.resource_version
@@ -198,7 +199,7 @@ def test_watch_timeout_and_initial_events_bookmark(bed: TestBed) -> None:
 
 
 def test_audit_records_every_call_as_rbac_sees_it(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
-    core = kubernetes.client.CoreV1Api(client)
+    core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-audit"))
     core.patch_namespace_status("tb-audit", {"status": {"phase": "Active"}}, _content_type=MERGE)
     core.list_namespaced_pod("tb-audit")
