@@ -32,7 +32,7 @@ def bed() -> Iterator[TestBed]:
 
 
 @pytest.fixture(scope="module")
-def client(bed: TestBed) -> kubernetes.client.ApiClient:
+def client(bed: TestBed) -> Any:
     return api_client(str(bed.kubeconfig_path))
 
 
@@ -46,7 +46,7 @@ def raw(bed: TestBed, method: str, path: str, body: Any = None, ctype: str = "ap
         return exc.code, json.loads(exc.read() or b"null")
 
 
-def test_namespaces_list_and_object_metadata(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
+def test_namespaces_list_and_object_metadata(bed: TestBed, client: Any) -> None:
     core: Any = kubernetes.client.CoreV1Api(client)
     assert {"default", "kube-system"} <= {n.metadata.name for n in core.list_namespace().items}
     ns = core.create_namespace(o.namespace("tb-meta"))  # POST answers 201 with the object (client returns it)
@@ -58,7 +58,7 @@ def test_namespaces_list_and_object_metadata(bed: TestBed, client: kubernetes.cl
     assert code == 409
 
 
-def test_status_subresource_and_generation(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
+def test_status_subresource_and_generation(bed: TestBed, client: Any) -> None:
     core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-status"))
     body = o.pod("tb-status", "p", "n1")
@@ -78,7 +78,7 @@ def test_status_subresource_and_generation(bed: TestBed, client: kubernetes.clie
     assert core.read_namespaced_pod("p", "tb-status").spec.node_name == "n1"  # /status changes only status
 
 
-def test_put_json_patch_test_op_and_optimistic_concurrency(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
+def test_put_json_patch_test_op_and_optimistic_concurrency(bed: TestBed, client: Any) -> None:
     core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-put"))
     svc = core.create_namespaced_service("tb-put", o.service("tb-put", "s", "10.96.0.1", [("dns", 53, "UDP")]))
@@ -102,7 +102,7 @@ def test_put_json_patch_test_op_and_optimistic_concurrency(bed: TestBed, client:
     assert code == 409
 
 
-def test_finalizers_delay_deletion(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
+def test_finalizers_delay_deletion(bed: TestBed, client: Any) -> None:
     core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-fin"))
     core.create_namespaced_config_map("tb-fin", {"metadata": {"name": "c", "finalizers": ["x/y"]}})
@@ -114,9 +114,7 @@ def test_finalizers_delay_deletion(bed: TestBed, client: kubernetes.client.ApiCl
     assert exc.value.status == 404
 
 
-def test_crd_registers_in_discovery_and_owner_references_are_collected(
-    bed: TestBed, client: kubernetes.client.ApiClient
-) -> None:
+def test_crd_registers_in_discovery_and_owner_references_are_collected(bed: TestBed, client: Any) -> None:
     code, groups = raw(bed, "GET", "/apis")
     assert code == 200 and "mesh.aether.dev" in [g["name"] for g in groups["groups"]]
     code, res = raw(bed, "GET", "/apis/mesh.aether.dev/v1alpha1")
@@ -161,9 +159,7 @@ def test_crd_registers_in_discovery_and_owner_references_are_collected(
     assert "tb-gc-node" not in names and "tb-free" in names
 
 
-def test_watch_resumes_from_resource_version_without_losing_events(
-    bed: TestBed, client: kubernetes.client.ApiClient
-) -> None:
+def test_watch_resumes_from_resource_version_without_losing_events(bed: TestBed, client: Any) -> None:
     core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-watch"))
     listed = core.list_namespaced_config_map("tb-watch")
@@ -177,7 +173,7 @@ def test_watch_resumes_from_resource_version_without_losing_events(
             core.create_namespaced_config_map("tb-watch", {"metadata": {"name": f"c{i}"}})
 
     t = threading.Thread(target=late_writes)
-    w = kubernetes.watch.Watch()
+    w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
     t.start()
     for ev in w.stream(core.list_namespaced_config_map, "tb-watch", resource_version=rv, timeout_seconds=3):
         seen.append(ev["object"].metadata.name)
@@ -198,7 +194,7 @@ def test_watch_timeout_and_initial_events_bookmark(bed: TestBed) -> None:
     assert {"default", "kube-system"} <= {e["object"]["metadata"]["name"] for e in lines if e["type"] == "ADDED"}
 
 
-def test_audit_records_every_call_as_rbac_sees_it(bed: TestBed, client: kubernetes.client.ApiClient) -> None:
+def test_audit_records_every_call_as_rbac_sees_it(bed: TestBed, client: Any) -> None:
     core: Any = kubernetes.client.CoreV1Api(client)
     core.create_namespace(o.namespace("tb-audit"))
     core.patch_namespace_status("tb-audit", {"status": {"phase": "Active"}}, _content_type=MERGE)
