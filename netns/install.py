@@ -1,8 +1,9 @@
 """Install, check and remove the capture in a network namespace given by path.
 
-All of it runs on one thread inside the netns (`nsthread.run_in_netns`): one libnftables transaction that adds,
-flushes and deletes table `inet aether` and re-creates it whole (re-apply leaves one copy), then, for `tproxy`,
-the ip rule and the local route over rtnetlink. What loaded is read back and compared with what was asked: nft
+All of it runs with the calling thread inside the netns (`nsthread.call_in_netns`, which returns it home after):
+one libnftables transaction that creates table `inet aether` whole or - when it exists - adds, flushes and deletes it
+and re-creates it whole (re-apply leaves one copy; either transaction is atomic), then, for `tproxy`, the ip rule and
+the local route over rtnetlink. What loaded is read back and compared with what was asked: nft
 rejects a statement after `redirect` and `-f` is atomic, so a silently empty ruleset is the failure to catch. If any
 step fails after the table loaded, everything is removed again: nothing is left half-installed.
 """
@@ -24,7 +25,7 @@ from aether.netns.contract import (
     Transport,
 )
 from aether.netns.libnft import Nft, NftError
-from aether.netns.nsthread import NetnsError, NetnsMissing, run_in_netns
+from aether.netns.nsthread import NetnsError, NetnsMissing, call_in_netns
 from aether.netns.rtnl import RT_SCOPE_HOST, RTN_LOCAL, Route, RtnlSocket, Rule
 
 LOOPBACK_IFINDEX = 1  # `lo` is ifindex 1 in every network namespace
@@ -116,7 +117,10 @@ def _remove_all(nft: Nft, rtnl: RtnlSocket) -> None:
 def _install_here(path: str, mode: CaptureMode, ports: Mapping[Transport, Sequence[int]]) -> None:
     ruleset = build_ruleset(mode, ports)
     with Nft() as nft, RtnlSocket() as rtnl:
-        res = nft.run(nftrules.replace_table_commands(ruleset))
+        # a fresh netns (the CNI ADD case): create, deleting nothing; if the table exists: replace it whole
+        res = nft.run(nftrules.create_table_commands(ruleset))
+        if res.rc != 0:
+            res = nft.run(nftrules.replace_table_commands(ruleset))
         if res.rc != 0:
             why = "; ".join(dict.fromkeys(line.strip() for line in res.error.splitlines() if line.strip()))
             raise CaptureError(f"nft rejected the {mode.value} ruleset for {path} (nothing loaded): {why}")
@@ -166,7 +170,7 @@ def install_capture(
     path = os.fspath(netns_path)
     mode = CaptureMode(mode)
     try:
-        run_in_netns(path, lambda: _install_here(path, mode, ports))
+        call_in_netns(path, lambda: _install_here(path, mode, ports))
     except NetnsError as exc:
         raise _netns_error(path, exc) from exc
     except NftError as exc:
@@ -182,7 +186,7 @@ def capture_state(netns_path: str | os.PathLike[str]) -> CaptureState:
             return _read_state(nft, rtnl)
 
     try:
-        return run_in_netns(path, read)
+        return call_in_netns(path, read)
     except NetnsError as exc:
         raise _netns_error(path, exc) from exc
     except (OSError, NftError) as exc:
@@ -211,7 +215,7 @@ def remove_capture(netns_path: str | os.PathLike[str]) -> bool:
             _remove_all(nft, rtnl)
 
     try:
-        run_in_netns(path, remove)
+        call_in_netns(path, remove)
     except NetnsMissing:
         return False
     except NetnsError as exc:

@@ -110,6 +110,18 @@ def build_ruleset(mode: CaptureMode, ports: Mapping[Transport, Sequence[int]] = 
     return ruleset
 
 
+def create_table_commands(ruleset: Json) -> Json:
+    """One transaction that creates table `inet aether` as `ruleset`, failing whole if the table already exists.
+
+    The fast path for a fresh netns: deleting anything (even a just-added empty table) puts it on nf_tables' global
+    destroy list, and the next close of an nfnetlink socket then waits for an RCU grace period (~10 ms here)."""
+    commands = copy.deepcopy(list(ruleset["nftables"]))
+    if not commands or "table" not in commands[0].get("add", {}):
+        raise RulesetError("a ruleset starts with `add table`")
+    commands[0] = {"create": commands[0]["add"]}
+    return {"nftables": commands}
+
+
 def replace_table_commands(ruleset: Json) -> Json:
     """One transaction that makes table `inet aether` exactly `ruleset`: add (so delete cannot fail), flush,
     delete, then re-create it whole. Applying it twice leaves one copy."""

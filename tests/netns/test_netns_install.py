@@ -7,6 +7,7 @@ installer's own libnftables/rtnetlink code).
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -118,7 +119,9 @@ def test_rejected_ruleset_raises_and_loads_nothing(lab: Lab, monkeypatch: pytest
 def test_silently_empty_load_is_caught(lab: Lab, monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative control: nft says yes but nothing (only the table) loaded -> read-back raises, nothing left."""
     ns = lab.add_node("empty")
-    monkeypatch.setattr(nftrules, "replace_table_commands", lambda rs: {"nftables": rs["nftables"][:1]})
+    only_the_table = lambda rs: {"nftables": rs["nftables"][:1]}  # noqa: E731
+    monkeypatch.setattr(nftrules, "create_table_commands", only_the_table)
+    monkeypatch.setattr(nftrules, "replace_table_commands", only_the_table)
     with pytest.raises(CaptureError, match="did not load as asked: missing chain 'divert_out'"):
         install_capture(ns.path)
     assert untouched(ns.netns)
@@ -159,3 +162,22 @@ def test_remove_is_idempotent_and_tolerates_a_vanished_netns(lab: Lab) -> None:
     assert untouched(ns.netns)
     assert remove_capture(ns.path) is True
     assert remove_capture("/run/netns/does-not-exist-aether-test") is False
+
+
+def test_call_in_netns_returns_the_thread_home(lab: Lab) -> None:
+    from aether.netns.nsthread import call_in_netns, run_in_netns
+
+    ns = lab.add_node("home")
+    home = os.stat("/proc/thread-self/ns/net").st_ino
+    inside = call_in_netns(ns.path, lambda: os.stat("/proc/thread-self/ns/net").st_ino)
+    assert inside == os.stat(ns.path).st_ino != home
+    assert os.stat("/proc/thread-self/ns/net").st_ino == home
+
+    def boom() -> None:
+        raise ValueError("inside")
+
+    with pytest.raises(ValueError, match="inside"):
+        call_in_netns(ns.path, boom)
+    assert os.stat("/proc/thread-self/ns/net").st_ino == home
+    assert run_in_netns(ns.path, lambda: os.stat("/proc/thread-self/ns/net").st_ino) == inside
+    assert os.stat("/proc/thread-self/ns/net").st_ino == home

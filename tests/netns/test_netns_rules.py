@@ -20,6 +20,7 @@ from aether.netns.rules import (
     build_ruleset,
     canonical,
     check_statement_order,
+    create_table_commands,
     diff,
     replace_table_commands,
 )
@@ -126,6 +127,14 @@ def test_replace_transaction_deletes_then_recreates_whole() -> None:
     assert [next(iter(c)) for c in tx[:3]] == ["add", "flush", "delete"]
     assert all("table" in c[next(iter(c))] for c in tx[:3])
     assert tx[3:] == rs["nftables"]
+
+
+def test_create_transaction_creates_and_deletes_nothing() -> None:
+    rs = build_ruleset(CaptureMode.TPROXY)
+    tx = create_table_commands(rs)["nftables"]
+    assert tx[0] == {"create": {"table": {"family": "inet", "name": "aether"}}}
+    assert tx[1:] == rs["nftables"][1:]
+    assert not any("delete" in c or "flush" in c for c in tx)
 
 
 def test_canonical_of_a_listing_equals_canonical_of_the_ruleset() -> None:
