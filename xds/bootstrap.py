@@ -48,7 +48,15 @@ def ads_bootstrap(
             "ads_config": {
                 "api_type": "DELTA_GRPC",
                 "transport_api_version": "V3",
-                "grpc_services": [{"envoy_grpc": {"cluster_name": XDS_CLUSTER}}],
+                "grpc_services": [
+                    {
+                        "envoy_grpc": {
+                            "cluster_name": XDS_CLUSTER,
+                            # reconnect fast after a sidecar restart (Envoy's default backoff reached 12 s here)
+                            "retry_policy": {"retry_back_off": {"base_interval": "0.25s", "max_interval": "2s"}},
+                        }
+                    }
+                ],
                 "set_node_on_first_message_only": True,
             },
             "cds_config": ads,

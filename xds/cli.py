@@ -82,12 +82,21 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--records", help="pod records directory (default $AETHER_STATE_DIR or /run/aether/pods)")
     p.add_argument("--status-out", help="file mode: where the Programmed condition goes (default <state>.status.json)")
     p.add_argument("--metrics", type=_addr, help="serve Prometheus metrics on host:port")
+    p.add_argument(
+        "--areas", default="", help="comma-separated translation areas (default all: udp,tcp-floor,eastwest)"
+    )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
+    from aether.xds.translate import AREAS
+
+    areas = tuple(a for a in args.areas.split(",") if a)
+    if set(areas) - set(AREAS):
+        p.error(f"--areas: unknown {sorted(set(areas) - set(AREAS))}; known: {','.join(AREAS)}")
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     from aether.xds.cache import SnapshotCache
+    from aether.xds.resources import TranslateOptions
     from aether.xds.server import DeltaAdsServer, serve
     from aether.xds.sidecar import Sidecar
     from aether.xds.sources import FileSource, FileStatusSink, StateSource, StatusSink, default_status_path
@@ -112,7 +121,7 @@ def _serve(argv: list[str]) -> int:
         sink = kube.status_sink(args.node)
 
     cache = SnapshotCache()
-    sidecar = Sidecar(args.node, cache, sink, args.records)
+    sidecar = Sidecar(args.node, cache, sink, args.records, TranslateOptions(areas=areas))
     servicer = DeltaAdsServer(cache, events=sidecar)
     try:
         server, port = serve(servicer, args.listen)

@@ -47,6 +47,8 @@ class TranslateOptions:
     udp_session_idle_s: float = 60.0
     udp_prefer_gro: bool = False
     cluster_connect_timeout_s: float = 1.0
+    # which builders run (names in aether.xds.translate.AREAS); empty = all of them
+    areas: tuple[str, ...] = ()
 
 
 def short_type(type_url: str) -> str:

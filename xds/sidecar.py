@@ -54,6 +54,7 @@ class Sidecar(Events):
         self.desired: MeshNode | None = None
         self.records: dict[str, PodRecord] = {}
         self.served_version: str | None = None
+        self.acked_version: str | None = None
         self.rejected: set[str] = set()
         self.condition: Condition | None = None
 
@@ -117,14 +118,23 @@ class Sidecar(Events):
         if snap.version in self.rejected:
             return  # already NACKed: the condition says why; wait for a new desired state
         self.cache.set_snapshot(self.node_name, snap)
-        if snap.version != self.served_version:
+        stale = self.condition is None or self.condition.status == "False"
+        if snap.version != self.served_version or stale:
             self.served_version = snap.version
-            self._set("Unknown", "Pending", f"serving version {snap.version} {count(resources)}; waiting for Envoy")
+            if snap.version == self.acked_version:  # e.g. back to the state Envoy holds after a rejected one
+                self._set("True", "Accepted", f"Envoy accepted version {snap.version}")
+            else:
+                self._set("Unknown", "Pending", f"serving version {snap.version} {count(resources)}; waiting for Envoy")
 
     # -- Envoy's answers (server Events) ---------------------------------------------------------------
     def on_ack(self, node: str, type_url: str, snapshot_version: str) -> None:
         with self._lock:
-            if node == self.node_name and snapshot_version == self.served_version:
+            # only a served state waiting for Envoy turns True: after a NACK the rolled-back state is ACKed, but
+            # the desired state is still not programmed (False/Rejected stays until a new desired state)
+            if node == self.node_name:
+                self.acked_version = snapshot_version
+            pending = self.condition is not None and self.condition.reason == "Pending"
+            if node == self.node_name and snapshot_version == self.served_version and pending:
                 self._set("True", "Accepted", f"Envoy accepted version {snapshot_version}")
 
     def on_nack(self, node: str, type_url: str, snapshot_version: str, error_detail: str) -> None:

@@ -18,21 +18,34 @@ from aether.xds.resources import KNOWN_TYPES, Resources, TranslateOptions, merge
 Builder: TypeAlias = Callable[[MeshNode, Mapping[str, PodRecord], TranslateOptions], Resources]
 
 
-def builders() -> list[Builder]:
-    out: list[Builder] = [udp.build, tcp_floor.build]
-    try:
-        eastwest = importlib.import_module("aether.xds.eastwest")
-    except ModuleNotFoundError as exc:
-        if exc.name != "aether.xds.eastwest":
-            raise
-    else:
-        out.append(eastwest.build)
+AREAS = ("udp", "tcp-floor", "eastwest")
+
+
+def builders(areas: tuple[str, ...] = ()) -> list[Builder]:
+    """The builders of `areas` (all when empty), in AREAS order; eastwest only once its module exists."""
+    unknown = sorted(set(areas) - set(AREAS))
+    if unknown:
+        raise ValueError(f"unknown translation areas {unknown}; known: {list(AREAS)}")
+    wanted = areas or AREAS
+    out: list[Builder] = []
+    if "udp" in wanted:
+        out.append(udp.build)
+    if "tcp-floor" in wanted:
+        out.append(tcp_floor.build)
+    if "eastwest" in wanted:
+        try:
+            eastwest = importlib.import_module("aether.xds.eastwest")
+        except ModuleNotFoundError as exc:
+            if exc.name != "aether.xds.eastwest":
+                raise
+        else:
+            out.append(eastwest.build)
     return out
 
 
 def translate(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions | None = None) -> Resources:
     opts = options or TranslateOptions()
-    merged = merge(*(build(node, records, opts) for build in builders()))
+    merged = merge(*(build(node, records, opts) for build in builders(opts.areas)))
     for type_url in KNOWN_TYPES[:3]:  # CDS, EDS, LDS always present (possibly empty): removals need a type
         merged.setdefault(type_url, {})
     return merged
