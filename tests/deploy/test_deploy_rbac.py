@@ -235,3 +235,61 @@ def test_operator_calls_in_the_audit_log_are_allowed(
     assert rbac_check.Request("create", "mesh.aether.dev", "meshnodes", "") in calls
     rules = _roles(rendered)["aether-operator"]
     assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; operator log:\n{log}"
+
+
+def _programmed(store: Any) -> bool:
+    node = store.objects.get(("mesh.aether.dev", "meshnodes"), {}).get(("", "node-a"))
+    return node is not None and any(
+        c.get("type") == "Programmed" for c in (node.get("status") or {}).get("conditions") or []
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("aether.xds.kube_source") is None,
+    reason="the sidecar's cluster mode (xds/kube_source.py) has not landed",
+)
+def test_node_sidecar_calls_in_the_audit_log_are_allowed(
+    rendered: list[dict[str, Any]], rbac_check: ModuleType, tmp_path: Path
+) -> None:
+    from aether.operator import apitestbed
+
+    def seed(store: Any) -> None:
+        rt = store.lookup("mesh.aether.dev", "v1alpha1", "meshnodes")
+        store.create(
+            rt, None, {"apiVersion": "mesh.aether.dev/v1alpha1", "kind": "MeshNode", "metadata": {"name": "node-a"}}
+        )
+
+    with apitestbed.start(audit_path=tmp_path / "audit.jsonl") as started:
+        bed: Any = started
+        bed.call(seed)
+        env = dict(os.environ, KUBECONFIG=str(bed.kubeconfig_path), AETHER_STATE_DIR=str(tmp_path / "pods"))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aether.cli", "xds", "--node", "node-a", "--listen", f"unix:{tmp_path}/ads.sock"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "xds.log", "w"),  # noqa: SIM115 (closed with the process)
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not bed.call(_programmed) and proc.poll() is None:
+                time.sleep(0.5)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        programmed = bed.call(_programmed)
+        records = bed.audit
+    log = (tmp_path / "xds.log").read_text()[-3000:]
+    assert programmed, f"the sidecar wrote no Programmed condition; its log ends:\n{log}"
+    calls = {
+        rbac_check.Request(r.verb, r.api_group or "", r.resource, r.subresource or "")
+        for r in records
+        if r.resource is not None
+    }
+    assert rbac_check.Request("patch", "mesh.aether.dev", "meshnodes", "status") in calls
+    rules = _roles(rendered)["aether-node"]
+    assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; sidecar log:\n{log}"
