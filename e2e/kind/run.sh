@@ -36,7 +36,6 @@ kubectl -n aether-system rollout status deployment/aether-operator --timeout=300
 
 step "workloads (created after the CNI is chained, so they are captured)"
 kubectl apply -f "$HERE/workloads.yaml"
-kubectl label namespace "$NS" mesh.aether.dev/enabled=true --overwrite
 kubectl -n "$NS" wait --for=condition=Ready pod --all --timeout=300s
 
 vip() { kubectl -n "$NS" get service "$1" -o jsonpath='{.spec.clusterIP}'; }
