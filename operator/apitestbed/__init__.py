@@ -46,7 +46,9 @@ class TestBed:
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, port: int, kubeconfig_path: Path | None, audit_path: Path | None, host: str) -> None:
+    def __init__(
+        self, port: int, kubeconfig_path: Path | None, audit_path: Path | None, host: str, crds: bool = True
+    ) -> None:
         self.handler: TestBedHandler | None = None
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -59,6 +61,15 @@ class TestBed:
         if not self._ready.wait(30) or self.handler is None:
             raise RuntimeError(f"the API test bed did not start: {self._error!r}")
         self.url: str = f"http://{host}:{self.port}"
+        if crds:  # before the kubeconfig exists: whoever waits for that file finds the CRDs installed
+            docs = mesh_crds()
+
+            def install(store: Store) -> None:
+                rt = store.lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+                for doc in docs:
+                    store.create(rt, None, doc)
+
+            self.call(install)
         if kubeconfig_path is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="aether-testbed-")
             kubeconfig_path = Path(self._tmp.name) / "kubeconfig"
@@ -131,14 +142,4 @@ def start(
 ) -> TestBed:
     """Start the test bed on host:port (0 = a free port), write a kubeconfig for it, and (crds) install the
     MeshNode and Gateway API test CRDs, as a cluster set up for aether would have them."""
-    bed = TestBed(port, kubeconfig_path, audit_path, host)
-    if crds:
-        docs = mesh_crds()
-
-        def install(store: Store) -> None:
-            rt = store.lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions")
-            for doc in docs:
-                store.create(rt, None, doc)
-
-        bed.call(install)
-    return bed
+    return TestBed(port, kubeconfig_path, audit_path, host, crds)

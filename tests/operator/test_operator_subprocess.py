@@ -1,0 +1,84 @@
+"""`aether operator --kubeconfig F` and `aether dev-api` as real subprocesses."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aether.operator.apitestbed import TestBed
+from aether.operator.apitestbed import objects as o
+from aether.operator.apitestbed.harness import Cluster, unique
+
+
+def aether_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "aether"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "aether.cli"]
+
+
+@pytest.fixture
+def operator_process(api: tuple[str, TestBed | None]) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [*aether_cmd(), "operator", "--kubeconfig", api[0]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def test_operator_subprocess_converges_and_stops_cleanly(
+    api: tuple[str, TestBed | None], operator_process: subprocess.Popen[str]
+) -> None:
+    k = Cluster(api[0], api[1])
+    ns, node = unique("sp"), unique("sp-node")
+    k.apply(o.namespace(ns))
+    k.apply(o.node(node))
+    k.apply(o.pod(ns, "c", node, "client"), status=o.pod_status("10.9.0.2"))
+    k.apply(o.service(ns, "dns", "10.96.9.1", [("dns", 53, "UDP")]))
+    k.apply(o.endpoint_slice(ns, "dns", [("dns", 5353, "UDP")], [("10.9.1.1", True, None)]))
+    arm = k.wait("arm from the subprocess operator", lambda: k.arm(node, f"{ns}/dns"), timeout=60)
+    assert arm["cluster"] == f"udp:{ns}/dns"
+    operator_process.send_signal(signal.SIGTERM)
+    out, _ = operator_process.communicate(timeout=60)
+    assert operator_process.returncode == 0, out
+    assert "Traceback" not in out, out
+
+
+def test_operator_cli_rejects_bad_input(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [*aether_cmd(), "operator", "--kubeconfig", str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_dev_api_serves_and_writes_a_kubeconfig(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kc"
+    proc = subprocess.Popen(
+        [*aether_cmd(), "dev-api", "--kubeconfig", str(kubeconfig)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not kubeconfig.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        k = Cluster(str(kubeconfig), None)
+        crds = k.res("apiextensions.k8s.io/v1", "CustomResourceDefinition").get().to_dict()["items"]
+        assert {c["metadata"]["name"] for c in crds} >= {
+            "meshnodes.mesh.aether.dev",
+            "udproutes.gateway.networking.k8s.io",
+            "referencegrants.gateway.networking.k8s.io",
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    assert proc.returncode == 0
