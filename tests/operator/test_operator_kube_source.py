@@ -1,0 +1,98 @@
+"""xds cluster mode (aether.xds.kube_source) on the API test bed: MeshNode snapshots in, sidecar status out."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from aether.operator.apitestbed import TestBed
+from aether.operator.apitestbed.harness import Cluster, unique
+from aether.operator.meshnode import Condition, QuicPair
+from aether.xds.kube_source import source, status_sink
+from aether.xds.sources import StateUpdate
+
+MN = ("mesh.aether.dev/v1alpha1", "MeshNode")
+MERGE = "application/merge-patch+json"
+
+
+@pytest.fixture
+def k(api: tuple[str, TestBed | None]) -> Cluster:
+    return Cluster(api[0], api[1])
+
+
+@pytest.fixture
+def updates(api: tuple[str, TestBed | None]) -> Iterator[tuple[str, queue.Queue[StateUpdate]]]:
+    node = unique("ks-node")
+    q: queue.Queue[StateUpdate] = queue.Queue()
+    stop = threading.Event()
+    src = source(node, api[0])
+    src.watch_timeout = 2
+
+    def pump() -> None:
+        for u in src.updates(stop):
+            q.put(u)
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    try:
+        yield node, q
+    finally:
+        stop.set()
+        t.join(30)
+        assert not t.is_alive()
+
+
+def meshnode(name: str) -> dict[str, Any]:
+    return {"apiVersion": "mesh.aether.dev/v1alpha1", "kind": "MeshNode", "metadata": {"name": name}, "spec": {}}
+
+
+def status_patch(k: Cluster, name: str, status: dict[str, Any]) -> None:
+    k.res(*MN).subresources["status"].patch(body={"status": status}, name=name, content_type=MERGE)
+
+
+def test_source_yields_missing_then_each_change_then_deleted(
+    k: Cluster, updates: tuple[str, queue.Queue[StateUpdate]]
+) -> None:
+    node, q = updates
+    first = q.get(timeout=30)
+    assert first.node is None and first.error is not None and "does not exist" in first.error
+    k.apply(meshnode(node))
+    assert (u := q.get(timeout=30)).node is not None and u.node.metadata.name == node
+    arm = {"service": "a/b", "vip": "10.96.0.1", "cluster": "udp:a/b", "endpoints": [{"ip": "10.1.0.1", "port": 53}]}
+    status_patch(k, node, {"udp": {"services": [arm]}})
+    u = q.get(timeout=30)
+    assert u.node is not None and [a.cluster for a in u.node.status.udp.services] == ["udp:a/b"]
+    status_patch(k, node, {"udp": {"services": [{"service": 7}]}})  # a status the model refuses
+    bad = q.get(timeout=30)
+    assert bad.node is None and bad.error and "udp.services.0" in bad.error
+    k.delete(*MN, node)
+    gone = q.get(timeout=30)
+    assert gone.node is None and gone.error and "deleted" in gone.error
+
+
+def test_status_sink_merges_conditions_and_pairs_without_touching_operator_fields(k: Cluster) -> None:
+    node = unique("ks-sink")
+    k.apply(meshnode(node))
+    operator_part = {
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Reconciled", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+        ],
+        "quic": {"identities": ["spiffe://cluster.local/ns/a/sa/b"]},
+    }
+    status_patch(k, node, operator_part)
+    sink = status_sink(node, k.kubeconfig)
+    sink.publish(node, [Condition(type="Programmed", status="True", reason="Served", message="3 listeners")])
+    sink.publish(node, [Condition(type="Programmed", status="True", reason="Served", message="4 listeners")])
+    pair = QuicPair(source="spiffe://cluster.local/ns/a/sa/b", destination="c/web", twin="quic:c/web@b")
+    sink.publish_pairs(node, [pair], [])
+    status = (k.get(*MN, node) or {})["status"]
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert conds["Ready"] == operator_part["conditions"][0]
+    assert conds["Programmed"]["message"] == "4 listeners" and conds["Programmed"]["lastTransitionTime"]
+    assert status["quic"]["identities"] == ["spiffe://cluster.local/ns/a/sa/b"]
+    assert status["quic"]["pairs"] == [pair.wire()] and status["quic"]["pairCount"] == 1
+    assert status["quic"]["dormantPairs"] == []
