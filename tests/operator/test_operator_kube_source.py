@@ -77,7 +77,7 @@ def test_source_yields_missing_then_each_change_then_deleted(
 def test_status_sink_merges_conditions_and_pairs_without_touching_operator_fields(k: Cluster) -> None:
     node = unique("ks-sink")
     k.apply(meshnode(node))
-    operator_part = {
+    operator_part: dict[str, Any] = {
         "conditions": [
             {"type": "Ready", "status": "True", "reason": "Reconciled", "lastTransitionTime": "2026-01-01T00:00:00Z"}
         ],
