@@ -22,10 +22,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import aether
 from aether.e2e.netlab import Lab, Pod
 from aether.netns import cni
 
 CNI_BIN = str(Path(sys.executable).parent / "aether-cni")
+AETHER_PKG = Path(aether.__file__).parent  # the package directory (its netns/ is a link to the repository's)
+
+
+def lean_launcher(tmp: str) -> list[str]:
+    """`python -I -S` with only the aether package on sys.path (a symlink in a temp dir, never the repository root).
+
+    What a deployed launcher can do, since the plugin's import path is stdlib-only: no site, no .pth files, no
+    editable-install finder. The console script pip generates cannot pass interpreter flags."""
+    link = Path(tmp) / "aether"
+    if not link.exists():
+        link.symlink_to(AETHER_PKG)
+    code = f"import sys; sys.path.insert(0, {tmp!r}); from aether.netns.cni import main; sys.exit(main())"
+    return [sys.executable, "-I", "-S", "-c", code]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -61,9 +75,9 @@ def timed(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def run_script(env: dict[str, str], stdin: bytes, state: str) -> None:
+def run_script(env: dict[str, str], stdin: bytes, state: str, argv: list[str] | None = None) -> None:
     full = {"PATH": os.environ.get("PATH", ""), "AETHER_STATE_DIR": state, **env}
-    proc = subprocess.run([CNI_BIN], input=stdin, env=full, capture_output=True, check=False)
+    proc = subprocess.run(argv or [CNI_BIN], input=stdin, env=full, capture_output=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"aether-cni failed: {proc.stdout.decode()} {proc.stderr.decode()}")
 
@@ -77,19 +91,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with Lab() as lab, tempfile.TemporaryDirectory(prefix="aether-bench-") as state:
         node = lab.add_node("n")
-        print(f"creating {2 * args.pods} pod netns ...", flush=True)
-        pods = [lab.add_pod(node, f"p{i}", f"10.201.{i // 250}.{i % 250 + 1}") for i in range(2 * args.pods)]
-        script_pods, inproc_pods = pods[0::2], pods[1::2]
+        print(f"creating {3 * args.pods} pod netns ...", flush=True)
+        pods = [lab.add_pod(node, f"p{i}", f"10.201.{i // 250}.{i % 250 + 1}") for i in range(3 * args.pods)]
+        script_pods, inproc_pods, lean_pods = pods[0::3], pods[1::3], pods[2::3]
+        lean_dir = tempfile.mkdtemp(prefix="aether-lean-")
+        lean = lean_launcher(lean_dir)
 
-        bare = [timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True)) for _ in range(20)]
         version_env = {"PATH": os.environ.get("PATH", ""), "CNI_COMMAND": "VERSION"}
-        version = [
-            timed(lambda: subprocess.run([CNI_BIN], input=b"{}", env=version_env, capture_output=True, check=True))
-            for _ in range(20)
-        ]
+        bare: list[float] = []
+        version: list[float] = []
         script: list[float] = []
         inproc: list[float] = []
-        for sp, ip in zip(script_pods, inproc_pods, strict=True):  # interleaved: both see the same machine load
+        leans: list[float] = []
+        # interleaved: every figure of one iteration sees the same machine load (these VMs are shared and noisy)
+        for sp, ip, lp in zip(script_pods, inproc_pods, lean_pods, strict=True):
+            bare.append(timed(lambda: subprocess.run([sys.executable, "-c", "pass"], check=True)))
+            version.append(
+                timed(lambda: subprocess.run([CNI_BIN], input=b"{}", env=version_env, capture_output=True, check=True))
+            )
             env, stdin = request(sp)
             script.append(timed(lambda env=env, stdin=stdin: run_script(env, stdin, state)))  # type: ignore[misc]
             env, stdin = request(ip)
@@ -100,19 +119,26 @@ def main(argv: list[str] | None = None) -> int:
                     raise SystemExit(f"in-process ADD failed: {out}")
 
             inproc.append(timed(call))
+            env, stdin = request(lp)
+            leans.append(timed(lambda env=env, stdin=stdin: run_script(env, stdin, state, lean)))  # type: ignore[misc]
         recorded = len(os.listdir(state))
         dels = []
         for p in pods:
             env, stdin = request(p, "DEL")
             dels.append(timed(lambda env=env, stdin=stdin: run_script(env, stdin, state)))  # type: ignore[misc]
 
-    print(f"records written: {recorded} (expected {2 * args.pods})")
+        os.unlink(Path(lean_dir) / "aether")
+        os.rmdir(lean_dir)
+
+    print(f"records written: {recorded} (expected {3 * args.pods})")
     print(describe("python -c pass", bare))
     print(describe("aether-cni VERSION", version))
     print(describe("aether-cni ADD (script)", script))
     print(describe("cni.invoke ADD (in-process)", inproc))
+    print(describe("ADD, python -I -S launcher", leans))
     print(describe("aether-cni DEL (script)", dels))
-    print(f"script ADD p50 minus VERSION p50 (the plugin's own work): {pct(script, 0.5) - pct(version, 0.5):.1f} ms")
+    over = [s - b for s, b in zip(script, bare, strict=True)]
+    print(f"script ADD minus bare interpreter start, per iteration: p50={pct(over, 0.5):.1f} ms (imports + work)")
     return 0
 
 
