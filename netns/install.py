@@ -10,6 +10,7 @@ step fails after the table loaded, everything is removed again: nothing is left 
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,9 @@ DIVERT_RULE = Rule(
     priority=CAPTURE_RULE_PRIORITY, fwmark=CAPTURE_DIVERT_FWMARK, fwmask=0xFFFFFFFF, table=CAPTURE_ROUTE_TABLE
 )
 LOCAL_ROUTE = Route(table=CAPTURE_ROUTE_TABLE, type=RTN_LOCAL, scope=RT_SCOPE_HOST, oif=LOOPBACK_IFINDEX, dst_len=0)
+
+# libnftables keeps some process-global state; one capture operation at a time per process (cheap: a builtin lock).
+_LOCK = _thread.allocate_lock()
 
 # The only public way to change what gets loaded is `ports`; tests that need a broken ruleset swap this name.
 build_ruleset = nftrules.build_ruleset
@@ -170,7 +174,8 @@ def install_capture(
     path = os.fspath(netns_path)
     mode = CaptureMode(mode)
     try:
-        call_in_netns(path, lambda: _install_here(path, mode, ports))
+        with _LOCK:
+            call_in_netns(path, lambda: _install_here(path, mode, ports))
     except NetnsError as exc:
         raise _netns_error(path, exc) from exc
     except NftError as exc:
@@ -186,7 +191,8 @@ def capture_state(netns_path: str | os.PathLike[str]) -> CaptureState:
             return _read_state(nft, rtnl)
 
     try:
-        return call_in_netns(path, read)
+        with _LOCK:
+            return call_in_netns(path, read)
     except NetnsError as exc:
         raise _netns_error(path, exc) from exc
     except (OSError, NftError) as exc:
@@ -215,7 +221,8 @@ def remove_capture(netns_path: str | os.PathLike[str]) -> bool:
             _remove_all(nft, rtnl)
 
     try:
-        call_in_netns(path, remove)
+        with _LOCK:
+            call_in_netns(path, remove)
     except NetnsMissing:
         return False
     except NetnsError as exc:

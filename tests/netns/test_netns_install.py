@@ -181,3 +181,19 @@ def test_call_in_netns_returns_the_thread_home(lab: Lab) -> None:
     assert os.stat("/proc/thread-self/ns/net").st_ino == home
     assert run_in_netns(ns.path, lambda: os.stat("/proc/thread-self/ns/net").st_ino) == inside
     assert os.stat("/proc/thread-self/ns/net").st_ino == home
+
+
+def test_concurrent_installs_from_threads(lab: Lab) -> None:
+    """The sidecar may call the installer from several threads: each netns ends up exactly right."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    nodes = [lab.add_node(f"t{i}") for i in range(4)]
+
+    def thrice(path: str) -> None:
+        for _ in range(3):
+            install_capture(path)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(thrice, [n.path for n in nodes]))
+    for n in nodes:
+        check_capture(n.path)
