@@ -89,12 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench.capture_cni needs root (network namespaces)", file=sys.stderr)
         return 2
-    with Lab() as lab, tempfile.TemporaryDirectory(prefix="aether-bench-") as state:
+    # rmtree of the lean dir unlinks its `aether` symlink without following it
+    with (
+        Lab() as lab,
+        tempfile.TemporaryDirectory(prefix="aether-bench-") as state,
+        tempfile.TemporaryDirectory(prefix="aether-lean-") as lean_dir,
+    ):
         node = lab.add_node("n")
         print(f"creating {3 * args.pods} pod netns ...", flush=True)
         pods = [lab.add_pod(node, f"p{i}", f"10.201.{i // 250}.{i % 250 + 1}") for i in range(3 * args.pods)]
         script_pods, inproc_pods, lean_pods = pods[0::3], pods[1::3], pods[2::3]
-        lean_dir = tempfile.mkdtemp(prefix="aether-lean-")
         lean = lean_launcher(lean_dir)
 
         version_env = {"PATH": os.environ.get("PATH", ""), "CNI_COMMAND": "VERSION"}
@@ -126,9 +130,6 @@ def main(argv: list[str] | None = None) -> int:
         for p in pods:
             env, stdin = request(p, "DEL")
             dels.append(timed(lambda env=env, stdin=stdin: run_script(env, stdin, state)))  # type: ignore[misc]
-
-        os.unlink(Path(lean_dir) / "aether")
-        os.rmdir(lean_dir)
 
     print(f"records written: {recorded} (expected {3 * args.pods})")
     print(describe("python -c pass", bare))
