@@ -199,6 +199,12 @@ def attach_routes(
     verdicts: dict[tuple[str, str, int], Verdict] = {}
     claims: dict[tuple[str, str], list[tuple[RouteView, int]]] = {}
     for route in sorted(world.routes_in(namespace), key=lambda r: r.order):
+        if not route.parents:  # nothing to attach to, but the route still gets a condition saying why
+            placeholder = ParentRef("", "Service", "", None, None, None, "; ".join(route.problems))
+            verdicts[(route.namespace, route.name, 0)] = Verdict(
+                placeholder, False, UNSUPPORTED_VALUE, "; ".join(route.problems) or "no parentRefs"
+            )
+            continue
         for i, parent in enumerate(route.parents):
             if not (parent.ours or parent.problem):
                 continue

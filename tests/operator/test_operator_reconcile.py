@@ -266,3 +266,91 @@ def test_property_a_route_on_another_parent_never_changes_unrelated_arms(
     for svc, arm in before.items():
         if svc != f"app/{extra[0]}":
             assert after[svc] == arm
+
+
+json_st = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+hostile_route_st = st.fixed_dictionaries(
+    {},
+    optional={
+        "spec": st.one_of(
+            json_st,
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "parentRefs": st.one_of(
+                        json_st,
+                        st.lists(
+                            st.one_of(
+                                json_st,
+                                st.fixed_dictionaries(
+                                    {"name": st.sampled_from(["a", "b", "", "zz"])},
+                                    optional={
+                                        "kind": json_st | st.just("Service"),
+                                        "group": json_st | st.just(""),
+                                        "port": json_st | st.just(53),
+                                        "sectionName": json_st,
+                                        "namespace": json_st,
+                                    },
+                                ),
+                            ),
+                            max_size=3,
+                        ),
+                    ),
+                    "rules": st.one_of(
+                        json_st,
+                        st.lists(
+                            st.fixed_dictionaries(
+                                {},
+                                optional={
+                                    "backendRefs": st.one_of(
+                                        json_st, st.lists(st.one_of(json_st, backend_st), max_size=4)
+                                    )
+                                },
+                            ),
+                            max_size=3,
+                        ),
+                    ),
+                },
+            ),
+        ),
+        "status": json_st,
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(hostile_route_st, max_size=4), st.lists(st.booleans(), min_size=4, max_size=4))
+def test_property_hostile_route_json_never_crashes_and_every_route_gets_a_verdict(
+    bodies: list[dict[str, Any]], ready: list[bool]
+) -> None:
+    m = world([("b", [o.backend("c", 53)], 0)], ready)
+    before = arms(m.reconcile(full=True).nodes["n1"])["app/b"]
+    for i, body in enumerate(bodies):
+        body = {**body, "metadata": {"namespace": "app", "name": f"h{i}", "creationTimestamp": "2026-05-01T00:00:00Z"}}
+        m.apply_raw("route", body)
+    out = m.reconcile(full=True)
+    for i, body in enumerate(bodies):
+        spec = body.get("spec")
+        refs = spec.get("parentRefs") if isinstance(spec, dict) else None
+        claimed = (
+            not isinstance(refs, list)
+            or not refs
+            or any(
+                not isinstance(r, dict)
+                or (r.get("kind") == "Service" and r.get("group", "x") in ("", "core"))
+                or not isinstance(r.get("name"), str)
+                or not r.get("name")
+                or not isinstance(r.get("kind", ""), str)
+                or not isinstance(r.get("group", ""), str)
+                for r in refs
+            )
+        )
+        if claimed:
+            assert out.routes[("app", f"h{i}")], f"route h{i} got no condition: {body!r}"
+        for v in out.routes[("app", f"h{i}")]:
+            assert v.accepted_message and v.resolved_message
+    assert arms(out.nodes["n1"])["app/b"] == before  # the older control route keeps its parent
