@@ -47,6 +47,15 @@ def current_owned(status: Any) -> dict[str, Any]:
     return out
 
 
+def same_owned(current_status: Any, owned: dict[str, Any]) -> bool:
+    """Whether the stored status already holds `owned` (condition transition times aside)."""
+    cur = current_owned(current_status)
+    cur["conditions"] = _timeless(cur.get("conditions"))
+    want = dict(owned)
+    want["conditions"] = _timeless(owned.get("conditions"))
+    return {k: cur.get(k) for k in want} == want
+
+
 def merge_conditions(current: Any, ours: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
     """Our condition types replaced (lastTransitionTime kept while status is unchanged), others kept."""
     existing = [c for c in current or [] if isinstance(c, dict)]

@@ -13,9 +13,9 @@ from typing import Any
 from aether.metrics import UDP_UNSUPPORTED
 
 from .kubeapi import ApiException, KubeWriter, now
-from .meshnode import MeshNodeStatus
-from .nodestatus import current_owned, digest, owned_wire, status_patch
+from .nodestatus import same_owned, status_patch
 from .reconcile.model import ClusterModel, Kind, Output, View
+from .reconcile.nodes import NodeDesired
 from .reconcile.routes import Verdict
 from .routestatus import comparable, parents_status, transition_events
 
@@ -82,16 +82,16 @@ class Reconciler:
         for route, backend, reason in sorted(out.new_discards):
             UDP_UNSUPPORTED.labels(reason=reason).inc()
             log.info("UDPRoute %s: backend %s discarded (%s)", route, backend, reason)
-        jobs = [self._node(name, status) for name, status in out.nodes.items()]
+        jobs = [self._node(name, desired) for name, desired in out.desired.items()]
         jobs += [self._delete_node(name) for name in out.removed_nodes]
         jobs += [self._route(key, verdicts) for key, verdicts in out.routes.items()]
         await asyncio.gather(*jobs)
 
-    async def _node(self, name: str, status: MeshNodeStatus) -> None:
-        owned = owned_wire(status)
-        want = digest(owned)
+    async def _node(self, name: str, desired: NodeDesired) -> None:
+        want = desired.digest  # cheap: namespace result digests + this node's pods
         if self.digests.get(name) == want:
             return
+        owned = desired.owned
         async with self.sem:
             await asyncio.to_thread(self._write_node, name, owned, want)
 
@@ -103,7 +103,7 @@ class Reconciler:
                 if node is None:
                     return
                 current = self.writer.create_meshnode(name, node.uid)
-            if digest(current_owned(current.get("status"))) == want:
+            if same_owned(current.get("status"), owned):
                 break
             rv = (current.get("metadata") or {}).get("resourceVersion")
             try:

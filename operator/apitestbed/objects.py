@@ -3,6 +3,7 @@ UDPRoutes, ReferenceGrants. Plain dicts in API shape, so they work with any clie
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from aether.operator.reconcile.views import EGRESS_ANNOTATION, GATEWAY_GROUP, MESH_LABEL, SERVICE_NAME_LABEL
@@ -35,7 +36,7 @@ def pod_status(ip: str, phase: str = "Running") -> Obj:
     return {"status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}]}}
 
 
-def service(ns: str, name: str, cluster_ip: str, ports: list[Port]) -> Obj:
+def service(ns: str, name: str, cluster_ip: str, ports: Sequence[Port]) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -48,7 +49,7 @@ def service(ns: str, name: str, cluster_ip: str, ports: list[Port]) -> Obj:
 
 
 def endpoint_slice(
-    ns: str, svc: str, ports: list[Port], endpoints: list[tuple[str, bool, str | None]], name: str | None = None
+    ns: str, svc: str, ports: Sequence[Port], endpoints: Sequence[tuple[str, bool, str | None]], name: str | None = None
 ) -> Obj:
     """endpoints: (ip, ready, pod name or None)."""
     eps = []

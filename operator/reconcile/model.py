@@ -15,7 +15,7 @@ from aether.naming import DEFAULT_TRUST_DOMAIN
 from aether.operator.meshnode import MeshNodeStatus
 
 from .namespace import NamespaceResult, compute_namespace
-from .nodes import assemble, dependency_set, meshed_pods
+from .nodes import NodeDesired, dependency_set, meshed_pods
 from .routes import Verdict
 from .views import PARSERS, GrantView, NamespaceView, NodeView, PodView, RouteView, ServiceView, SliceView
 
@@ -28,10 +28,15 @@ class Output:
     """What changed in one reconcile: node statuses to write, nodes gone, route verdicts of namespaces
     whose results changed (routes gone from them map to ())."""
 
-    nodes: dict[str, MeshNodeStatus] = field(default_factory=dict)
+    desired: dict[str, NodeDesired] = field(default_factory=dict)
     removed_nodes: set[str] = field(default_factory=set)
     routes: dict[tuple[str, str], tuple[Verdict, ...]] = field(default_factory=dict)
     new_discards: set[tuple[str, str, str]] = field(default_factory=set)
+
+    @property
+    def nodes(self) -> dict[str, MeshNodeStatus]:
+        """The changed nodes' statuses as pydantic models (tests; the reconciler uses `desired`)."""
+        return {name: d.status() for name, d in self.desired.items()}
 
 
 class _Reader:
@@ -205,8 +210,8 @@ class ClusterModel:
             pods = meshed_pods((self.pods[k] for k in self.pods_by_node.get(node, ())), self.namespaces)
             deps = dependency_set(pods, self.namespaces, mesh)
             self._set_deps(node, deps)
-            results = [self.results[d] for d in deps if d in self.results]
-            out.nodes[node] = assemble(pods, results, self.trust_domain)
+            results = tuple(self.results[d] for d in sorted(deps) if d in self.results)
+            out.desired[node] = NodeDesired(tuple(pods), results, self.trust_domain)
             self.known_nodes.add(node)
         self.dirty_nodes.clear()
         self.all_deps_dirty = False

@@ -3,7 +3,11 @@ destinations, and the verdicts of its UDPRoutes. A pure function of a World; nod
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 from aether.naming import ref, tcp_cluster, udp_cluster
 from aether.netns.contract import INBOUND_PORT
@@ -39,6 +43,24 @@ class NamespaceResult:
     ineligible: tuple[IneligibleDestination, ...] = ()
     route_verdicts: dict[tuple[str, str], tuple[Verdict, ...]] = field(default_factory=dict)
     discards: frozenset[tuple[str, str, str]] = frozenset()  # (route, backend, reason): each counted once
+
+    @cached_property
+    def fragments(self) -> dict[str, list[dict[str, Any]]]:
+        """The wire form of each list this namespace contributes to a MeshNode, built once and shared by
+        every node that depends on it (never mutate)."""
+        return {
+            "udp_arms": [a.wire() for a in self.udp_arms],
+            "udp_shapes": [x.wire() for x in self.udp_shapes],
+            "tcp_arms": [a.wire() for a in self.tcp_arms],
+            "tcp_shapes": [x.wire() for x in self.tcp_shapes],
+            "destinations": [d.wire() for d in self.destinations],
+            "ineligible": [d.wire() for d in self.ineligible],
+        }
+
+    @cached_property
+    def digest(self) -> str:
+        body = json.dumps(self.fragments, sort_keys=True).encode()
+        return hashlib.blake2b(body, digest_size=16).hexdigest()
 
 
 def _plain_arm(world: World, svc: ServiceView, protocol: str) -> tuple[ServiceArm | None, list[UnsupportedShape]]:

@@ -354,3 +354,19 @@ def test_property_hostile_route_json_never_crashes_and_every_route_gets_a_verdic
         for v in out.routes[("app", f"h{i}")]:
             assert v.accepted_message and v.resolved_message
     assert arms(out.nodes["n1"])["app/b"] == before  # the older control route keeps its parent
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(route_st, max_size=4), st.lists(st.booleans(), min_size=4, max_size=4))
+def test_property_shared_fragment_wire_equals_the_model_wire(routes: list[Any], ready: list[bool]) -> None:
+    """What the reconciler writes (NodeDesired.owned, built from shared per-namespace fragments) is exactly the
+    pydantic model's wire form, and equal statuses have equal digests."""
+    from aether.operator.nodestatus import owned_wire, same_owned
+
+    out = world(routes, ready).reconcile(full=True)
+    again = world(routes, ready).reconcile(full=True)
+    for name, desired in out.desired.items():
+        assert desired.owned == owned_wire(desired.status())
+        assert desired.digest == again.desired[name].digest
+        stored = {**desired.owned, "quic": {**desired.owned["quic"], "pairs": [{"source": "s"}]}}
+        assert same_owned(stored, desired.owned)
