@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from aether.metrics import REGISTRY
 from aether.operator.apitestbed import objects as o
 from aether.operator.apitestbed.harness import Cluster, InProcessOperator, unique
 from aether.operator.routestatus import CONTROLLER_NAME, SHAPE_CONDITION
@@ -81,6 +82,11 @@ def test_meshnode_per_node_owned_by_it_with_pods_arms_and_identities(mesh: Mesh,
 def test_weights_tie_drain_no_live_backend_and_route_deleted(mesh: Mesh, cluster: Cluster) -> None:
     for i, name in enumerate("abc"):
         mesh.service(name, f"10.96.0.{20 + i}", [(f"10.1.0.{20 + i}", True, None)])
+
+    def counted(reason: str) -> float:
+        return REGISTRY.get_sample_value("aether_udp_unsupported_total", {"reason": reason}) or 0.0
+
+    split_before, drained_before = counted("WeightedSplit"), counted("Drained")
     mesh.route("r", "a", [o.backend("c", 53, 1), o.backend("b", 53, 1)])
     arm = mesh.wait_arm("a", f"udp:{mesh.ns}/b")  # tie by cluster name
     assert arm["route"] == f"{mesh.ns}/r" and arm["vip"] == "10.96.0.20"
@@ -98,6 +104,9 @@ def test_weights_tie_drain_no_live_backend_and_route_deleted(mesh: Mesh, cluster
     cluster.wait(
         "Drained reported", lambda: "Drained" in (mesh.condition("r", SHAPE_CONDITION) or {}).get("message", "")
     )
+    # each discarded backend is counted once in aether_udp_unsupported_total (when the operator runs in-process)
+    if cluster.bed is not None:
+        assert counted("WeightedSplit") == split_before + 1 and counted("Drained") == drained_before + 1
 
     cluster.apply(o.endpoint_slice(mesh.ns, "c", SL, [("10.1.0.22", False, None)]))  # c not live, b drained
     arm = mesh.wait_arm("a", "blackhole")

@@ -370,3 +370,13 @@ def test_property_shared_fragment_wire_equals_the_model_wire(routes: list[Any], 
         assert desired.digest == again.desired[name].digest
         stored = {**desired.owned, "quic": {**desired.owned["quic"], "pairs": [{"source": "s"}]}}
         assert same_owned(stored, desired.owned)
+
+
+def test_new_discards_are_reported_once_until_they_change() -> None:
+    m = base()
+    route(m, "r", "a", [o.backend("b", 53, 2), o.backend("c", 53, 1)])
+    assert m.reconcile().new_discards == {("app/r", "app/c", "WeightedSplit")}
+    m.apply_raw("service", o.service("app", "d", "10.96.0.40", UDP))
+    assert m.reconcile().new_discards == set()  # still discarded, not counted again
+    route(m, "r", "a", [o.backend("b", 53, 2), o.backend("c", 53, 0)])
+    assert m.reconcile().new_discards == {("app/r", "app/c", "Drained")}
