@@ -17,6 +17,7 @@ class ResourceType:
     namespaced: bool
     subresources: frozenset[str] = field(default_factory=frozenset)
     short_names: tuple[str, ...] = ()
+    printer_columns: tuple[tuple[str, str, str], ...] = ()  # (name, type, jsonPath)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -63,6 +64,11 @@ def from_crd(crd: dict[str, Any]) -> list[ResourceType]:
         if not isinstance(ver, dict) or not ver.get("served", True) or not isinstance(ver.get("name"), str):
             continue
         subs = frozenset(k for k in (ver.get("subresources") or {}) if k in ("status", "scale"))
+        columns = tuple(
+            (str(c.get("name")), str(c.get("type", "string")), str(c.get("jsonPath")))
+            for c in ver.get("additionalPrinterColumns") or []
+            if isinstance(c, dict) and c.get("jsonPath")
+        )
         out.append(
             ResourceType(
                 group,
@@ -72,6 +78,7 @@ def from_crd(crd: dict[str, Any]) -> list[ResourceType]:
                 spec.get("scope", "Namespaced") == "Namespaced",
                 subs,
                 tuple(names.get("shortNames") or ()),
+                columns,
             )
         )
     return out

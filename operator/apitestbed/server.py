@@ -19,6 +19,7 @@ from .patches import PatchError, json_patch, merge_patch, strip_directives
 from .resources import ALL_VERBS, ResourceType
 from .selectors import Selector
 from .store import ApiError, Obj, Store
+from .tables import table, wants_table
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,9 @@ class TestBedHandler(kmock.KubernetesEmulator):
         if rt.plural == "customresourcedefinitions" and verb in ("create", "update", "patch", "delete"):
             self.sync_discovery()
         self._record(raw, t, code)
+        if rt.printer_columns and verb in ("get", "list") and wants_table(raw.headers.get("Accept", "")):
+            items = result["items"] if verb == "list" else [result]
+            result = table(rt.printer_columns, items, str(self.store.rv))
         return aiohttp.web.json_response(result, status=code)
 
     @staticmethod

@@ -227,3 +227,35 @@ def test_kubectl_apply_get_patch_delete(bed: TestBed, tmp_path: Any) -> None:
     run("apply", "--validate=false", "-f", str(manifest))
     run("delete", "-n", "tb-kubectl", "svc", "s")
     assert "s" not in run("get", "-n", "tb-kubectl", "svc", "-o", "name")
+
+
+def test_meshnode_printer_columns_as_a_table(bed: TestBed, client: Any) -> None:
+    custom: Any = kubernetes.client.CustomObjectsApi(client)
+    custom.create_cluster_custom_object(
+        G, V, P, {"apiVersion": f"{G}/{V}", "kind": "MeshNode", "metadata": {"name": "tb-table"}}
+    )
+    status = {
+        "summary": {"pods": 3, "udpServices": 2},
+        "quic": {"pairCount": 1, "dormantPairCount": 0},
+        "conditions": [
+            {"type": "Degraded", "status": "False", "reason": "A"},
+            {"type": "Ready", "status": "True", "reason": "R"},
+        ],
+    }
+    custom.patch_cluster_custom_object_status(G, V, P, "tb-table", {"status": status}, _content_type=MERGE)
+    req = urllib.request.Request(
+        bed.url + f"/apis/{G}/{V}/{P}/tb-table", headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        t = json.loads(resp.read())
+    assert t["kind"] == "Table"
+    assert [c["name"] for c in t["columnDefinitions"]] == [
+        "Name",
+        "Pods",
+        "UDP Services",
+        "QUIC Pairs",
+        "Dormant Pairs",
+        "Ready",
+        "Age",
+    ]
+    assert t["rows"][0]["cells"][:6] == ["tb-table", 3, 2, 1, 0, "True"]
