@@ -28,6 +28,7 @@ class Sent:
 @dataclass
 class TypeState:
     started: bool = False
+    answered: bool = False  # the first response goes out even when empty: Envoy's initial fetch waits for it
     wildcard: bool = False
     subscribed: set[str] = field(default_factory=set)
     known: dict[str, str] = field(default_factory=dict)
@@ -81,6 +82,7 @@ class TypeState:
             else:
                 self.known.pop(name, None)
         self.pending[nonce] = Sent(snapshot_version, prior)
+        self.answered = True
 
     def ack(self, nonce: str) -> Sent | None:
         return self.pending.pop(nonce, None)

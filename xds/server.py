@@ -181,7 +181,7 @@ class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: 
             return
         versions = snap.versions.get(type_url, {})
         send, removed = ts.diff(versions)
-        if not send and not removed:
+        if not send and not removed and ts.answered:
             return
         nonce = f"{stream.id}-{next(stream.nonces)}"
         encoded = snap.encoded.get(type_url, {})

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from aether.naming import BLACKHOLE_CLUSTER
-from aether.operator.meshnode import ServiceArm
+from aether.netns.records import PodRecord
+from aether.operator.meshnode import MeshNode, ServiceArm
 from aether.xds.gates import arms_resolve, netns_exist, run_gates, unique_binds, unique_vips
-from aether.xds.resources import CLUSTER, LISTENER
+from aether.xds.resources import CLUSTER, LISTENER, Resources, TranslateOptions
 from aether.xds.samples import node_with, records_for
-from aether.xds.translate import translate
+from aether.xds.translate import translate as translate_all
+
+L4 = TranslateOptions(areas=("udp", "tcp-floor"))
+
+
+def translate(node: MeshNode, records: Mapping[str, PodRecord]) -> Resources:
+    """This area's builders only (the east-west area has its own tests)."""
+    return translate_all(node, records, L4)
 
 
 def _ok(path: str) -> bool:

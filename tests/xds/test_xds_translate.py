@@ -4,19 +4,28 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from aether.naming import BLACKHOLE_CLUSTER
 from aether.netns.records import PodRecord
 from aether.operator.meshnode import MeshNode, load_meshnode_file
 from aether.xds import codec
-from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, Resources, version_of
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, Resources, TranslateOptions, version_of
 from aether.xds.samples import node_with, records_for
-from aether.xds.translate import translate
+from aether.xds.translate import translate as translate_all
 from aether.xds.udp import DESTINATION_IP_INPUT, UDP_PROXY_CONFIG, UDP_ROUTE
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "golden-sample.json"
+
+
+L4 = TranslateOptions(areas=("udp", "tcp-floor"))
+
+
+def translate(node: MeshNode, records: Mapping[str, PodRecord]) -> Resources:
+    """This area's builders only (the east-west area has its own tests)."""
+    return translate_all(node, records, L4)
 
 
 def sample_node() -> MeshNode:
