@@ -235,7 +235,7 @@ def test_enable_resumption_reaches_envoy_over_ads(
 
     # negative control: the same bytes with the field under a number Envoy does not know (4 instead of 3)
     listener = codec.to_message(LISTENER, good[LISTENER]["quic-test"])
-    ts = listener.filter_chains[0].transport_socket.typed_config  # type: ignore[attr-defined]
+    ts = listener.filter_chains[0].transport_socket.typed_config
     assert ts.value.endswith(b"\x1a\x00")
     ts.value = ts.value[:-2] + b"\x22\x00"
     bad = Snapshot(
