@@ -1,0 +1,104 @@
+"""The reconcile loop on its own: bursts coalesce into one reconcile, a failing write is retried, statuses
+are written only when they change. The writer here is a recording stand-in for KubeWriter (the API side is
+covered by the contract tests)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from aether.operator.apitestbed import objects as o
+from aether.operator.kubeapi import ApiException
+from aether.operator.reconcile.model import Kind, View
+from aether.operator.reconcile.views import PARSERS
+from aether.operator.reconciler import Reconciler
+
+pytestmark = pytest.mark.asyncio
+
+
+class RecordingWriter:
+    def __init__(self, fail_first: int = 0) -> None:
+        self.meshnodes: dict[str, dict[str, Any]] = {}
+        self.patches: list[str] = []
+        self.fail_first = fail_first
+
+    def get_meshnode(self, name: str) -> dict[str, Any] | None:
+        return self.meshnodes.get(name)
+
+    def create_meshnode(self, name: str, node_uid: str) -> dict[str, Any]:
+        self.meshnodes[name] = {"metadata": {"name": name, "resourceVersion": "1"}, "status": {}}
+        return self.meshnodes[name]
+
+    def patch_meshnode_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        if self.fail_first:
+            self.fail_first -= 1
+            raise ApiException(status=500, reason="boom")
+        self.patches.append(name)
+        self.meshnodes[name]["status"] = patch["status"]
+        return self.meshnodes[name]
+
+    def delete_meshnode(self, name: str) -> None:
+        self.meshnodes.pop(name, None)
+
+    def get_route(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+
+def setup(writer: RecordingWriter) -> tuple[Reconciler, dict[tuple[Kind, tuple[str, str]], View]]:
+    objects: dict[tuple[Kind, tuple[str, str]], View] = {}
+
+    def lookup(kind: Kind, key: tuple[str, str]) -> View | None:
+        return objects.get((kind, key))
+
+    rec = Reconciler(writer, lookup, writer.get_meshnode, "cluster.local", debounce=0.05)  # type: ignore[arg-type]
+    return rec, objects
+
+
+def put(rec: Reconciler, objects: dict[tuple[Kind, tuple[str, str]], View], kind: Kind, body: dict[str, Any]) -> None:
+    meta = body["metadata"]
+    key = (meta.get("namespace", ""), meta["name"])
+    objects[(kind, key)] = PARSERS[kind](body)
+    rec.touch(kind, key)
+
+
+async def settle(rec: Reconciler) -> None:
+    await asyncio.sleep(0)
+    await asyncio.wait_for(rec.idle.wait(), 30)
+
+
+async def test_a_burst_coalesces_into_one_reconcile_and_one_write_per_node() -> None:
+    writer = RecordingWriter()
+    rec, objects = setup(writer)
+    task = asyncio.create_task(rec.run())
+    rec.ready.set()
+    put(rec, objects, "namespace", o.namespace("app"))
+    put(rec, objects, "node", {"metadata": {"name": "n1", "uid": "u1"}})
+    put(rec, objects, "pod", {**o.pod("app", "c", "n1"), **o.pod_status("10.0.0.2")})
+    for i in range(100):
+        put(rec, objects, "service", o.service("app", f"s{i}", f"10.96.0.{i + 1}", [("dns", 53, "UDP")]))
+    await settle(rec)
+    assert rec.cycles == 1 and writer.patches == ["n1"]
+    assert len(writer.meshnodes["n1"]["status"]["udp"]["services"]) == 100
+    put(rec, objects, "service", o.service("app", "s0", "10.96.0.1", [("dns", 53, "UDP")]))  # no change
+    await settle(rec)
+    assert writer.patches == ["n1"], "an unchanged status must not be written again"
+    task.cancel()
+
+
+async def test_a_failing_write_is_retried_and_the_loop_survives() -> None:
+    writer = RecordingWriter(fail_first=2)
+    rec, objects = setup(writer)
+    task = asyncio.create_task(rec.run())
+    rec.ready.set()
+    put(rec, objects, "namespace", o.namespace("app"))
+    put(rec, objects, "node", {"metadata": {"name": "n1", "uid": "u1"}})
+    await asyncio.wait_for(_until(lambda: writer.patches == ["n1"]), 30)
+    assert not task.done()
+    task.cancel()
+
+
+async def _until(cond: Any) -> None:
+    while not cond():
+        await asyncio.sleep(0.05)
