@@ -148,6 +148,10 @@ class Lab:
         self._procs.append(proc)
         return proc
 
+    def running(self) -> list[subprocess.Popen[bytes]]:
+        """The processes this Lab started that are still running."""
+        return [p for p in self._procs if p.poll() is None]
+
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):

@@ -1,0 +1,95 @@
+"""The container runtime's part of pod networking: call the real `aether-cni` executable the way a runtime does
+(CNI 1.0.0: environment + network configuration on stdin, chained after a primary plugin whose result is
+`prevResult`). The primary plugin here is the netns Lab, which already made eth0 and its address."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CNI_VERSION = "1.0.0"
+
+
+class CniFailed(RuntimeError):
+    pass
+
+
+def plugin_path() -> str:
+    """`aether-cni` beside the running interpreter (the venv), else on PATH."""
+    beside = Path(sys.executable).parent / "aether-cni"
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which("aether-cni")
+    if found is None:
+        raise CniFailed("the aether-cni executable was not found (pip install -e . puts it beside python)")
+    return found
+
+
+@dataclass(frozen=True)
+class PodSandbox:
+    namespace: str
+    name: str
+    uid: str
+    netns_path: str
+    ip: str
+    container_id: str
+
+
+def _config(sandbox: PodSandbox) -> dict[str, Any]:
+    prev = {
+        "cniVersion": CNI_VERSION,
+        "interfaces": [{"name": "eth0", "sandbox": sandbox.netns_path}],
+        "ips": [{"address": f"{sandbox.ip}/32", "interface": 0}],
+    }
+    return {"cniVersion": CNI_VERSION, "name": "aether-e2e", "type": "aether-cni", "prevResult": prev}
+
+
+def _env(command: str, sandbox: PodSandbox, state_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": sandbox.container_id,
+        "CNI_NETNS": sandbox.netns_path,
+        "CNI_IFNAME": "eth0",
+        "CNI_ARGS": (
+            f"IgnoreUnknown=1;K8S_POD_NAMESPACE={sandbox.namespace};K8S_POD_NAME={sandbox.name};"
+            f"K8S_POD_INFRA_CONTAINER_ID={sandbox.container_id};K8S_POD_UID={sandbox.uid}"
+        ),
+        "CNI_PATH": str(Path(plugin_path()).parent),
+        "AETHER_STATE_DIR": str(state_dir),
+    }
+
+
+def invoke(command: str, sandbox: PodSandbox, state_dir: Path) -> dict[str, Any] | None:
+    """Run the plugin once; return its JSON result (ADD), None (DEL/CHECK); raise CniFailed on an error."""
+    proc = subprocess.run(
+        [plugin_path()],
+        input=json.dumps(_config(sandbox)).encode(),
+        env=_env(command, sandbox, state_dir),
+        capture_output=True,
+        timeout=60,
+    )
+    out = proc.stdout.decode().strip()
+    if proc.returncode != 0:
+        raise CniFailed(f"aether-cni {command} for {sandbox.namespace}/{sandbox.name} failed: {out or proc.stderr!r}")
+    if not out:
+        return None
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def add(sandbox: PodSandbox, state_dir: Path) -> dict[str, Any]:
+    result = invoke("ADD", sandbox, state_dir)
+    if result is None:
+        raise CniFailed("aether-cni ADD printed no result")
+    return result
+
+
+def delete(sandbox: PodSandbox, state_dir: Path) -> None:
+    invoke("DEL", sandbox, state_dir)

@@ -1,0 +1,392 @@
+"""The multi-node e2e harness: a whole mesh in network namespaces on one machine, driven through the API.
+
+    with Mesh(workdir) as mesh:             # the API test bed (in-process) + `aether operator` (subprocess)
+        a, b = mesh.add_node("node-a"), mesh.add_node("node-b")   # netns + Node object, nodes linked
+        mesh.start_node_proxies()           # per node: `aether xds --node N` and a real Envoy in its netns
+        client = mesh.add_pod(a, "client")  # netns + Pod object + the real aether-cni ADD + Running
+        mesh.add_backend(b, "echo-a")       # a pod answering `<its name>|<payload>`
+        vip = mesh.add_service("svc-a", ["echo-a"])    # Service with a VIP + its EndpointSlice
+        mesh.wait_arms(a, {vip: "udp:e2e/svc-a"}) ...
+
+The harness plays the parts the API test bed has no controller for (scheduler, kubelet, ClusterIP allocator,
+EndpointSlice controller). Everything it makes (netns, processes, files in `workdir` when it made it, the API
+server) goes on `close()`, which also runs on failure and at exit. Per node the sidecar runs in the harness's
+netns (it must reach the API on 127.0.0.1) and talks to its Envoy over a unix socket; Envoy runs in the node
+netns and binds each pod's capture listener into that pod's netns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aether.e2e import cni_runtime
+from aether.e2e.bridge import MeshNodeFileBridge, cluster_mode
+from aether.e2e.kube import Kube, pod_uids, udp_arms
+from aether.e2e.netlab import Lab, Node, Pod, wait_for
+from aether.envoybin import envoy_path
+from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
+from aether.netns.install import install_capture
+from aether.operator.apitestbed import TestBed
+from aether.operator.apitestbed import start as start_testbed
+from aether.xds.testbed import unix_http_get
+
+BACKEND_PORT = 5353
+VIP_PREFIX = "10.96.77."  # ClusterIPs from a range that exists nowhere on this machine
+Progress = Callable[[str], None]
+XDS_CLI = (sys.executable, "-m", "aether.cli", "xds")
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+@dataclass
+class MeshNodeProxy:
+    """One node: its netns, pod records dir, and its sidecar + Envoy processes."""
+
+    name: str
+    net: Node
+    workdir: Path
+    base_id: int
+    sidecar: subprocess.Popen[bytes] | None = None
+    envoy: subprocess.Popen[bytes] | None = None
+    bridge: MeshNodeFileBridge | None = None
+
+    @property
+    def records(self) -> Path:
+        return self.workdir / "pods"
+
+    @property
+    def state_file(self) -> Path:
+        return self.workdir / "meshnode.json"
+
+    @property
+    def ads_sock(self) -> str:
+        return str(self.workdir / "ads.sock")
+
+    @property
+    def admin_sock(self) -> str:
+        return str(self.workdir / "admin.sock")
+
+    def admin(self, path: str) -> str:
+        return unix_http_get(self.admin_sock, path)
+
+    def stat(self, name: str) -> int:
+        for line in self.admin(f"/stats?filter=^{name}$").splitlines():
+            key, _, value = line.partition(": ")
+            if key == name and value.strip().lstrip("-").isdigit():
+                return int(value)
+        return 0
+
+    def log_tail(self, n: int = 2000) -> str:
+        out = []
+        for f in ("sidecar.log", "envoy.log"):
+            p = self.workdir / f
+            if p.exists():
+                out.append(f"--- {self.name} {f} ---\n{p.read_text(errors='replace')[-n:]}")
+        return "\n".join(out)
+
+
+@dataclass
+class MeshPod:
+    name: str
+    namespace: str
+    uid: str
+    net: Pod
+    node: MeshNodeProxy
+
+    @property
+    def netns_path(self) -> str:
+        return self.net.path
+
+    @property
+    def ip(self) -> str:
+        return self.net.ip
+
+
+@dataclass
+class Mesh:
+    workdir: Path | None = None
+    namespace: str = "e2e"
+    progress: Progress = _quiet
+    tag: str | None = None
+    areas: str = "udp,tcp-floor"  # the east-west area needs certificates this harness does not issue
+    lab: Lab = field(init=False)
+    api: TestBed | None = None
+    kube: Kube = field(init=False)
+    operator: subprocess.Popen[bytes] | None = None
+    nodes: dict[str, MeshNodeProxy] = field(default_factory=dict)
+    pods: dict[str, MeshPod] = field(default_factory=dict)
+    services: dict[str, str] = field(default_factory=dict)  # name -> VIP
+    _own_workdir: bool = False
+    _closed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="aether-mesh-"))
+            self._own_workdir = True
+        self.lab = Lab(tag=self.tag) if self.tag else Lab()
+        self.tag = self.lab.tag
+        self._vips = (f"{VIP_PREFIX}{i}" for i in itertools.count(10))
+        self._node_links = itertools.count(1)
+        self._pod_ips: dict[str, itertools.count[int]] = {}
+        try:
+            self._start_control_plane()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def dir(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir
+
+    @property
+    def kubeconfig(self) -> str:
+        return str(self.dir / "kubeconfig")
+
+    # -- control plane ----------------------------------------------------------------------------
+    def _start_control_plane(self) -> None:
+        self.progress("starting the API test bed (kmock + aether's emulator layer)")
+        self.api = start_testbed(0, Path(self.kubeconfig))
+        self.kube = Kube(self.kubeconfig)
+        self.progress(f"API test bed on {self.api.url}; kubeconfig {self.kubeconfig}")
+        self.kube.namespace(self.namespace)
+        self.progress("starting the operator: aether operator --kubeconfig ...")
+        log = open(self.dir / "operator.log", "ab")  # noqa: SIM115 (the process owns it)
+        self.operator = self.lab.spawn(
+            None,
+            [sys.executable, "-m", "aether.cli", "operator", "--kubeconfig", self.kubeconfig],
+            stdout=log,
+            stderr=log,
+        )
+
+    # -- nodes --------------------------------------------------------------------------------------
+    def add_node(self, name: str) -> MeshNodeProxy:
+        net = self.lab.add_node(name)
+        node = MeshNodeProxy(name, net, self.dir / name, base_id=10_000 + secrets.randbelow(50_000) * 4)
+        node.records.mkdir(parents=True)
+        for other in self.nodes.values():
+            n = next(self._node_links)
+            self.lab.link_nodes(other.net, net, f"10.250.{n}.1", f"10.250.{n}.2")
+        self.nodes[name] = node
+        self._pod_ips[name] = itertools.count(2)
+        self.kube.node(name)
+        self.progress(f"node {name}: netns {net.netns}, Node object created")
+        return node
+
+    def start_node_proxies(self, timeout: float = 60.0) -> None:
+        """Per node: wait for the operator's MeshNode, start the sidecar and Envoy; wait for Envoy's ADS stream."""
+        for node in self.nodes.values():
+            self.kube.wait_meshnode(node.name, lambda _: True, timeout, what="the operator to create it")
+            self._start_sidecar(node)
+            self._start_envoy(node)
+        for node in self.nodes.values():
+            wait_for(_connected(node), timeout, what=f"{node.name} ADS stream")
+
+    def _start_sidecar(self, node: MeshNodeProxy) -> None:
+        argv = [*XDS_CLI, "--node", node.name, "--listen", f"unix:{node.ads_sock}"]
+        argv += ["--records", str(node.records), "--areas", self.areas]
+        if cluster_mode():
+            how = "watching its MeshNode through the kubeconfig"
+        else:  # bridge: the sidecar's file mode, fed from the API by this process
+            node.bridge = MeshNodeFileBridge(self.kubeconfig, node.name, node.state_file)
+            node.bridge.start()
+            argv += ["--state", str(node.state_file)]
+            how = "from a file the harness copies MeshNode status into (no cluster mode yet)"
+        log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115
+        node.sidecar = self.lab.spawn(None, argv, env={"KUBECONFIG": self.kubeconfig}, stdout=log, stderr=log)
+        self.progress(f"node {node.name}: xds sidecar started ({how})")
+
+    def _start_envoy(self, node: MeshNodeProxy) -> None:
+        boot = subprocess.run(
+            [
+                *XDS_CLI,
+                "bootstrap",
+                "--node",
+                node.name,
+                "--xds",
+                f"unix:{node.ads_sock}",
+                "--admin",
+                f"unix:{node.admin_sock}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout
+        path = node.workdir / "envoy.json"
+        path.write_text(boot)
+        log = open(node.workdir / "envoy.log", "ab")  # noqa: SIM115
+        argv = [str(envoy_path()), "-c", str(path), "--disable-hot-restart", "--base-id", str(node.base_id)]
+        argv += ["--concurrency", "1", "-l", "warning"]
+        node.envoy = self.lab.spawn(node.net.netns, argv, stdout=log, stderr=log)
+        wait_for(lambda: _admin_up(node), timeout=60, what=f"{node.name} Envoy admin")
+        self.progress(f"node {node.name}: Envoy {node.base_id} running in {node.net.netns}, ADS over {node.ads_sock}")
+
+    # -- pods ---------------------------------------------------------------------------------------
+    def add_pod(
+        self, node: MeshNodeProxy, name: str, sa: str = "default", capture: CaptureMode = CaptureMode.TPROXY
+    ) -> MeshPod:
+        """Scheduled on `node`, sandbox made (netns + veth), the real aether-cni ADD, then Running.
+        `capture=REDIRECT` replaces the plugin's capture afterwards (the negative control's bad mode)."""
+        ip = f"10.200.{list(self.nodes).index(node.name) + 1}.{next(self._pod_ips[node.name])}"
+        uid = self.kube.pod(self.namespace, name, node.name, sa)
+        net = self.lab.add_pod(node.net, name, ip)
+        sandbox = cni_runtime.PodSandbox(self.namespace, name, uid, net.path, ip, f"ctr-{self.tag}-{name}")
+        cni_runtime.add(sandbox, node.records)
+        if capture is not CaptureMode.TPROXY:
+            install_capture(net.path, capture)
+        self.kube.pod_running(self.namespace, name, ip)
+        pod = MeshPod(name, self.namespace, uid, net, node)
+        self.pods[name] = pod
+        self.progress(f"pod {name} on {node.name}: {ip}, aether-cni ADD done ({capture.value} capture)")
+        return pod
+
+    def add_backend(self, node: MeshNodeProxy, name: str) -> MeshPod:
+        """A pod running a UDP echo server that answers `<its name>|<payload>` on BACKEND_PORT."""
+        pod = self.add_pod(node, name)
+        log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115
+        argv = [sys.executable, "-m", "aether.xds.udp_echo", name, str(BACKEND_PORT)]
+        self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
+        return pod
+
+    # -- services and routes ------------------------------------------------------------------------
+    def add_service(self, name: str, backends: list[str]) -> str:
+        """A UDP Service on port 18082 with a VIP, and its EndpointSlice of the (ready) backend pods."""
+        vip = next(self._vips)
+        self.kube.service(self.namespace, name, vip, L4_OUTBOUND_PORT)
+        ready = [(self.pods[b].ip, b) for b in backends]
+        self.kube.endpoint_slice(self.namespace, name, BACKEND_PORT, ready)
+        self.services[name] = vip
+        self.progress(f"service {name}: VIP {vip}:{L4_OUTBOUND_PORT} -> {', '.join(backends)}")
+        return vip
+
+    def add_route(self, name: str, parent: str, backend: str) -> None:
+        self.kube.udproute(self.namespace, name, parent, backend, L4_OUTBOUND_PORT)
+        self.progress(f"UDPRoute {name}: {parent} -> {backend}")
+
+    def repoint_route(self, name: str, backend: str) -> None:
+        self.kube.repoint_udproute(self.namespace, name, backend, L4_OUTBOUND_PORT)
+        self.progress(f"UDPRoute {name} re-pointed to {backend}")
+
+    def route_condition(self, name: str, kind: str, timeout: float = 30.0) -> str | None:
+        """The status ("True"/"False") of condition `kind` the operator wrote on UDPRoute `name` (waits for it)."""
+        found: list[str | None] = [None]
+
+        def written() -> bool:
+            status = self.kube.udproute_status(self.namespace, name)
+            conds = [c for p in status.get("parents") or [] for c in p.get("conditions") or [] if c["type"] == kind]
+            found[0] = conds[0]["status"] if conds else None
+            return bool(conds)
+
+        with contextlib.suppress(TimeoutError):
+            wait_until(written, timeout, f"UDPRoute {name} condition {kind}")
+        return found[0]
+
+    # -- waiting on the operator's output -----------------------------------------------------------
+    def wait_arms(self, node: MeshNodeProxy, want: dict[str, str], timeout: float = 60.0) -> dict[str, Any]:
+        """Until MeshNode `node` lists every pod placed on it and the arms VIP -> cluster in `want`."""
+        uids = {p.uid for p in self.pods.values() if p.node is node}
+
+        def ok(obj: dict[str, Any]) -> bool:
+            arms = udp_arms(obj)
+            return uids <= pod_uids(obj) and all(arms.get(v, {}).get("cluster") == c for v, c in want.items())
+
+        return self.kube.wait_meshnode(node.name, ok, timeout, what=f"arms {want}")
+
+    def wait_listeners(self, node: MeshNodeProxy, n: int, timeout: float = 60.0) -> None:
+        wait_for(
+            lambda: node.stat("listener_manager.total_listeners_active") >= n,
+            timeout=timeout,
+            what=f"{n} active listeners on {node.name}",
+        )
+
+    def diagnostics(self) -> str:
+        parts = [n.log_tail() for n in self.nodes.values()]
+        op = self.dir / "operator.log"
+        if op.exists():
+            parts.append(f"--- operator.log ---\n{op.read_text(errors='replace')[-2000:]}")
+        for node in self.nodes.values():
+            with contextlib.suppress(Exception):
+                parts.append(f"--- MeshNode {node.name} ---\n{json.dumps(self.kube.meshnode(node.name))[:3000]}")
+        return "\n".join(parts)
+
+    # -- cleanup ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for node in self.nodes.values():
+            if node.bridge is not None:
+                with contextlib.suppress(Exception):
+                    node.bridge.stop()
+        stop_together(self.lab.running(), grace=2.0)
+        self.lab.close()  # anything still running, and every netns
+        with contextlib.suppress(Exception):
+            self.kube.close()
+        if self.api is not None:
+            with contextlib.suppress(Exception):
+                self.api.stop()
+        if self._own_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Mesh:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def stop_together(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
+    """SIGTERM every process group at once, SIGKILL what is left after `grace` seconds (the operator's kopf
+    shutdown can take longer than that; nothing it does at exit matters here)."""
+    for p in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+
+
+def _connected(node: MeshNodeProxy) -> Callable[[], bool]:
+    return lambda: node.stat("control_plane.connected_state") == 1
+
+
+def _admin_up(node: MeshNodeProxy) -> bool:
+    if node.envoy is not None and node.envoy.poll() is not None:
+        raise RuntimeError(f"Envoy on {node.name} exited ({node.envoy.returncode})\n{node.log_tail()}")
+    try:
+        node.admin("/ready")
+    except OSError:
+        return False
+    return True
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")

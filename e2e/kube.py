@@ -1,0 +1,117 @@
+"""The harness's hands on the API: the parts of a cluster the API test bed does not play (no scheduler, no
+ClusterIP allocator, no EndpointSlice controller, no kubelet) are played here, through the official client.
+
+Every call goes through the kubeconfig, so the same code drives a real cluster."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from typing import Any
+
+import kubernetes
+
+from aether.operator.apitestbed import objects as o
+from aether.operator.kubeapi import api_client
+from aether.operator.meshnode import API_GROUP, API_VERSION, PLURAL
+from aether.operator.reconcile.views import GATEWAY_GROUP
+
+MERGE = "application/merge-patch+json"
+ApiException = kubernetes.client.exceptions.ApiException
+UDP_PORT_NAME = "udp"
+
+
+class Kube:
+    """Thin, sync; raw dicts in, plain values out."""
+
+    def __init__(self, kubeconfig: str) -> None:
+        self.client = api_client(kubeconfig)
+        # Any: the generated signatures ask for model classes; raw dicts in API shape are what we pass
+        self.core: Any = kubernetes.client.CoreV1Api(self.client)
+        self.discovery: Any = kubernetes.client.DiscoveryV1Api(self.client)
+        self.custom: Any = kubernetes.client.CustomObjectsApi(self.client)
+
+    def close(self) -> None:
+        self.client.close()  # type: ignore[no-untyped-call]
+
+    # -- what a user applies ---------------------------------------------------------------------
+    def namespace(self, name: str) -> None:
+        self.core.create_namespace(o.namespace(name, meshed=True))
+
+    def node(self, name: str) -> None:
+        self.core.create_node(o.node(name))
+
+    def service(self, ns: str, name: str, vip: str, port: int) -> None:
+        """A UDP Service whose ClusterIP the harness assigned (the emulator allocates none)."""
+        ipaddress.IPv4Address(vip)
+        self.core.create_namespaced_service(ns, o.service(ns, name, vip, [(UDP_PORT_NAME, port, "UDP")]))
+
+    def udproute(self, ns: str, name: str, parent: str, backend: str, port: int) -> None:
+        body = o.udproute(ns, name, parent, [o.backend(backend, port)])
+        self.custom.create_namespaced_custom_object(GATEWAY_GROUP, "v1alpha2", ns, "udproutes", body)
+
+    def repoint_udproute(self, ns: str, name: str, backend: str, port: int) -> None:
+        patch = {"spec": {"rules": [{"backendRefs": [o.backend(backend, port)]}]}}
+        self.custom.patch_namespaced_custom_object(
+            GATEWAY_GROUP, "v1alpha2", ns, "udproutes", name, patch, _content_type=MERGE
+        )
+
+    def udproute_status(self, ns: str, name: str) -> dict[str, Any]:
+        obj: Any = self.custom.get_namespaced_custom_object(GATEWAY_GROUP, "v1alpha2", ns, "udproutes", name)
+        status: dict[str, Any] = dict(obj).get("status") or {}
+        return status
+
+    # -- what the scheduler, kubelet and controllers would do ---------------------------------------
+    def pod(self, ns: str, name: str, node: str, sa: str = "default") -> str:
+        """Create a pod already bound to `node` (the scheduler's part); returns its uid."""
+        created = self.core.create_namespaced_pod(ns, o.pod(ns, name, node, sa))
+        uid: str = created.metadata.uid
+        return uid
+
+    def pod_running(self, ns: str, name: str, ip: str) -> None:
+        """The kubelet's part after CNI ADD: podIP and phase Running (through the status subresource)."""
+        self.core.patch_namespaced_pod_status(name, ns, o.pod_status(ip), _content_type=MERGE)
+
+    def endpoint_slice(self, ns: str, svc: str, port: int, ready: list[tuple[str, str]]) -> None:
+        """The EndpointSlice controller's part: one slice per Service, ready (ip, pod name) endpoints."""
+        body = o.endpoint_slice(ns, svc, [(UDP_PORT_NAME, port, "UDP")], [(ip, True, pod) for ip, pod in ready])
+        name = body["metadata"]["name"]
+        try:
+            self.discovery.replace_namespaced_endpoint_slice(name, ns, body)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            self.discovery.create_namespaced_endpoint_slice(ns, body)
+
+    # -- what the operator wrote ---------------------------------------------------------------------
+    def meshnode(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: Any = self.custom.get_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return dict(obj)
+
+    def wait_meshnode(
+        self, name: str, pred: Any, timeout: float = 60.0, what: str = "MeshNode status"
+    ) -> dict[str, Any]:
+        """Poll MeshNode `name` until pred(obj) holds; returns it."""
+        deadline = time.monotonic() + timeout
+        last: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            last = self.meshnode(name)
+            if last is not None and pred(last):
+                return last
+            time.sleep(0.1)
+        raise TimeoutError(f"timed out after {timeout}s waiting for {what} on MeshNode {name}; last: {last}")
+
+
+def udp_arms(meshnode: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """VIP -> the arm, from a MeshNode body."""
+    arms = ((meshnode.get("status") or {}).get("udp") or {}).get("services") or []
+    return {a["vip"]: a for a in arms}
+
+
+def pod_uids(meshnode: dict[str, Any]) -> set[str]:
+    return {p["uid"] for p in (meshnode.get("status") or {}).get("pods") or []}

@@ -1,0 +1,80 @@
+"""Traffic: datagrams from inside a pod's netns to a VIP, and who answered (backends reply `<name>|<payload>`)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+
+from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.netns.nsthread import run_in_netns
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One exchange: who answered (None: nobody) and where the reply came from."""
+
+    vip: str
+    backend: str | None
+    source: tuple[str, int] | None
+
+    @property
+    def from_vip(self) -> bool:
+        return self.source == (self.vip, L4_OUTBOUND_PORT)
+
+    def show(self) -> str:
+        if self.backend is None:
+            return "no reply"
+        return f"{self.backend} (reply from {self.source[0]}:{self.source[1]})" if self.source else self.backend
+
+
+def pod_socket(netns_path: str, timeout: float = 0.5) -> socket.socket:
+    """A UDP socket made inside the pod netns: what an app in that pod would use."""
+
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(timeout)
+        return s
+
+    return run_in_netns(netns_path, make)
+
+
+def ask(sock: socket.socket, vip: str, payload: bytes, port: int = L4_OUTBOUND_PORT) -> Answer:
+    sock.sendto(payload, (vip, port))
+    deadline = time.monotonic() + (sock.gettimeout() or 0.5)
+    while True:
+        try:
+            data, src = sock.recvfrom(65535)
+        except TimeoutError:
+            return Answer(vip, None, None)
+        name, sep, rest = data.partition(b"|")
+        if sep and rest == payload:  # a late reply to an earlier probe is not this one's answer
+            return Answer(vip, name.decode(), (src[0], src[1]))
+        if time.monotonic() > deadline:
+            return Answer(vip, None, None)
+
+
+def who_answers(netns_path: str, vip: str, tries: int = 3, timeout: float = 0.5) -> Answer:
+    """Ask up to `tries` times (UDP may lose the first datagram while a listener is being bound)."""
+    sock = pod_socket(netns_path, timeout)
+    try:
+        answer = Answer(vip, None, None)
+        for i in range(tries):
+            answer = ask(sock, vip, f"probe-{i}-{time.monotonic_ns()}".encode())
+            if answer.backend is not None:
+                return answer
+        return answer
+    finally:
+        sock.close()
+
+
+def wait_answer(netns_path: str, vip: str, want: str, timeout: float = 30.0) -> Answer:
+    """Retry until `want` answers for `vip` (config still propagating); returns the last answer either way."""
+    deadline = time.monotonic() + timeout
+    answer = Answer(vip, None, None)
+    while time.monotonic() < deadline:
+        answer = who_answers(netns_path, vip, tries=1, timeout=0.3)
+        if answer.backend == want and answer.from_vip:
+            return answer
+        time.sleep(0.1)
+    return answer
