@@ -16,7 +16,7 @@ import kopf
 
 from aether.naming import DEFAULT_TRUST_DOMAIN
 
-from .kubeapi import KubeWriter, api_client
+from .kubeapi import OPERATOR_USER_AGENT, KubeWriter, api_client
 from .meshnode import API_GROUP, API_VERSION, PLURAL
 from .reconcile import views
 from .reconcile.model import Kind, View
@@ -108,7 +108,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             store = meshnodes.get(name)
             return next(iter(store), None) if store is not None else None
 
-        writer = KubeWriter(api_client(config.kubeconfig))
+        writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT))
         reconciler = Reconciler(writer, lookup, meshnode, config.trust_domain, debounce=config.debounce)
         state["reconciler"] = reconciler
         state["task"] = asyncio.create_task(reconciler.run(), name="aether-reconciler")

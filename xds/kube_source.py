@@ -30,6 +30,7 @@ from aether.xds.sources import StateUpdate
 
 log = logging.getLogger("aether.xds.kube")
 MERGE = "application/merge-patch+json"
+USER_AGENT = "aether-xds"
 
 
 def _kubeconfig(explicit: str | None) -> str | None:
@@ -45,7 +46,7 @@ class KubeSource:
 
     def __init__(self, node: str, kubeconfig: str | None = None, watch_timeout: int = 5, backoff: float = 1.0) -> None:
         self.node, self.watch_timeout, self.backoff = node, watch_timeout, backoff
-        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(_kubeconfig(kubeconfig)))
+        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(_kubeconfig(kubeconfig), USER_AGENT))
 
     def _update(self, body: Any) -> StateUpdate:
         try:
@@ -117,7 +118,7 @@ class KubeStatusSink:
 
     def __init__(self, node: str, kubeconfig: str | None = None) -> None:
         self.node = node
-        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(_kubeconfig(kubeconfig)))
+        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(_kubeconfig(kubeconfig), USER_AGENT))
 
     def publish(self, node_name: str, conditions: list[Condition]) -> None:
         """Replace the condition types given (lastTransitionTime kept while status is unchanged), keep others."""
