@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from aether.e2e import cni_runtime
-from aether.e2e.bridge import MeshNodeFileBridge, cluster_mode
 from aether.e2e.kube import Kube, pod_uids, udp_arms
 from aether.e2e.netlab import Lab, Node, Pod, wait_for
 from aether.envoybin import envoy_path
@@ -64,15 +63,10 @@ class MeshNodeProxy:
     base_id: int
     sidecar: subprocess.Popen[bytes] | None = None
     envoy: subprocess.Popen[bytes] | None = None
-    bridge: MeshNodeFileBridge | None = None
 
     @property
     def records(self) -> Path:
         return self.workdir / "pods"
-
-    @property
-    def state_file(self) -> Path:
-        return self.workdir / "meshnode.json"
 
     @property
     def ads_sock(self) -> str:
@@ -200,17 +194,10 @@ class Mesh:
 
     def _start_sidecar(self, node: MeshNodeProxy) -> None:
         argv = [*XDS_CLI, "--node", node.name, "--listen", f"unix:{node.ads_sock}"]
-        argv += ["--records", str(node.records), "--areas", self.areas]
-        if cluster_mode():
-            how = "watching its MeshNode through the kubeconfig"
-        else:  # bridge: the sidecar's file mode, fed from the API by this process
-            node.bridge = MeshNodeFileBridge(self.kubeconfig, node.name, node.state_file)
-            node.bridge.start()
-            argv += ["--state", str(node.state_file)]
-            how = "from a file the harness copies MeshNode status into (no cluster mode yet)"
+        argv += ["--records", str(node.records), "--areas", self.areas]  # no --state: cluster mode
         log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115
         node.sidecar = self.lab.spawn(None, argv, env={"KUBECONFIG": self.kubeconfig}, stdout=log, stderr=log)
-        self.progress(f"node {node.name}: xds sidecar started ({how})")
+        self.progress(f"node {node.name}: xds sidecar started (aether xds --node {node.name}: watches its MeshNode)")
 
     def _start_envoy(self, node: MeshNodeProxy) -> None:
         boot = subprocess.run(
@@ -331,10 +318,6 @@ class Mesh:
         if self._closed:
             return
         self._closed = True
-        for node in self.nodes.values():
-            if node.bridge is not None:
-                with contextlib.suppress(Exception):
-                    node.bridge.stop()
         stop_together(self.lab.running(), grace=2.0)
         self.lab.close()  # anything still running, and every netns
         with contextlib.suppress(Exception):
