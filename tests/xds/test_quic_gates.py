@@ -1,0 +1,118 @@
+"""The east-west gates pass on what we build, and each is seen red on the bad shape it guards against."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from aether.operator.meshnode import parse_meshnode
+from aether.xds.eastwest import EastWestOptions, build
+from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node, two_sources_one_destination
+from aether.xds.gates_quic import (
+    classes_separated,
+    identity_hashable,
+    quic_no_resumption,
+    run_quic_gates,
+    twin_per_identity,
+)
+from aether.xds.resources import LISTENER, Resources, TranslateOptions
+
+
+def _res(**kw: Any) -> Resources:
+    node, records = two_sources_one_destination()
+    return build(node, records, TranslateOptions(), EastWestOptions(**kw))
+
+
+def _quic_transport(res: Resources) -> dict[str, Any]:
+    chain = res[LISTENER]["inbound-h3:default/client-0"]["filterChains"][0]
+    cfg: dict[str, Any] = chain["transportSocket"]["typedConfig"]
+    return cfg
+
+
+def test_gates_pass_on_the_built_state() -> None:
+    assert run_quic_gates(_res()) == []
+    assert run_quic_gates(_res(quic=False)) == []
+
+
+def test_r4_gate_is_red_without_explicit_falses() -> None:
+    for field, value in (("enableResumption", None), ("enableEarlyData", None), ("enableEarlyData", True)):
+        res = _res()
+        qt = _quic_transport(res)
+        if value is None:
+            del qt[field]
+        else:
+            qt[field] = value
+        failures = quic_no_resumption(res)
+        assert len(failures) == 1 and field in failures[0].reason and failures[0].gate == "quic-no-resumption"
+
+
+def test_r4_gate_reads_proto_field_names_too() -> None:
+    res = _res()
+    qt = _quic_transport(res)
+    qt["enable_resumption"] = qt.pop("enableResumption")
+    assert quic_no_resumption(res) == []
+    qt["enable_resumption"] = True
+    assert len(quic_no_resumption(res)) == 1
+
+
+def _udp_proxy_listener(name: str, port: int, netns: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "address": {
+            "socketAddress": {
+                "protocol": "UDP",
+                "address": "0.0.0.0",
+                "portValue": port,
+                "networkNamespaceFilepath": netns,
+            }
+        },
+        "listenerFilters": [{"name": "envoy.filters.udp_listener.udp_proxy", "typedConfig": {}}],
+    }
+
+
+def test_r5_gate_is_red_when_plaintext_and_quic_share_a_port() -> None:
+    res = _res()
+    res[LISTENER]["capture-udp:ok"] = _udp_proxy_listener("capture-udp:ok", 18082, "/run/netns/sample-client")
+    assert classes_separated(res) == []
+    # plaintext udp_proxy on the QUIC port
+    bad = copy.deepcopy(res)
+    bad[LISTENER]["capture-udp:bad"] = _udp_proxy_listener("capture-udp:bad", 18008, "/run/netns/sample-client")
+    reasons = [f.reason for f in classes_separated(bad)]
+    assert any("both classes" in r for r in reasons) and any("not its role" in r for r in reasons)
+    # a QUIC listener on the plaintext port
+    bad = copy.deepcopy(res)
+    bad[LISTENER]["inbound-h3:default/client-0"]["address"]["socketAddress"]["portValue"] = 18082
+    reasons = [f.reason for f in classes_separated(bad)]
+    assert any("both classes" in r for r in reasons) and any("quic listener" in r for r in reasons)
+    # one listener carrying both
+    bad = copy.deepcopy(res)
+    bad[LISTENER]["inbound-h3:default/client-0"]["listenerFilters"] = _udp_proxy_listener("x", 1, "")["listenerFilters"]
+    assert any("carries udp_proxy and QUIC" in f.reason for f in classes_separated(bad))
+
+
+def test_identity_gate_is_red_for_envoy_string() -> None:
+    """The identity-leak shape (negative control): `envoy.string` does not partition upstream pools."""
+    failures = identity_hashable(_res(identity_factory="envoy.string"))
+    assert len(failures) == 2  # both local pods' outbound listeners
+    assert all("envoy.string" in f.reason and f.gate == "identity-hashable" for f in failures)
+    res = _res()
+    stamp = res[LISTENER]["http-outbound:default/client-0"]["filterChains"][0]["filters"][0]
+    stamp["typedConfig"]["onNewConnection"][0]["sharedWithUpstream"] = "NONE"
+    assert [f.reason for f in identity_hashable(res)] == [
+        "listener 'http-outbound:default/client-0': envoy.tls.certificate_mappers.on_demand_secret not shared with upstream"
+    ]
+
+
+def test_twin_gate_is_red_when_two_identities_would_share_a_twin() -> None:
+    """Same ServiceAccount name in two namespaces: `quic:<ns>/<svc>@<sa>` names one twin for two sources."""
+    node, records = sample_node(
+        "node-a",
+        [
+            SamplePod("u1", "a-0", "10.200.1.2", "default", "/run/netns/s1", namespace="team-a"),
+            SamplePod("u2", "b-0", "10.200.1.3", "default", "/run/netns/s2", namespace="team-b"),
+        ],
+        [SampleDestination("shop/web", "web", (8080,), ("10.200.2.7",))],
+    )
+    failures = twin_per_identity(build(node, records, TranslateOptions()))
+    assert len(failures) == 1 and "quic:shop/web@default" in failures[0].reason
+    assert parse_meshnode(node.wire()) == node
