@@ -90,6 +90,15 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     def meshnode_index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
         return {body.metadata.name or "": {"metadata": dict(body.metadata), "status": dict(body.status)}}
 
+    @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry, id="aether_meshnode_event")
+    def meshnode_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        """A MeshNode deleted by hand while its Node lives: forget what we wrote, so it is made again."""
+        reconciler: Reconciler | None = state.get("reconciler")
+        if reconciler is not None and type == "DELETED":
+            name = body.metadata.name or ""
+            reconciler.digests.pop(name, None)
+            reconciler.touch("node", ("", name))
+
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         settings.posting.enabled = False

@@ -17,6 +17,7 @@ from .nodestatus import same_owned, status_patch
 from .reconcile.model import ClusterModel, Kind, Output, View
 from .reconcile.nodes import NodeDesired
 from .reconcile.routes import Verdict
+from .reconcile.views import RouteView
 from .routestatus import comparable, parents_status, transition_events
 
 log = logging.getLogger("aether.operator")
@@ -122,6 +123,12 @@ class Reconciler:
             await asyncio.to_thread(self.writer.delete_meshnode, name)
 
     async def _route(self, key: tuple[str, str], verdicts: tuple[Verdict, ...]) -> None:
+        view = self.lookup("route", key)
+        if not isinstance(view, RouteView):
+            return  # gone
+        existing = list(view.status_parents)
+        if comparable(parents_status(verdicts, existing, view.generation, now())) == comparable(existing):
+            return  # what the index holds already says this: no GET, no PATCH
         async with self.sem:
             await asyncio.to_thread(self._write_route, key, verdicts)
 

@@ -229,3 +229,10 @@ def test_sidecar_owned_pairs_survive_and_unchanged_status_is_not_rewritten(
     cluster.wait("a reconcile cycle ran", lambda: rec.cycles > cycles and rec.idle.is_set())
     assert len(rec.node_writes) == writes, "a change that does not alter any status must not patch a MeshNode"
     assert operator.alive()
+
+
+def test_meshnode_deleted_by_hand_is_made_again(mesh: Mesh, cluster: Cluster) -> None:
+    mesh.service("h", "10.96.5.1", [("10.1.5.1", True, None)])
+    mesh.wait_arm("h", f"udp:{mesh.ns}/h")
+    cluster.delete("mesh.aether.dev/v1alpha1", "MeshNode", mesh.n1)
+    mesh.wait_arm("h", f"udp:{mesh.ns}/h")
