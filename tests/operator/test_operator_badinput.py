@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from aether.operator.apitestbed import objects as o
 from aether.operator.apitestbed.harness import Cluster, InProcessOperator, unique
+from aether.operator.kubeapi import ApiException
 
 UDP = [("dns", 53, "UDP")]
 SL = [("dns", 5353, "UDP")]
@@ -322,8 +323,17 @@ def test_hostile_corpus_gets_conditions_and_never_moves_unrelated_arms(
     k.apply(o.endpoint_slice(ns, "two-udp", [("a", 1, "UDP")], [("999.1.1.1", True, None), ("10.51.2.1", True, None)]))
     items = corpus(ns, control.ns, plain)
     assert len(items) + len(hostile_services) >= 25
-    for _, body, _ in items:
-        k.apply(body)
+    rejected_by_api: list[str] = []
+    for name, body, _ in items:
+        try:
+            k.apply(body)
+        except ApiException as exc:
+            # A real API server validates against the upstream CRD schema and refuses some of these outright
+            # (its 4xx says why); the test bed validates nothing, so there every object must reach the operator.
+            if k.bed is not None or not 400 <= exc.status < 500:
+                raise
+            rejected_by_api.append(name)
+    items = [item for item in items if item[0] not in rejected_by_api]
     for name, body, (ctype, status, reason) in items:
         route_ns = body["metadata"]["namespace"]
 
