@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from aether.xds.codec import EncodeCache
-from aether.xds.resources import KNOWN_TYPES, Resources, version_of
+from aether.xds.codec import encode
+from aether.xds.resources import KNOWN_TYPES, Resources
 
 # Order in which a changed snapshot is pushed: clusters (and their endpoints) before the listeners that use them.
 PUSH_ORDER = KNOWN_TYPES
@@ -32,34 +32,33 @@ class Snapshot:
         return known + sorted(t for t in self.versions if t not in PUSH_ORDER)
 
 
-_SHARED_ENCODER = EncodeCache()
-
-
-def make_snapshot(
-    resources: Resources,
-    encoder: EncodeCache | None = None,
-    previous: Snapshot | None = None,
-) -> Snapshot:
-    """Versions every resource by content and encodes it (a resource that does not encode raises CodecError
-    before anything is served). `previous` lets unchanged dicts (same object) skip hashing."""
-    enc = encoder or _SHARED_ENCODER
+def make_snapshot(resources: Resources, previous: Snapshot | None = None) -> Snapshot:
+    """Encodes every resource and versions it by a hash of its bytes (deterministic serialization, so a restarted
+    server computes the same versions). A resource that does not encode raises CodecError before anything is
+    served. A resource dict that is the same object as in `previous` (builders memoize) reuses its bytes."""
     versions: dict[str, dict[str, str]] = {}
     encoded: dict[str, dict[str, bytes]] = {}
     for type_url, named in resources.items():
         prev_res = previous.resources.get(type_url, {}) if previous else {}
         prev_ver = previous.versions.get(type_url, {}) if previous else {}
+        prev_enc = previous.encoded.get(type_url, {}) if previous else {}
         tv: dict[str, str] = {}
         te: dict[str, bytes] = {}
         for name, res in named.items():
-            ver = prev_ver[name] if prev_res.get(name) is res else version_of(res)
-            tv[name] = ver
-            te[name] = enc.get(type_url, ver, name, res)
+            if prev_res.get(name) is res:
+                tv[name] = prev_ver[name]
+                te[name] = prev_enc[name]
+            else:
+                data = encode(type_url, res, name)
+                te[name] = data
+                tv[name] = hashlib.blake2b(data, digest_size=10).hexdigest()
         versions[type_url] = tv
         encoded[type_url] = te
+    # the snapshot's version: over every (type, name, version) in builder order (deterministic for one input)
     digest = hashlib.blake2b(digest_size=10)
     for type_url in sorted(versions):
-        for name, ver in sorted(versions[type_url].items()):
-            digest.update(f"{type_url}\0{name}\0{ver}\n".encode())
+        digest.update(type_url.encode())
+        digest.update("\n".join(map("\0".join, versions[type_url].items())).encode())
     return Snapshot(digest.hexdigest(), resources, versions, encoded)
 
 

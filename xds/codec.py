@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any, Final
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, json_format, message, message_factory
 
 # Importing the modules registers their descriptors in the default pool (the source of the private copy).
-from aether.xds import _protos  # noqa: F401
+from aether.xds import _protos, fastcodec  # noqa: F401
 from aether.xds.resources import ResourceDict
 
 _FDP = descriptor_pb2.FieldDescriptorProto
@@ -145,8 +144,25 @@ def full_name(type_url: str) -> str:
     return type_url.rsplit("/", 1)[-1]
 
 
-def to_message(type_url: str, resource: ResourceDict, name: str = "?") -> message.Message:
+_resolve: Callable[[str], Any] | None = None
+
+
+def _fast(msg: message.Message, resource: ResourceDict) -> bool:
+    global _resolve
+    if _resolve is None:
+        _resolve = fastcodec.message_class_resolver(pool())
+    try:
+        fastcodec.fill(msg, resource, _resolve)
+    except (fastcodec.Unsupported, TypeError, ValueError, KeyError, AttributeError):
+        msg.Clear()
+        return False
+    return True
+
+
+def to_message(type_url: str, resource: ResourceDict, name: str = "?", fast: bool = True) -> message.Message:
     msg = message_class(full_name(type_url))()
+    if fast and _fast(msg, resource):
+        return msg
     try:
         json_format.ParseDict(resource, msg, descriptor_pool=pool())
     except (json_format.ParseError, TypeError, ValueError, KeyError) as exc:
@@ -154,9 +170,10 @@ def to_message(type_url: str, resource: ResourceDict, name: str = "?") -> messag
     return msg
 
 
-def encode(type_url: str, resource: ResourceDict, name: str = "?") -> bytes:
-    """The resource's serialized message bytes (deterministic): the `value` of its ADS `Any`."""
-    data: bytes = to_message(type_url, resource, name).SerializeToString(deterministic=True)
+def encode(type_url: str, resource: ResourceDict, name: str = "?", fast: bool = True) -> bytes:
+    """The resource's serialized message bytes (deterministic): the `value` of its ADS `Any`. `fast=False`
+    forces json_format.ParseDict (the reference the fast path is tested against)."""
+    data: bytes = to_message(type_url, resource, name, fast).SerializeToString(deterministic=True)
     return data
 
 
@@ -170,30 +187,3 @@ def decode_json(type_url: str, value: bytes) -> ResourceDict:
     msg.ParseFromString(value)
     out: ResourceDict = json_format.MessageToDict(msg, descriptor_pool=pool())
     return out
-
-
-class EncodeCache:
-    """Encoded bytes by (type URL, content version); bounded LRU so old versions fall out."""
-
-    def __init__(self, max_entries: int = 200_000) -> None:
-        self._max = max_entries
-        self._data: OrderedDict[tuple[str, str], bytes] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, type_url: str, version: str, name: str, resource: ResourceDict) -> bytes:
-        key = (type_url, version)
-        with self._lock:
-            hit = self._data.get(key)
-            if hit is not None:
-                self._data.move_to_end(key)
-                self.hits += 1
-                return hit
-        data = encode(type_url, resource, name)
-        with self._lock:
-            self.misses += 1
-            self._data[key] = data
-            while len(self._data) > self._max:
-                self._data.popitem(last=False)
-        return data

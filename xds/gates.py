@@ -43,12 +43,28 @@ def _typed_with_cluster(obj: Any) -> Iterator[tuple[str, str]]:
             yield from _typed_with_cluster(value)
 
 
+_walked: dict[int, tuple[Any, frozenset[str]]] = {}
+
+
+def clusters_named_by(listener: dict[str, Any]) -> frozenset[str]:
+    """The clusters a listener routes to, memoized per listener object (resource dicts are immutable and shared
+    between translations, so an unchanged listener with 10,000 arms is walked once)."""
+    hit = _walked.get(id(listener))
+    if hit is not None and hit[0] is listener:
+        return hit[1]
+    named = frozenset(c for _, c in _typed_with_cluster(listener))
+    if len(_walked) > 8192:
+        _walked.clear()
+    _walked[id(listener)] = (listener, named)
+    return named
+
+
 def arms_resolve(resources: Resources) -> list[GateFailure]:
     """Every matcher arm (and on_no_match) and every tcp_proxy names a cluster present in CDS."""
     clusters = resources.get(CLUSTER, {})
     out: list[GateFailure] = []
     for name, listener in sorted(resources.get(LISTENER, {}).items()):
-        missing = sorted({c for _, c in _typed_with_cluster(listener) if c not in clusters})
+        missing = sorted(c for c in clusters_named_by(listener) if c not in clusters)
         if missing:
             out.append(GateFailure("arm-names-cluster", f"listener {name!r} routes to {missing}, not in CDS"))
     return out

@@ -1,12 +1,22 @@
-"""Pieces the L4 builders (UDP and the raw TCP floor) share: local pods, EDS clusters, load assignments."""
+"""Pieces the L4 builders (UDP and the raw TCP floor) share: local pods, EDS clusters, load assignments.
+
+Builders memoize their resource dicts on the inputs that shape them (functools.lru_cache), so an unchanged
+resource is the *same object* from one translation to the next and the snapshot skips re-versioning and
+re-encoding it (bench/xds_translate.py). Resource dicts are therefore shared: treat them as immutable
+(copy.deepcopy before editing one, as tests that build bad inputs do).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 from aether.netns.records import PodRecord
 from aether.operator.meshnode import MeshNode, MeshPod, ServiceArm
 from aether.xds.resources import ResourceDict, TranslateOptions
+
+Arms = tuple[tuple[str, str], ...]  # ((vip, cluster), ...) in matcher order
+EndpointKey = tuple[tuple[str, int], ...]
 
 
 def local_pods(node: MeshNode, records: Mapping[str, PodRecord]) -> list[tuple[MeshPod, PodRecord]]:
@@ -23,16 +33,21 @@ def seconds(value: float) -> str:
 
 def eds_cluster(name: str, options: TranslateOptions) -> ResourceDict:
     """An EDS cluster whose load assignment has its own EDS name (the cluster name)."""
+    return _eds_cluster(name, options.cluster_connect_timeout_s)
+
+
+@lru_cache(maxsize=1 << 16)
+def _eds_cluster(name: str, connect_timeout_s: float) -> ResourceDict:
     return {
         "name": name,
         "type": "EDS",
         "edsClusterConfig": {"edsConfig": {"ads": {}, "resourceApiVersion": "V3"}, "serviceName": name},
-        "connectTimeout": seconds(options.cluster_connect_timeout_s),
+        "connectTimeout": seconds(connect_timeout_s),
     }
 
 
-def load_assignment(name: str, arms: Iterable[ServiceArm]) -> ResourceDict:
-    endpoints = sorted({(ep.ip, ep.port) for arm in arms for ep in arm.endpoints})
+@lru_cache(maxsize=1 << 16)
+def load_assignment(name: str, endpoints: EndpointKey) -> ResourceDict:
     cla: ResourceDict = {"clusterName": name}
     if endpoints:
         cla["endpoints"] = [
@@ -46,17 +61,20 @@ def load_assignment(name: str, arms: Iterable[ServiceArm]) -> ResourceDict:
     return cla
 
 
-def arms_by_cluster(arms: Iterable[ServiceArm], skip: str) -> dict[str, list[ServiceArm]]:
-    """Arms grouped by the cluster they name (several VIPs may name one backend's cluster)."""
-    out: dict[str, list[ServiceArm]] = {}
+def endpoints_by_cluster(arms: Iterable[ServiceArm], skip: str) -> dict[str, EndpointKey]:
+    """Each cluster the arms name (several VIPs may name one backend's cluster) -> its sorted unique endpoints."""
+    groups: dict[str, set[tuple[str, int]]] = {}
     for arm in arms:
         if arm.cluster != skip:
-            out.setdefault(arm.cluster, []).append(arm)
-    return out
+            group = groups.setdefault(arm.cluster, set())
+            for ep in arm.endpoints:
+                group.add((ep.ip, ep.port))
+    return {name: tuple(eps) if len(eps) < 2 else tuple(sorted(eps)) for name, eps in groups.items()}
 
 
-def sorted_arms(arms: Iterable[ServiceArm]) -> list[ServiceArm]:
-    return sorted(arms, key=lambda a: (a.vip, a.service))
+def arms_key(arms: Iterable[ServiceArm]) -> Arms:
+    """The matcher's content: (vip, cluster) per arm, sorted by VIP then service."""
+    return tuple((a.vip, a.cluster) for a in sorted(arms, key=lambda a: (a.vip, a.service)))
 
 
 def stat_name(text: str) -> str:

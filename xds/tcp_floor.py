@@ -9,13 +9,14 @@ a connection to an unknown VIP matches no chain and is closed.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Final
 
 from aether.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
-from aether.operator.meshnode import MeshNode, ServiceArm
-from aether.xds.l4 import arms_by_cluster, eds_cluster, load_assignment, local_pods, sorted_arms, stat_name
+from aether.operator.meshnode import MeshNode
+from aether.xds.l4 import Arms, arms_key, eds_cluster, endpoints_by_cluster, load_assignment, local_pods, stat_name
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, TranslateOptions
 
 TCP_PROXY_FILTER: Final = "envoy.filters.network.tcp_proxy"
@@ -27,27 +28,28 @@ def listener_name(namespace: str, pod: str) -> str:
     return f"{LISTENER_PREFIX}{namespace}/{pod}"
 
 
-def _chain(arm: ServiceArm, stat_prefix: str) -> ResourceDict:
+def _chain(vip: str, cluster: str, stat_prefix: str) -> ResourceDict:
     return {
-        "name": f"{arm.vip}/{arm.service}",
-        "filterChainMatch": {"prefixRanges": [{"addressPrefix": arm.vip, "prefixLen": 32}]},
+        "name": f"{vip}/{cluster}",
+        "filterChainMatch": {"prefixRanges": [{"addressPrefix": vip, "prefixLen": 32}]},
         "filters": [
             {
                 "name": TCP_PROXY_FILTER,
-                "typedConfig": {"@type": TCP_PROXY_CONFIG, "statPrefix": stat_prefix, "cluster": arm.cluster},
+                "typedConfig": {"@type": TCP_PROXY_CONFIG, "statPrefix": stat_prefix, "cluster": cluster},
             }
         ],
     }
 
 
-def capture_listener(name: str, netns: str, arms: list[ServiceArm], stat_prefix: str) -> ResourceDict:
+@lru_cache(maxsize=4096)
+def capture_listener(name: str, netns: str, arms: Arms, stat_prefix: str) -> ResourceDict:
     return {
         "name": name,
         "address": {
             "socketAddress": {"address": "0.0.0.0", "portValue": L4_OUTBOUND_PORT, "networkNamespaceFilepath": netns}
         },
         "transparent": True,
-        "filterChains": [_chain(arm, stat_prefix) for arm in sorted_arms(arms)],
+        "filterChains": [_chain(vip, cluster, stat_prefix) for vip, cluster in arms],
     }
 
 
@@ -56,14 +58,15 @@ def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOp
     arms = node.status.tcp.services
     listeners: dict[str, ResourceDict] = {}
     if arms:
+        key = arms_key(arms)
         for pod, record in local_pods(node, records):
             name = listener_name(pod.namespace, pod.name)
             listeners[name] = capture_listener(
-                name, record.netns, arms, stat_name(f"tcp_capture_{pod.namespace}_{pod.name}")
+                name, record.netns, key, stat_name(f"tcp_capture_{pod.namespace}_{pod.name}")
             )
     clusters: dict[str, ResourceDict] = {}
     assignments: dict[str, ResourceDict] = {}
-    for cluster, group in sorted(arms_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):
+    for cluster, endpoints in sorted(endpoints_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):
         clusters[cluster] = eds_cluster(cluster, options)
-        assignments[cluster] = load_assignment(cluster, group)
+        assignments[cluster] = load_assignment(cluster, endpoints)
     return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: assignments}

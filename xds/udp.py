@@ -10,13 +10,23 @@ Listener count scales with local pods, never with services.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Final
 
 from aether.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
-from aether.operator.meshnode import MeshNode, ServiceArm
-from aether.xds.l4 import arms_by_cluster, eds_cluster, load_assignment, local_pods, seconds, sorted_arms, stat_name
+from aether.operator.meshnode import MeshNode
+from aether.xds.l4 import (
+    Arms,
+    arms_key,
+    eds_cluster,
+    endpoints_by_cluster,
+    load_assignment,
+    local_pods,
+    seconds,
+    stat_name,
+)
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, TranslateOptions
 
 UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
@@ -32,24 +42,25 @@ def listener_name(namespace: str, pod: str) -> str:
     return f"{LISTENER_PREFIX}{namespace}/{pod}"
 
 
+@lru_cache(maxsize=1 << 16)
 def _route(cluster: str) -> ResourceDict:
     return {"action": {"name": "route", "typedConfig": {"@type": UDP_ROUTE, "cluster": cluster}}}
 
 
-def matcher(arms: list[ServiceArm]) -> ResourceDict:
+@lru_cache(maxsize=1024)
+def matcher(arms: Arms) -> ResourceDict:
     """VIP -> cluster, exact on the datagram's destination IP; everything else to the blackhole."""
     out: ResourceDict = {"onNoMatch": _route(BLACKHOLE_CLUSTER)}
     if arms:
         out["matcherTree"] = {
             "input": {"name": "destination-ip", "typedConfig": {"@type": DESTINATION_IP_INPUT}},
-            "exactMatchMap": {"map": {arm.vip: _route(arm.cluster) for arm in sorted_arms(arms)}},
+            "exactMatchMap": {"map": {vip: _route(cluster) for vip, cluster in arms}},
         }
     return out
 
 
-def capture_listener(
-    name: str, netns: str, arms: list[ServiceArm], options: TranslateOptions, stat_prefix: str
-) -> ResourceDict:
+@lru_cache(maxsize=4096)
+def capture_listener(name: str, netns: str, arms: Arms, options: TranslateOptions, stat_prefix: str) -> ResourceDict:
     listener: ResourceDict = {
         "name": name,
         "address": {
@@ -78,6 +89,7 @@ def capture_listener(
     return listener
 
 
+@lru_cache(maxsize=64)
 def blackhole_cluster(options: TranslateOptions) -> ResourceDict:
     return {
         "name": BLACKHOLE_CLUSTER,
@@ -90,15 +102,16 @@ def blackhole_cluster(options: TranslateOptions) -> ResourceDict:
 def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
     """The UDP builder (contract in aether.xds.resources)."""
     arms = node.status.udp.services
+    key = arms_key(arms)
     listeners: dict[str, ResourceDict] = {}
     for pod, record in local_pods(node, records):
         name = listener_name(pod.namespace, pod.name)
         listeners[name] = capture_listener(
-            name, record.netns, arms, options, stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
+            name, record.netns, key, options, stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
         )
     clusters: dict[str, ResourceDict] = {BLACKHOLE_CLUSTER: blackhole_cluster(options)}
     assignments: dict[str, ResourceDict] = {}
-    for cluster, group in sorted(arms_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):
+    for cluster, endpoints in sorted(endpoints_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):
         clusters[cluster] = eds_cluster(cluster, options)
-        assignments[cluster] = load_assignment(cluster, group)
+        assignments[cluster] = load_assignment(cluster, endpoints)
     return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: assignments}

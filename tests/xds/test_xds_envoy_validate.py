@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import secrets
@@ -77,7 +78,7 @@ def test_envoy_validates_rendered_configs(envoy_bin: Path, tmp_path: Path, servi
 def test_validate_is_not_silently_green(envoy_bin: Path, tmp_path: Path) -> None:
     """Negative control for the test above: a rendered listener with a misspelled udp_proxy field fails."""
     node = node_with(1, 1)
-    resources = translate(node, records_for(node))
+    resources = copy.deepcopy(translate(node, records_for(node)))  # resource dicts are shared: copy before editing
     listener = next(iter(resources[LISTENER].values()))
     listener["listenerFilters"][0]["typedConfig"]["idleTimout"] = "1s"
     out = _validate(envoy_bin, tmp_path, static_bootstrap("node-a", resources))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 
 from aether.naming import BLACKHOLE_CLUSTER
@@ -82,7 +83,7 @@ def test_two_listeners_in_one_netns_are_refused() -> None:
 def test_run_gates_reports_all() -> None:
     node = node_with(2, 1)
     node.status.udp.services.append(node.status.udp.services[0])
-    res = translate(node, records_for(node))
+    res = copy.deepcopy(translate(node, records_for(node)))  # resource dicts are shared: copy before editing
     res[LISTENER]["capture-udp:default/client-0"]["listenerFilters"][0]["typedConfig"]["matcher"]["onNoMatch"][
         "action"
     ]["typedConfig"]["cluster"] = "nowhere"
