@@ -18,7 +18,7 @@ from aether.naming import DEFAULT_TRUST_DOMAIN
 
 from .kubeapi import OPERATOR_USER_AGENT, KubeWriter, api_client
 from .meshnode import API_GROUP, API_VERSION, PLURAL
-from .reconcile import views
+from .reconcile import gateway, views
 from .reconcile.model import Kind, View
 from .reconciler import Reconciler
 
@@ -31,8 +31,8 @@ WATCHED: dict[Kind, tuple[tuple[str, ...], Callable[[dict[str, Any]], View]]] = 
     "pod": (("v1", "pods"), views.parse_pod),
     "service": (("v1", "services"), views.parse_service),
     "slice": (("discovery.k8s.io", "v1", "endpointslices"), views.parse_slice),
-    "route": ((GATEWAY, "v1alpha2", "udproutes"), views.parse_route),
-    "grant": ((GATEWAY, "v1beta1", "referencegrants"), views.parse_grant),
+    "route": ((GATEWAY, "v1alpha2", "udproutes"), gateway.parse_route),
+    "grant": ((GATEWAY, "v1beta1", "referencegrants"), gateway.parse_grant),
 }
 
 

@@ -14,10 +14,10 @@ from aether.metrics import UDP_UNSUPPORTED
 
 from .kubeapi import ApiException, KubeWriter, now
 from .nodestatus import same_owned, status_patch
+from .reconcile.gateway import RouteView
 from .reconcile.model import ClusterModel, Kind, Output, View
 from .reconcile.nodes import NodeDesired
 from .reconcile.routes import Verdict
-from .reconcile.views import RouteView
 from .routestatus import comparable, parents_status, transition_events
 
 log = logging.getLogger("aether.operator")

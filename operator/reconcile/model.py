@@ -14,13 +14,34 @@ from typing import Any, Literal
 from aether.naming import DEFAULT_TRUST_DOMAIN
 from aether.operator.meshnode import MeshNodeStatus
 
+from .gateway import GrantView, RouteView, parse_grant, parse_route
 from .namespace import NamespaceResult, compute_namespace
 from .nodes import NodeDesired, dependency_set, meshed_pods
 from .routes import Verdict
-from .views import PARSERS, GrantView, NamespaceView, NodeView, PodView, RouteView, ServiceView, SliceView
+from .views import (
+    NamespaceView,
+    NodeView,
+    PodView,
+    ServiceView,
+    SliceView,
+    parse_namespace,
+    parse_node,
+    parse_pod,
+    parse_service,
+    parse_slice,
+)
 
 Kind = Literal["namespace", "node", "pod", "service", "slice", "route", "grant"]
 View = NamespaceView | NodeView | PodView | ServiceView | SliceView | RouteView | GrantView
+PARSERS: dict[str, Any] = {
+    "namespace": parse_namespace,
+    "node": parse_node,
+    "pod": parse_pod,
+    "service": parse_service,
+    "slice": parse_slice,
+    "route": parse_route,
+    "grant": parse_grant,
+}
 
 
 @dataclass

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from aether.naming import BLACKHOLE_CLUSTER, ref, udp_cluster
 from aether.operator.meshnode import Endpoint, ServiceArm, UnsupportedShape
 
-from .views import BackendRef, ParentRef, RouteView, ServicePort, ServiceView
+from .gateway import BackendRef, ParentRef, RouteView
+from .views import ServicePort, ServiceView
 from .world import World
 
 # Gateway API reasons (Accepted / ResolvedRefs) and ours for discarded backends.

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from .views import GrantView, NamespaceView, PodView, RouteView, ServiceView, SliceView
+from .gateway import GrantView, RouteView
+from .views import NamespaceView, PodView, ServiceView, SliceView
 
 
 class World(Protocol):

@@ -11,8 +11,7 @@ import pytest
 
 from aether.operator.apitestbed import objects as o
 from aether.operator.kubeapi import ApiException
-from aether.operator.reconcile.model import Kind, View
-from aether.operator.reconcile.views import PARSERS
+from aether.operator.reconcile.model import PARSERS, Kind, View
 from aether.operator.reconciler import Reconciler
 
 pytestmark = pytest.mark.asyncio
