@@ -223,7 +223,9 @@ class Mesh:
         argv += ["--concurrency", "1", "-l", "warning"]
         node.envoy = self.lab.spawn(node.net.netns, argv, stdout=log, stderr=log)
         wait_for(lambda: _admin_up(node), timeout=60, what=f"{node.name} Envoy admin")
-        self.progress(f"node {node.name}: Envoy {node.base_id} running in {node.net.netns}, ADS over {node.ads_sock}")
+        self.progress(
+            f"node {node.name}: Envoy (base-id {node.base_id}) running in {node.net.netns}, ADS over {node.ads_sock}"
+        )
 
     # -- pods ---------------------------------------------------------------------------------------
     def add_pod(
@@ -295,6 +297,17 @@ class Mesh:
             return uids <= pod_uids(obj) and all(arms.get(v, {}).get("cluster") == c for v, c in want.items())
 
         return self.kube.wait_meshnode(node.name, ok, timeout, what=f"arms {want}")
+
+    def programmed(self, node: MeshNodeProxy, timeout: float = 30.0) -> str:
+        """Wait for the sidecar's Programmed=True condition on MeshNode `node`; return its message."""
+
+        def cond(obj: dict[str, Any]) -> dict[str, Any] | None:
+            conds = (obj.get("status") or {}).get("conditions") or []
+            return next((c for c in conds if c.get("type") == "Programmed" and c.get("status") == "True"), None)
+
+        obj = self.kube.wait_meshnode(node.name, lambda o: cond(o) is not None, timeout, what="Programmed=True")
+        found = cond(obj)
+        return str(found.get("message", "")) if found else ""
 
     def wait_listeners(self, node: MeshNodeProxy, n: int, timeout: float = 60.0) -> None:
         wait_for(

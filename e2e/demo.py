@@ -1,0 +1,190 @@
+"""`aether demo [--keep]`: the whole mesh on one machine, and what it does with your datagrams.
+
+As root it starts the API test bed, the operator, one node's xds sidecar and a real Envoy in network namespaces;
+creates a client pod and three echo backend pods (netns + the real aether-cni); applies three Services and a
+UDPRoute through the API; then shows which VIP reached which backend, what a route change did, and what the
+same datagrams do under a REDIRECT capture. Everything it made goes away on exit, Ctrl-C, SIGTERM or failure;
+`--keep` leaves the mesh running (with instructions) until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+from aether.e2e.demo_report import Row, keep_instructions, table
+from aether.e2e.netlab import is_root
+
+NAMESPACE = "demo"
+NODE = "node-1"
+SERVICES = {"alpha": "echo-alpha", "bravo": "echo-bravo", "charlie": "echo-charlie"}
+ROUTE = "bravo-route"
+
+
+class Interrupted(BaseException):
+    """SIGINT/SIGTERM: unwind through every `finally` so cleanup runs."""
+
+
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise Interrupted(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _ignore_signals() -> None:
+    """While cleaning up: a second Ctrl-C must not leave half the netns behind."""
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+
+
+def preflight() -> str | None:
+    """Why the demo cannot run here, or None."""
+    if not is_root():
+        return "needs root (network namespaces, nftables, policy routing): run it as root, e.g. `sudo make demo`"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed (apt-get install iproute2 nftables; `make demo` does it)"
+    from aether.envoybin import EnvoyNotFound, envoy_path
+
+    try:
+        envoy_path()
+    except EnvoyNotFound as exc:
+        return str(exc)
+    return None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def say(self, msg: str) -> None:
+        print(f"[{time.monotonic() - self.t0:5.1f}s] {msg}", flush=True)
+
+
+def run(keep: bool, clock: Clock, workdir: Path) -> int:
+    from aether.e2e.harness import Mesh
+    from aether.e2e.probe import wait_answer, who_answers
+    from aether.netns.contract import CaptureMode
+
+    tag = "ae" + secrets.token_hex(3)
+    print(f"aether demo: lab tag {tag}, working directory {workdir}", flush=True)
+    mesh = Mesh(workdir=workdir, namespace=NAMESPACE, progress=clock.say, tag=tag)
+    try:
+        node = mesh.add_node(NODE)
+        mesh.start_node_proxies()
+        client = mesh.add_pod(node, "client", sa="client")
+        redirected = mesh.add_pod(node, "client-redirect", sa="client", capture=CaptureMode.REDIRECT)
+        for backend in SERVICES.values():
+            mesh.add_backend(node, backend)
+        for svc, backend in SERVICES.items():
+            mesh.add_service(svc, [backend])
+        mesh.add_route(ROUTE, "bravo", "bravo")
+        vips = mesh.services
+        mesh.wait_arms(node, {vips[s]: f"udp:{NAMESPACE}/{s}" for s in SERVICES})
+        clock.say("operator wrote MeshNode node-1 (3 arms); waiting for the sidecar to program Envoy")
+        for svc, backend in SERVICES.items():
+            wait_answer(client.netns_path, vips[svc], backend)
+        clock.say(f"mesh ready: Programmed=True ({mesh.programmed(node)})")
+
+        before = {s: who_answers(client.netns_path, vips[s]) for s in SERVICES}
+        print("\n1. Per-service selection: one Envoy listener on 0.0.0.0:18082 in the client's netns,")
+        print("   the mark-and-divert capture keeps the VIP, Envoy picks the Service by destination IP:\n")
+        rows = [Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", before[s], SERVICES[s]) for s in SERVICES]
+        print(table(rows))
+
+        envoy_pid = node.envoy.pid if node.envoy else None
+        t = time.monotonic()
+        mesh.repoint_route(ROUTE, "charlie")
+        wait_answer(client.netns_path, vips["bravo"], SERVICES["charlie"])
+        took = time.monotonic() - t
+        accepted = mesh.route_condition(ROUTE, "Accepted")
+        after = {s: who_answers(client.netns_path, vips[s]) for s in SERVICES}
+        print(f"\n2. UDPRoute {NAMESPACE}/{ROUTE} re-pointed from Service bravo to Service charlie (merge patch")
+        print(f"   through the API): took effect in {took:.1f}s, route Accepted={accepted}, same Envoy process")
+        print(f"   (pid {envoy_pid}, still running: {node.envoy is not None and node.envoy.poll() is None}):\n")
+        expect = {**SERVICES, "bravo": SERVICES["charlie"]}
+        rows2 = [
+            Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", after[s], expect[s], before=before[s].backend)
+            for s in SERVICES
+        ]
+        print(table(rows2))
+
+        print("\n3. The negative control: the same datagrams from a pod captured with REDIRECT (the classic")
+        print("   iptables-style capture) instead of mark-and-divert. REDIRECT rewrites the destination to")
+        print("   127.0.0.1, the VIP is gone, and every Service lands on Envoy's no-match blackhole:\n")
+        red = [
+            Row(f"{NAMESPACE}/client-redirect", f"{NAMESPACE}/{s}", who_answers(redirected.netns_path, vips[s]), None)
+            for s in SERVICES
+        ]
+        print(table(red))
+        print("\n4. HTTP/3 east-west with per-source SPIFFE identity: not in this demo yet (the east-west QUIC")
+        print("   translation is not wired into the sidecar's default areas).")
+        ok = all(r.ok for r in (*rows, *rows2, *red))
+        print(f"\nresult: {'every VIP reached the backend it should' if ok else 'SOMETHING UNEXPECTED (see above)'}")
+        if keep:
+            print()
+            print(
+                keep_instructions(
+                    mesh.kubeconfig,
+                    client.net.netns,
+                    vips["alpha"],
+                    sys.executable,
+                    str(Path(sys.executable).parent / "aether"),
+                ),
+                flush=True,
+            )
+            with contextlib.suppress(Interrupted):  # Ctrl-C is how --keep ends: not an error
+                while True:
+                    time.sleep(3600)
+        return 0 if ok else 1
+    except (Exception, Interrupted):
+        if not isinstance(sys.exc_info()[1], Interrupted):
+            print("\naether demo failed; the last of the logs:\n" + mesh.diagnostics(), file=sys.stderr)
+        raise
+    finally:
+        _ignore_signals()
+        clock.say("cleaning up: processes, network namespaces, files")
+        mesh.close()
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="aether demo", description=__doc__.split("\n\n")[0])
+    p.add_argument("--keep", action="store_true", help="leave the mesh running (with instructions) until Ctrl-C")
+    args = p.parse_args(argv)
+    why = preflight()
+    if why is not None:
+        print(f"aether demo: {why}", file=sys.stderr)
+        return 1
+    clock = Clock()
+    workdir = Path(tempfile.mkdtemp(prefix="aether-demo-"))
+    code = 1
+    try:
+        with _signals_raise():
+            code = run(args.keep, clock, workdir)
+    except Interrupted as exc:
+        print(f"aether demo: interrupted ({exc})", file=sys.stderr)
+        code = 130
+    except Exception as exc:
+        print(f"aether demo: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    clock.say(f"done: nothing left behind (working directory {workdir} removed)")
+    return code

@@ -1,0 +1,75 @@
+"""What `aether demo` prints (pure: values in, text out)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aether.e2e.probe import Answer
+from aether.netns.contract import L4_OUTBOUND_PORT
+
+
+@dataclass(frozen=True)
+class Row:
+    client: str
+    service: str
+    answer: Answer
+    expected: str | None  # the backend that should answer; None: nobody should
+    before: str | None = None  # who answered before a change, when this row shows one
+
+    @property
+    def ok(self) -> bool:
+        if self.expected is None:
+            return self.answer.backend is None
+        return self.answer.backend == self.expected and self.answer.from_vip
+
+
+def _reply(a: Answer) -> str:
+    return f"{a.source[0]}:{a.source[1]}" if a.source else "-"
+
+
+def table(rows: Sequence[Row]) -> str:
+    head = ("client pod", "dials service", "VIP:port", "answered by", "reply from", "")
+    body = []
+    for r in rows:
+        note = "as expected" if r.ok else "UNEXPECTED"
+        if r.before is not None and r.before != r.answer.backend:
+            note += f" (was {r.before})"
+        body.append(
+            (
+                r.client,
+                r.service,
+                f"{r.answer.vip}:{L4_OUTBOUND_PORT}",
+                r.answer.backend or "no reply",
+                _reply(r.answer),
+                note,
+            )
+        )
+    widths = [max(len(str(x[i])) for x in (head, *body)) for i in range(len(head))]
+    lines = [
+        "  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in (head, *body)
+    ]
+    lines.insert(1, "  " + "  ".join("-" * w for w in widths[:-1]))
+    return "\n".join(lines)
+
+
+def keep_instructions(kubeconfig: str, client_netns: str, vip: str, python: str, aether: str) -> str:
+    send = (
+        f'ip netns exec {client_netns} {python} -c "import socket; s=socket.socket(2,2); s.settimeout(2); '
+        f"s.sendto(b'hello', ('{vip}', {L4_OUTBOUND_PORT})); print(s.recvfrom(100))\""
+    )
+    return "\n".join(
+        [
+            "The mesh keeps running (--keep). Try:",
+            f"  export KUBECONFIG={kubeconfig}",
+            "  kubectl get meshnodes                     # pods / UDP services / QUIC pairs per node",
+            "  kubectl get meshnode node-1 -o yaml       # the operator's desired state for the node",
+            "  kubectl get udproutes -n demo -o yaml     # route status written by the operator",
+            "  kubectl patch udproute bravo-route -n demo --type merge \\",
+            '    -p \'{"spec":{"rules":[{"backendRefs":[{"name":"alpha","port":18082}]}]}}\'',
+            "Send a datagram yourself from the client pod (the reply names the backend that answered):",
+            f"  {send}",
+            f"  ({aether} capture check --netns /run/netns/{client_netns} shows the capture is in place)",
+            "Press Ctrl-C to stop: every netns, process and file the demo made is removed.",
+        ]
+    )

@@ -1,0 +1,195 @@
+"""`aether demo` as CI and a user run it (a subprocess): it completes, shows per-service selection and the route
+change, and leaves no netns, process or file behind, also when stopped with Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from aether.e2e import demo
+from aether.e2e.netlab import NETNS_DIR
+
+DEMO_TIMEOUT = 240
+
+
+def _aether() -> list[str]:
+    beside = Path(sys.executable).parent / "aether"
+    return [str(beside)] if beside.is_file() else [sys.executable, "-m", "aether.cli"]
+
+
+def _marked(mark: str) -> list[int]:
+    """PIDs of processes carrying the demo's environment mark (everything it started inherits it)."""
+    needle = f"AETHER_DEMO_MARK={mark}".encode()
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if needle in (d / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _header(out: str) -> tuple[str, Path]:
+    m = re.search(r"aether demo: lab tag (\S+), working directory (\S+)", out)
+    assert m, out
+    return m.group(1), Path(m.group(2))
+
+
+def _assert_nothing_left(out: str, mark: str, reap: float = 10.0) -> None:
+    tag, workdir = _header(out)
+    assert not workdir.exists(), f"{workdir} left behind"
+    left = sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(tag)) if NETNS_DIR.is_dir() else []
+    assert left == [], f"netns left behind: {left}"
+    deadline = time.monotonic() + reap  # a SIGKILLed process may take a moment to be reaped by init
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _marked(mark) == [], "processes left behind"
+
+
+class Running:
+    """A demo subprocess whose stdout is read line by line in the background."""
+
+    def __init__(self, *args: str) -> None:
+        self.mark = secrets.token_hex(8)
+        self.proc = subprocess.Popen(
+            [*_aether(), "demo", *args],
+            env={**os.environ, "AETHER_DEMO_MARK": self.mark},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.out: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+
+    def wait_for_line(self, pattern: str, timeout: float = DEMO_TIMEOUT) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.5)
+            except queue.Empty:
+                if self.proc.poll() is not None and self.lines.empty():
+                    break
+                continue
+            self.out.append(line)
+            if re.search(pattern, line):
+                return line
+        raise AssertionError(f"no line matching {pattern!r}; output:\n{self.text()}")
+
+    def finish(self, timeout: float = DEMO_TIMEOUT) -> int:
+        code = self.proc.wait(timeout)
+        time.sleep(0.2)
+        while not self.lines.empty():
+            self.out.append(self.lines.get())
+        return code
+
+    def text(self) -> str:
+        return "".join(self.out)
+
+
+@pytest.mark.privileged
+@pytest.mark.envoy
+@pytest.mark.slow
+def test_demo_completes_shows_selection_and_leaves_nothing_behind() -> None:
+    run = Running()
+    code = run.finish()
+    out = run.text()
+    assert code == 0, out
+    for svc, backend in demo.SERVICES.items():  # table 1: each VIP answered by its own backend, from VIP:18082
+        assert re.search(rf"demo/client +demo/{svc} +(\S+):18082 +{backend} +\1:18082 +as expected\n", out), out
+    assert re.search(r"demo/client +demo/bravo +\S+ +echo-charlie +\S+ +as expected \(was echo-bravo\)", out), out
+    assert len(re.findall(r"demo/client-redirect +demo/\w+ +\S+ +no reply +- +as expected", out)) == 3, out
+    assert "UNEXPECTED" not in out and "result: every VIP reached the backend it should" in out
+    _assert_nothing_left(out, run.mark)
+
+
+@pytest.mark.privileged
+@pytest.mark.envoy
+@pytest.mark.slow
+def test_demo_keep_runs_until_ctrl_c_and_its_instructions_work() -> None:
+    run = Running("--keep")
+    try:
+        line = run.wait_for_line(r"export KUBECONFIG=")
+        kubeconfig = line.split("=", 1)[1].strip()
+        send = run.wait_for_line(r"ip netns exec .* -c ").strip()
+        run.wait_for_line(r"Press Ctrl-C")
+        assert run.proc.poll() is None, "--keep must keep running"
+        # the leftover check can see what the demo runs: itself, operator, sidecar, Envoy, three echo backends
+        assert len(_marked(run.mark)) >= 7, _marked(run.mark)
+        got = subprocess.run(["bash", "-c", send], capture_output=True, text=True, timeout=60)
+        assert "echo-alpha|hello" in got.stdout, got.stdout + got.stderr  # the instruction reaches a backend
+        if (kubectl := Path("/usr/bin/kubectl")).exists():
+            nodes = subprocess.run(
+                [str(kubectl), "--kubeconfig", kubeconfig, "get", "meshnodes"], capture_output=True, text=True
+            )
+            assert "node-1" in nodes.stdout, nodes.stdout + nodes.stderr
+    finally:
+        run.proc.send_signal(signal.SIGINT)
+    assert run.finish() == 0, run.text()
+    _assert_nothing_left(run.text(), run.mark)
+
+
+@pytest.mark.privileged
+@pytest.mark.envoy
+@pytest.mark.slow
+def test_demo_sigterm_while_starting_cleans_up() -> None:
+    run = Running()
+    try:
+        run.wait_for_line(r"pod client-redirect on node-1")  # mid-way: processes, netns and files exist
+    finally:
+        run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 130, run.text()
+    assert "interrupted (SIGTERM)" in run.text()
+    _assert_nothing_left(run.text(), run.mark)
+
+
+def test_demo_refuses_to_run_without_root(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(demo, "is_root", lambda: False)
+    assert demo.main([]) == 1
+    err = capsys.readouterr().err
+    assert "aether demo: needs root" in err
+
+
+@pytest.mark.privileged
+def test_leftover_check_sees_a_netns_a_process_and_a_directory(tmp_path: Path) -> None:
+    """Negative control for `_assert_nothing_left`: each kind of leftover alone makes it fail.
+    Seen red: all three `pytest.raises` blocks caught the failure they expect."""
+    tag, mark = "ae" + secrets.token_hex(3), secrets.token_hex(8)
+    workdir = tmp_path / "aether-demo-x"
+    out = f"aether demo: lab tag {tag}, working directory {workdir}\n"
+    _assert_nothing_left(out, mark)  # nothing there: passes
+    workdir.mkdir()
+    with pytest.raises(AssertionError, match="left behind"):
+        _assert_nothing_left(out, mark)
+    workdir.rmdir()
+    subprocess.run(["ip", "netns", "add", f"{tag}-x"], check=True)
+    try:
+        with pytest.raises(AssertionError, match="netns left behind"):
+            _assert_nothing_left(out, mark)
+    finally:
+        subprocess.run(["ip", "netns", "del", f"{tag}-x"], check=True)
+    sleeper = subprocess.Popen(["sleep", "60"], env={**os.environ, "AETHER_DEMO_MARK": mark})
+    try:
+        with pytest.raises(AssertionError, match="processes left behind"):
+            _assert_nothing_left(out, mark, reap=0.5)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    _assert_nothing_left(out, mark)
