@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import kubernetes
+import urllib3
 
 from aether.operator.kubeapi import ApiException, api_client
 from aether.operator.meshnode import (
@@ -103,7 +104,7 @@ class KubeSource:
                             break
                     if gone:
                         break  # relist
-            except (ApiException, OSError, ValueError) as exc:
+            except (ApiException, OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
                 reason = getattr(exc, "reason", None) or str(exc)
                 if getattr(exc, "status", None) == 410:
                     continue

@@ -96,3 +96,23 @@ def test_status_sink_merges_conditions_and_pairs_without_touching_operator_field
     assert status["quic"]["identities"] == ["spiffe://cluster.local/ns/a/sa/b"]
     assert status["quic"]["pairs"] == [pair.wire()] and status["quic"]["pairCount"] == 1
     assert status["quic"]["dormantPairs"] == []
+
+
+def test_source_reports_an_unreachable_api_and_keeps_trying(tmp_path: Any) -> None:
+    import socket
+
+    from aether.operator.apitestbed import write_kubeconfig
+
+    with socket.socket() as s:  # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kc = write_kubeconfig(tmp_path / "kc", f"http://127.0.0.1:{port}")
+    src = source("n1", str(kc))
+    src.backoff = 0.05
+    stop = threading.Event()
+    got = []
+    for u in src.updates(stop):
+        got.append(u)
+        if len(got) == 2:
+            stop.set()
+    assert all(u.node is None and u.error and "API error" in u.error for u in got)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -63,9 +64,11 @@ def test_operator_cli_rejects_bad_input(tmp_path: Path) -> None:
 
 
 def test_dev_api_serves_and_writes_a_kubeconfig(tmp_path: Path) -> None:
-    kubeconfig = tmp_path / "kc"
+    kubeconfig, audit = tmp_path / "kc", tmp_path / "audit.jsonl"
     proc = subprocess.Popen(
-        [*aether_cmd(), "dev-api", "--kubeconfig", str(kubeconfig)], stdout=subprocess.PIPE, text=True
+        [*aether_cmd(), "dev-api", "--kubeconfig", str(kubeconfig), "--audit", str(audit)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -78,6 +81,12 @@ def test_dev_api_serves_and_writes_a_kubeconfig(tmp_path: Path) -> None:
             "udproutes.gateway.networking.k8s.io",
             "referencegrants.gateway.networking.k8s.io",
         }
+        records = [json.loads(line) for line in audit.read_text().splitlines()]
+        assert {
+            "verb": "list",
+            "api_group": "apiextensions.k8s.io",
+            "resource": "customresourcedefinitions",
+        }.items() <= records[-1].items()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
