@@ -130,12 +130,17 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         print("   iptables-style capture) instead of mark-and-divert. REDIRECT rewrites the destination to")
         print("   127.0.0.1, the VIP is gone, and every Service lands on Envoy's no-match blackhole:\n")
         red = [
-            Row(f"{NAMESPACE}/client-redirect", f"{NAMESPACE}/{s}", who_answers(redirected.netns_path, vips[s]), None)
+            Row(
+                f"{NAMESPACE}/client-redirect",
+                f"{NAMESPACE}/{s}",
+                who_answers(redirected.netns_path, vips[s], 2, 0.3),
+                None,
+            )
             for s in SERVICES
         ]
         print(table(red))
-        print("\n4. HTTP/3 east-west with per-source SPIFFE identity: not in this demo yet (the east-west QUIC")
-        print("   translation is not wired into the sidecar's default areas).")
+        print("\n4. HTTP/3 east-west with per-source SPIFFE identity: not in this demo yet (`aether xds` does not")
+        print("   serve the east-west certificates yet, so the demo's sidecar runs the udp and tcp-floor areas).")
         ok = all(r.ok for r in (*rows, *rows2, *red))
         print(f"\nresult: {'every VIP reached the backend it should' if ok else 'SOMETHING UNEXPECTED (see above)'}")
         if keep:
