@@ -287,6 +287,17 @@ class Mesh:
             wait_until(written, timeout, f"UDPRoute {name} condition {kind}")
         return found[0]
 
+    def kubectl(self, *args: str) -> str | None:
+        """Run kubectl against this mesh's API (None when kubectl is not installed); raises on failure."""
+        exe = shutil.which("kubectl")
+        if exe is None:
+            return None
+        argv = [exe, "--kubeconfig", self.kubeconfig, "-n", self.namespace, *args]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
     # -- waiting on the operator's output -----------------------------------------------------------
     def wait_arms(self, node: MeshNodeProxy, want: dict[str, str], timeout: float = 60.0) -> dict[str, Any]:
         """Until MeshNode `node` lists every pod placed on it and the arms VIP -> cluster in `want`."""

@@ -61,11 +61,11 @@ def _assert_nothing_left(out: str, mark: str, reap: float = 10.0) -> None:
 class Running:
     """A demo subprocess whose stdout is read line by line in the background."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.mark = secrets.token_hex(8)
         self.proc = subprocess.Popen(
             [*_aether(), "demo", *args],
-            env={**os.environ, "AETHER_DEMO_MARK": self.mark},
+            env={**os.environ, **(env or {}), "AETHER_DEMO_MARK": self.mark},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -158,6 +158,19 @@ def test_demo_sigterm_while_starting_cleans_up() -> None:
     assert run.finish() == 130, run.text()
     assert "interrupted (SIGTERM)" in run.text()
     _assert_nothing_left(run.text(), run.mark)
+
+
+@pytest.mark.privileged
+@pytest.mark.slow
+def test_demo_that_fails_says_why_and_cleans_up() -> None:
+    """A real failure mid-way (the 'Envoy' exits at once) after the API, operator, sidecar and netns exist."""
+    run = Running(env={"AETHER_ENVOY": "/bin/false"})
+    code = run.finish()
+    out = run.text()
+    assert code == 1, out
+    assert "aether demo: failed: RuntimeError: Envoy on node-1 exited" in out
+    assert "--- operator.log ---" in out  # the logs are shown before they are removed
+    _assert_nothing_left(out, run.mark)
 
 
 def test_demo_refuses_to_run_without_root(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
