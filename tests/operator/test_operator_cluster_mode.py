@@ -9,8 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from aether.operator.apitestbed import objects as o
 from aether.operator.apitestbed.harness import Cluster, InProcessOperator, unique
+
+pytestmark = pytest.mark.slow  # subprocesses: a few seconds each
 
 
 def test_sidecar_cluster_mode_reads_the_operators_meshnode_and_reports_programmed(

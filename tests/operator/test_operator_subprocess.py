@@ -16,6 +16,8 @@ from aether.operator.apitestbed import TestBed
 from aether.operator.apitestbed import objects as o
 from aether.operator.apitestbed.harness import Cluster, unique
 
+pytestmark = pytest.mark.slow  # subprocesses: a few seconds each
+
 
 def aether_cmd() -> list[str]:
     script = Path(sys.executable).parent / "aether"
