@@ -1,0 +1,31 @@
+"""A cluster without the Gateway API CRDs: the operator still serves MeshNodes (UDPRoutes simply never arrive)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from aether.operator.apitestbed import objects as o
+from aether.operator.apitestbed import start
+from aether.operator.apitestbed.harness import Cluster, InProcessOperator
+from aether.operator.crdgen import meshnode_crd
+
+
+@pytest.mark.skipif(bool(os.environ.get("AETHER_KUBECONFIG")), reason="needs a cluster without Gateway API CRDs")
+def test_operator_works_without_gateway_api_crds() -> None:
+    bed = start(crds=False)
+    op = InProcessOperator(str(bed.kubeconfig_path))
+    try:
+        k = Cluster(str(bed.kubeconfig_path), bed)
+        k.apply(meshnode_crd())
+        k.apply(o.namespace("app"))
+        k.apply(o.node("n1"))
+        k.apply(o.service("app", "dns", "10.96.0.1", [("dns", 53, "UDP")]))
+        k.apply(o.pod("app", "c", "n1"), status=o.pod_status("10.0.0.2"))
+        op.start()
+        arm = k.wait("an arm without Gateway API", lambda: k.arm("n1", "app/dns"))
+        assert arm["cluster"] == "udp:app/dns" and op.alive()
+    finally:
+        op.stop()
+        bed.stop()
