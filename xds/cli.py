@@ -85,6 +85,8 @@ def _serve(argv: list[str]) -> int:
     p.add_argument(
         "--areas", default="", help="comma-separated translation areas (default all: udp,tcp-floor,eastwest)"
     )
+    p.add_argument("--udp-prefer-gro", action="store_true", help="GRO on the UDP capture listeners' sockets")
+    p.add_argument("--udp-idle-timeout", type=float, default=60.0, help="udp_proxy session idle timeout (seconds)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     from aether.xds.translate import AREAS
@@ -121,7 +123,10 @@ def _serve(argv: list[str]) -> int:
         sink = kube.status_sink(args.node)
 
     cache = SnapshotCache()
-    sidecar = Sidecar(args.node, cache, sink, args.records, TranslateOptions(areas=areas))
+    options = TranslateOptions(
+        areas=areas, udp_prefer_gro=args.udp_prefer_gro, udp_session_idle_s=args.udp_idle_timeout
+    )
+    sidecar = Sidecar(args.node, cache, sink, args.records, options)
     servicer = DeltaAdsServer(cache, events=sidecar)
     try:
         server, port = serve(servicer, args.listen)

@@ -110,6 +110,7 @@ class NodeBed:
     node_name: str = "node-a"
     envoy_args: list[str] = field(default_factory=list)
     areas: str = "udp,tcp-floor"  # the east-west area needs SDS secrets this bed does not provide
+    sidecar_args: list[str] = field(default_factory=list)
     node: Node = field(init=False)
     clients: dict[str, Pod] = field(default_factory=dict)
     services: dict[str, Service] = field(default_factory=dict)
@@ -186,6 +187,7 @@ class NodeBed:
                 f"127.0.0.1:{self.metrics_port}",
                 "--areas",
                 self.areas,
+                *self.sidecar_args,
             ],
             stdout=log,
             stderr=log,
@@ -230,6 +232,11 @@ class NodeBed:
             stderr=log,
         )
         wait_for(lambda: self.admin_ready(), timeout=30, what="envoy admin")
+
+    def stop_envoy(self) -> None:
+        if self.envoy is not None:
+            self.lab.stop(self.envoy, timeout=15)
+            self.envoy = None
 
     def admin(self, path: str) -> str:
         return unix_http_get(self.admin_sock, path)

@@ -1,0 +1,182 @@
+"""UDP ping-pong through the capture + Envoy vs direct, in one run (needs root: netns, nftables).
+
+    .venv/bin/python -m bench.xds_udp_path [--seconds S] [--rounds R]
+
+One client pod (capture in tproxy mode), one echo backend pod, a node netns holding Envoy 1.40 served by the
+sidecar. "direct" dials the backend's pod IP; "mesh" dials the VIP on 18082 (divert -> Envoy's transparent
+listener in the pod netns -> udp_proxy matcher -> the backend). Rates are replies per second of a Python
+client, at 1 and at 32 datagrams in flight, with 1 and with 10,000 matcher arms (the 9,999 extra VIPs name a
+second cluster), then the Envoy knobs one at a time. Each figure is the median of R interleaved rounds.
+Targets (issue 3): mesh >= 0.45x direct at 1 in flight, >= 0.6x at 32; 10,000 arms within 10% of 1 arm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aether.e2e.netlab import Lab, is_root, wait_for
+from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.operator.meshnode import Endpoint, ServiceArm
+from aether.xds.testbed import NodeBed, Service, udp_socket_in, wait_reply
+
+VIP = "10.96.50.1"
+PORT = 5353
+
+
+def pingpong(sock: socket.socket, seconds: float, inflight: int, payload: bytes) -> float:
+    """Replies per second with `inflight` datagrams outstanding (a lost one is replaced after 0.2 s)."""
+    sock.settimeout(0.2)
+    for _ in range(inflight):
+        sock.send(payload)
+    got = 0
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        try:
+            sock.recv(4096)
+            got += 1
+        except TimeoutError:
+            pass
+        sock.send(payload)
+    return got / seconds
+
+
+def measure(bed: NodeBed, svc: Service, seconds: float, rounds: int, inflight: int, size: int) -> tuple[float, float]:
+    """(direct, mesh) replies/s, medians of interleaved rounds; a fresh connected socket per run."""
+    payload = b"x" * size
+    client = bed.clients["bench-client"].path
+    direct: list[float] = []
+    mesh: list[float] = []
+
+    def run(dest: tuple[str, int], out: list[float]) -> None:
+        sock = udp_socket_in(client)
+        try:
+            sock.connect(dest)
+            out.append(pingpong(sock, seconds, inflight, payload))
+        finally:
+            sock.close()
+
+    for _ in range(rounds):
+        run((svc.backend.ip, svc.port), direct)
+        run((VIP, L4_OUTBOUND_PORT), mesh)
+    return statistics.median(direct), statistics.median(mesh)
+
+
+def arms(svc: Service, extra: int) -> list[ServiceArm]:
+    filler = [
+        ServiceArm(
+            service=f"default/filler-{i}",
+            vip=f"10.97.{i // 250}.{i % 250 + 1}",
+            cluster="udp:default/filler",
+            endpoints=[Endpoint(ip=svc.backend.ip, port=svc.port)],
+        )
+        for i in range(extra)
+    ]
+    return filler
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.xds_udp_path")
+    p.add_argument("--seconds", type=float, default=1.0, help="length of one run")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per figure")
+    p.add_argument("--skip-knobs", action="store_true")
+    args = p.parse_args(argv)
+    if not is_root():
+        print("bench.xds_udp_path needs root (network namespaces, nftables)", file=sys.stderr)
+        return 2
+    lab = Lab()
+    try:
+        work = Path(tempfile.mkdtemp(prefix="xds-udp-bench-"))
+        bed = NodeBed(lab, work, base_id=30_000 + secrets.randbelow(5000), envoy_args=["--concurrency", "1"])
+        bed.add_client("bench-client")
+        svc = bed.add_service("echo", VIP, PORT)
+
+        def program(extra: int) -> None:
+            bed.write_state(bed.meshnode(["echo"], extra_arms=arms(svc, extra)))
+            want = 1 + extra
+
+            def arms_loaded() -> bool:
+                dump = bed.admin("/config_dump?resource=dynamic_listeners")
+                return dump.count('"udp:default/') >= min(want, 2) and bed.condition().get("status") == "True"
+
+            wait_for(arms_loaded, timeout=120, what=f"{want} arms programmed")
+            time.sleep(0.5)
+
+        def sock_ready() -> None:
+            s = udp_socket_in(bed.clients["bench-client"].path)
+            try:
+                wait_reply(s, VIP, b"echo|", timeout=60)
+            finally:
+                s.close()
+
+        bed.write_state(bed.meshnode(["echo"]))
+        bed.start_sidecar()
+        bed.start_envoy()
+        bed.wait_programmed()
+        sock_ready()
+        rows: list[tuple[str, int, int, float, float]] = []
+
+        def row(label: str, inflight: int, size: int = 64) -> None:
+            d, m = measure(bed, svc, args.seconds, args.rounds, inflight, size)
+            rows.append((label, inflight, size, d, m))
+            print(f"| {label} | {inflight} | {size} | {d:.0f} | {m:.0f} | {m / d:.2f} |", flush=True)
+
+        print("| config | in flight | bytes | direct /s | mesh /s | mesh/direct |\n|---|---|---|---|---|---|")
+        for extra, label in ((0, "1 arm"), (9_999, "10,000 arms")):
+            program(extra)
+            sock_ready()
+            for inflight in (1, 32):
+                row(f"{label}, concurrency 1", inflight)
+        if not args.skip_knobs:
+            program(0)
+            row("1 arm, concurrency 1, 1200-byte datagrams", 1, 1200)
+            knobs: list[tuple[str, Callable[[], None]]] = [
+                ("1 arm, prefer_gro", lambda: restart_sidecar(bed, ["--udp-prefer-gro"])),
+                ("1 arm, session idle 5 s", lambda: restart_sidecar(bed, ["--udp-idle-timeout", "5"])),
+                ("1 arm, concurrency 2", lambda: restart_envoy(bed, ["--concurrency", "2"])),
+            ]
+            for label, apply in knobs:
+                apply()
+                sock_ready()
+                for inflight in (1, 32):
+                    row(label, inflight)
+        print(f"\n(command: .venv/bin/python -m bench.xds_udp_path --seconds {args.seconds} --rounds {args.rounds})")
+    finally:
+        lab.close()
+    return 0
+
+
+def restart_sidecar(bed: NodeBed, extra: list[str]) -> None:
+    bed.stop_sidecar()
+    bed.sidecar_args = extra
+    before = bed.stats("listener_manager.listener_modified").get("listener_manager.listener_modified", 0)
+    bed.start_sidecar()
+    wait_for(
+        lambda: bed.stats("listener_manager.listener_modified").get("listener_manager.listener_modified", 0) > before,
+        timeout=60,
+        what="listener updated",
+    )
+    time.sleep(1.0)
+
+
+def restart_envoy(bed: NodeBed, envoy_args: list[str]) -> None:
+    bed.stop_sidecar()
+    bed.sidecar_args = []
+    bed.start_sidecar()
+    bed.stop_envoy()
+    bed.envoy_args = envoy_args
+    bed.base_id += 1
+    bed.start_envoy()
+    bed.wait_programmed()
+    time.sleep(1.0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
