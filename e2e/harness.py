@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from aether.e2e import cni_runtime
+from aether.e2e.envoy_admin import admin_get
+from aether.e2e.envoy_admin import stat as envoy_stat
 from aether.e2e.kube import Kube, pod_uids, udp_arms
 from aether.e2e.netlab import Lab, Node, Pod, wait_for
 from aether.envoybin import envoy_path
@@ -41,7 +43,6 @@ from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
 from aether.operator.apitestbed import TestBed
 from aether.operator.apitestbed import start as start_testbed
-from aether.xds.testbed import unix_http_get
 
 BACKEND_PORT = 5353
 VIP_PREFIX = "10.96.77."  # ClusterIPs from a range that exists nowhere on this machine
@@ -77,14 +78,10 @@ class MeshNodeProxy:
         return str(self.workdir / "admin.sock")
 
     def admin(self, path: str) -> str:
-        return unix_http_get(self.admin_sock, path)
+        return admin_get(self.admin_sock, path)
 
     def stat(self, name: str) -> int:
-        for line in self.admin(f"/stats?filter=^{name}$").splitlines():
-            key, _, value = line.partition(": ")
-            if key == name and value.strip().lstrip("-").isdigit():
-                return int(value)
-        return 0
+        return envoy_stat(self.admin_sock, name)
 
     def log_tail(self, n: int = 2000) -> str:
         out = []
@@ -250,7 +247,7 @@ class Mesh:
         """A pod running a UDP echo server that answers `<its name>|<payload>` on BACKEND_PORT."""
         pod = self.add_pod(node, name)
         log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115
-        argv = [sys.executable, "-m", "aether.xds.udp_echo", name, str(BACKEND_PORT)]
+        argv = [sys.executable, "-m", "aether.e2e.echo", name, str(BACKEND_PORT)]
         self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
         return pod
 
