@@ -1,0 +1,59 @@
+"""The demo's tables (pure): what counts as the expected answer, and what a row says."""
+
+from __future__ import annotations
+
+from aether.e2e.demo_report import Row, keep_instructions, table
+from aether.e2e.probe import Answer
+
+VIP = "10.96.77.10"
+
+
+def test_a_row_is_ok_only_when_the_expected_backend_answers_from_the_vip() -> None:
+    assert Row("c", "s", Answer(VIP, "echo-a", (VIP, 18082)), "echo-a").ok
+    assert not Row("c", "s", Answer(VIP, "echo-b", (VIP, 18082)), "echo-a").ok  # wrong backend
+    assert not Row("c", "s", Answer(VIP, "echo-a", ("10.200.1.4", 5353)), "echo-a").ok  # reply not from VIP:18082
+    assert not Row("c", "s", Answer(VIP, None, None), "echo-a").ok
+    assert Row("c", "s", Answer(VIP, None, None), None).ok  # the negative control expects silence
+    assert not Row("c", "s", Answer(VIP, "echo-a", (VIP, 18082)), None).ok
+
+
+def test_table_shows_backend_source_and_changes() -> None:
+    rows = [
+        Row(
+            "demo/client", "demo/bravo", Answer(VIP, "echo-charlie", (VIP, 18082)), "echo-charlie", before="echo-bravo"
+        ),
+        Row("demo/client", "demo/alpha", Answer(VIP, "echo-b", (VIP, 18082)), "echo-alpha"),
+        Row("demo/client-redirect", "demo/alpha", Answer(VIP, None, None), None),
+    ]
+    lines = table(rows).splitlines()
+    assert lines[0].split() == ["client", "pod", "dials", "service", "VIP:port", "answered", "by", "reply", "from"]
+    assert set(lines[1].strip()) <= {"-", " "}
+    assert lines[2].split() == [
+        "demo/client",
+        "demo/bravo",
+        f"{VIP}:18082",
+        "echo-charlie",
+        f"{VIP}:18082",
+        "as",
+        "expected",
+        "(was",
+        "echo-bravo)",
+    ]
+    assert lines[3].split()[-1] == "UNEXPECTED"
+    assert lines[4].split() == [
+        "demo/client-redirect",
+        "demo/alpha",
+        f"{VIP}:18082",
+        "no",
+        "reply",
+        "-",
+        "as",
+        "expected",
+    ]
+
+
+def test_keep_instructions_name_the_kubeconfig_and_a_datagram_command() -> None:
+    text = keep_instructions("/tmp/x/kubeconfig", "ae1234-client", VIP, "/venv/bin/python", "/venv/bin/aether")
+    assert "export KUBECONFIG=/tmp/x/kubeconfig" in text and "kubectl get meshnodes" in text
+    assert "ip netns exec ae1234-client /venv/bin/python -c" in text and f"('{VIP}', 18082)" in text
+    assert "Ctrl-C" in text
