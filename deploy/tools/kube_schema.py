@@ -1,6 +1,6 @@
 """Validate rendered manifests against the Kubernetes schemas of the `kubernetes` python client.
 
-The client's models (kubernetes>=35) are pydantic models with `extra="forbid"` and strict types, so
+The client's models (kubernetes>=37, pinned in pyproject.toml) are pydantic models with `extra="forbid"` and strict types, so
 `Model.model_validate(obj)` already fails on unknown fields, wrong types and missing required fields. Two
 holes remain and are closed here: the models also accept the snake_case Python names (`host_network`)
 where the API only knows the wire names (`hostNetwork`), and a kind must be served by its own apiVersion.
@@ -60,7 +60,9 @@ def model_for(obj: dict[str, Any]) -> type[BaseModel]:
     key = (str(obj.get("apiVersion")), str(obj.get("kind")))
     if key not in MODELS:
         raise KeyError(f"no schema known for apiVersion={key[0]} kind={key[1]}")
-    cls: type[BaseModel] = getattr(kubernetes.client, MODELS[key])
+    cls = getattr(kubernetes.client, MODELS[key])
+    if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+        raise RuntimeError(f"kubernetes {kubernetes.__version__}: {cls} is not a pydantic model (need kubernetes>=37)")
     return cls
 
 
