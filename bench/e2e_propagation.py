@@ -1,7 +1,7 @@
 """End-to-end propagation through the whole mesh: an API write -> the operator -> MeshNode -> the sidecar -> Envoy
 -> where a pod's datagrams go. Run as root from the repository root:
 
-    .venv/bin/python -m bench.e2e_propagation [--flips 20]
+    .venv/bin/python -m bench.e2e_propagation [--flips 20] [--debounce SECONDS]
 
 One node of the e2e harness (API test bed, `aether operator`, `aether xds` in cluster mode, real Envoy), a client
 pod, two echo backends, Services alpha and bravo and a UDPRoute on alpha. Two kinds of change, interleaved in one
@@ -42,12 +42,14 @@ def pct(xs: list[float], q: float) -> float:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="bench.e2e_propagation")
     p.add_argument("--flips", type=int, default=20, help="changes of each kind")
+    p.add_argument("--debounce", type=float, help="the operator's --debounce (its default when absent)")
     args = p.parse_args(argv)
     if not is_root():
         print("bench.e2e_propagation: needs root", file=sys.stderr)
         return 1
     t_start = time.monotonic()
-    with Mesh(namespace="bench") as mesh:
+    extra = ("--debounce", str(args.debounce)) if args.debounce is not None else ()
+    with Mesh(namespace="bench", operator_args=extra) as mesh:
         node = mesh.add_node("node-1")
         mesh.start_node_proxies()
         client = mesh.add_pod(node, "client")

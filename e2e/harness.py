@@ -116,6 +116,7 @@ class Mesh:
     progress: Progress = _quiet
     tag: str | None = None
     areas: str = "udp,tcp-floor"  # the east-west area needs certificates this harness does not issue
+    operator_args: tuple[str, ...] = ()  # extra `aether operator` flags, e.g. ("--debounce", "0.01")
     lab: Lab = field(init=False)
     api: TestBed | None = None
     kube: Kube = field(init=False)
@@ -161,7 +162,7 @@ class Mesh:
         log = open(self.dir / "operator.log", "ab")  # noqa: SIM115 (the process owns it)
         self.operator = self.lab.spawn(
             None,
-            [sys.executable, "-m", "aether.cli", "operator", "--kubeconfig", self.kubeconfig],
+            [sys.executable, "-m", "aether.cli", "operator", "--kubeconfig", self.kubeconfig, *self.operator_args],
             stdout=log,
             stderr=log,
         )
