@@ -15,6 +15,8 @@ from typing import Any
 
 from google.protobuf import descriptor, message, message_factory
 
+from aether.xds.resources import Shared
+
 FD = descriptor.FieldDescriptor
 
 
@@ -80,8 +82,27 @@ def _scalar(field: Any, value: Any) -> Any:
     return value
 
 
+_shared: dict[tuple[int, str], tuple[Any, bytes]] = {}
+
+
 def fill(msg: message.Message, data: Any, resolve: Callable[[str], Any]) -> None:
-    """Fill `msg` from its proto3-JSON dict. `resolve(full_name)` returns the message class for an Any type."""
+    """Fill `msg` (empty) from its proto3-JSON dict. `resolve(full_name)` returns the message class for an Any
+    type. A `Shared` dict is encoded once and merged from its bytes afterwards."""
+    if type(data) is Shared:
+        key = (id(data), msg.DESCRIPTOR.full_name)
+        hit = _shared.get(key)
+        if hit is not None and hit[0] is data:
+            msg.MergeFromString(hit[1])
+            return
+        _fill(msg, data, resolve)
+        if len(_shared) > 200_000:
+            _shared.clear()
+        _shared[key] = (data, msg.SerializeToString(deterministic=True))
+        return
+    _fill(msg, data, resolve)
+
+
+def _fill(msg: message.Message, data: Any, resolve: Callable[[str], Any]) -> None:
     desc = msg.DESCRIPTOR
     name = desc.full_name
     if name in _JSON_STRING_WKT:

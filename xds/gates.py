@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aether.operator.meshnode import MeshNode
-from aether.xds.resources import CLUSTER, LISTENER, Resources
+from aether.xds.resources import CLUSTER, LISTENER, Resources, Shared
 from aether.xds.tcp_floor import TCP_PROXY_CONFIG
 from aether.xds.udp import UDP_ROUTE
 
@@ -33,7 +33,10 @@ class GateFailure:
 
 def _typed_with_cluster(obj: Any) -> Iterator[tuple[str, str]]:
     """(@type, cluster) of every udp_proxy Route and tcp_proxy config anywhere inside `obj`."""
-    if isinstance(obj, dict):
+    if isinstance(obj, Shared):
+        for cluster in _shared_clusters(obj):
+            yield "", cluster
+    elif isinstance(obj, dict):
         if obj.get("@type") in (UDP_ROUTE, TCP_PROXY_CONFIG) and "cluster" in obj:
             yield obj["@type"], obj["cluster"]
         for value in obj.values():
@@ -41,6 +44,20 @@ def _typed_with_cluster(obj: Any) -> Iterator[tuple[str, str]]:
     elif isinstance(obj, list):
         for value in obj:
             yield from _typed_with_cluster(value)
+
+
+_walked_shared: dict[int, tuple[Any, frozenset[str]]] = {}
+
+
+def _shared_clusters(obj: Shared) -> frozenset[str]:
+    hit = _walked_shared.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    named = frozenset(c for _, c in _typed_with_cluster(dict(obj)))
+    if len(_walked_shared) > 1 << 17:
+        _walked_shared.clear()
+    _walked_shared[id(obj)] = (obj, named)
+    return named
 
 
 _walked: dict[int, tuple[Any, frozenset[str]]] = {}

@@ -34,6 +34,13 @@ SECRET: Final = _PREFIX + "envoy.extensions.transport_sockets.tls.v3.Secret"
 KNOWN_TYPES: Final = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET)
 
 ResourceDict: TypeAlias = dict[str, Any]
+
+
+class Shared(dict[str, Any]):
+    """A part of a resource (a proto3-JSON object) that is immutable and shared by identity between resources and
+    translations (builders memoize it). The codec and the gates cache their work on it by identity."""
+
+
 Resources: TypeAlias = dict[str, dict[str, ResourceDict]]
 
 

@@ -53,7 +53,7 @@ def translate(node: MeshNode, records: Mapping[str, PodRecord], options: Transla
 
 def clear_memo() -> None:
     """Forget the builders' memoized dicts (benchmarks measure cold translations with it)."""
-    from aether.xds import gates, l4
+    from aether.xds import fastcodec, gates, l4
 
     for fn in (
         l4._eds_cluster,
@@ -66,3 +66,5 @@ def clear_memo() -> None:
     ):
         fn.cache_clear()
     gates._walked.clear()
+    gates._walked_shared.clear()
+    fastcodec._shared.clear()

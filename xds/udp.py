@@ -27,7 +27,7 @@ from aether.xds.l4 import (
     seconds,
     stat_name,
 )
-from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, TranslateOptions
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions
 
 UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
 UDP_PROXY_CONFIG: Final = "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.UdpProxyConfig"
@@ -44,13 +44,13 @@ def listener_name(namespace: str, pod: str) -> str:
 
 @lru_cache(maxsize=1 << 16)
 def _route(cluster: str) -> ResourceDict:
-    return {"action": {"name": "route", "typedConfig": {"@type": UDP_ROUTE, "cluster": cluster}}}
+    return Shared(action={"name": "route", "typedConfig": {"@type": UDP_ROUTE, "cluster": cluster}})
 
 
 @lru_cache(maxsize=1024)
 def matcher(arms: Arms) -> ResourceDict:
     """VIP -> cluster, exact on the datagram's destination IP; everything else to the blackhole."""
-    out: ResourceDict = {"onNoMatch": _route(BLACKHOLE_CLUSTER)}
+    out: ResourceDict = Shared(onNoMatch=_route(BLACKHOLE_CLUSTER))
     if arms:
         out["matcherTree"] = {
             "input": {"name": "destination-ip", "typedConfig": {"@type": DESTINATION_IP_INPUT}},
