@@ -38,6 +38,7 @@ def log(line):
         fh.write(line + "\n")
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are two writes: Nagle + delayed ACK would add 40 ms
     def do_GET(self):
         port = self.server.server_address[1]
         body = json.dumps({"xfcc": self.headers.get("x-forwarded-client-cert"), "host": self.headers.get("host"),
@@ -91,6 +92,34 @@ for i in range(n):
         time.sleep(pause)
 print(json.dumps(out))
 """
+
+
+# A real QUIC client handshake (aioquic), no client certificate, server not verified: prints CONNECTED or
+# FAILED <why>. Used to show where a handshake lands, not to carry traffic.
+QUIC_PROBE = r"""
+import asyncio, ssl, sys
+from aioquic.asyncio import connect
+from aioquic.quic.configuration import QuicConfiguration
+async def main():
+    cfg = QuicConfiguration(is_client=True, alpn_protocols=["h3"], server_name=sys.argv[3])
+    cfg.verify_mode = ssl.CERT_NONE
+    async with connect(sys.argv[1], int(sys.argv[2]), configuration=cfg, wait_connected=True):
+        print("CONNECTED")
+try:
+    asyncio.run(asyncio.wait_for(main(), float(sys.argv[4])))
+except BaseException as exc:
+    print("FAILED", type(exc).__name__, exc)
+"""
+
+
+def quic_probe(netns: str, ip: str, port: int, sni: str, timeout: float = 3.0) -> str:
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns, sys.executable, "-c", QUIC_PROBE, ip, str(port), sni, str(timeout)],
+        capture_output=True,
+        text=True,
+        timeout=timeout + 30,
+    )
+    return (out.stdout + out.stderr).strip()
 
 
 def unique_base_id() -> int:

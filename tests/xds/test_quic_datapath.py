@@ -21,6 +21,8 @@ import pytest
 from aether.e2e.netlab import Lab, Pod
 from aether.netns.contract import CaptureMode
 from aether.netns.install import install_capture
+from aether.operator.meshnode import Endpoint, ServiceArm
+from aether.xds import udp
 from aether.xds.certs_ca import BuiltinCA
 from aether.xds.eastwest import EastWestOptions, build
 from aether.xds.eastwest_lab import (
@@ -28,6 +30,7 @@ from aether.xds.eastwest_lab import (
     EnvoyNode,
     client_result,
     http_in_netns,
+    quic_probe,
     start_client,
     start_echo,
     start_envoy,
@@ -38,7 +41,7 @@ from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.xds.gates_quic import run_quic_gates
 from aether.xds.identity import Svid, selector_secret_name, svid_secret_name
 from aether.xds.identity_sds import secrets, svid_secret
-from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, Resources, TranslateOptions
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, Resources, TranslateOptions, merge
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -48,6 +51,7 @@ CLIENT = f"spiffe://{TD}/ns/default/sa/client"
 OTHER = f"spiffe://{TD}/ns/default/sa/other"
 WEB = f"spiffe://{TD}/ns/default/sa/web-sa"
 VIP = "10.96.0.20"
+VIP_UDP = "10.96.0.30"
 HOST = f"web.default.{MD}"
 TWIN = "quic:default/web@client"
 
@@ -76,6 +80,26 @@ class Mesh:
         )
         ew = EastWestOptions(access_log_path=str(self.workdir / "access-a.log"), **kw)
         return build(node, records, OPTS, ew)
+
+    def resources_a_with_udp(self) -> Resources:
+        """Node A plus the plaintext UDP class (aether.xds.udp): VIP_UDP:18082 -> web-0's app port 8080."""
+        node, records = sample_node(
+            "node-a",
+            [
+                SamplePod("u-client", "client-0", self.client.ip, "client", self.client.path),
+                SamplePod("u-other", "other-0", self.other.ip, "other", self.other.path),
+            ],
+            [SampleDestination("default/web", "web-sa", (8080,), (self.web.ip,), vip=VIP)],
+        )
+        node.status.udp.services = [
+            ServiceArm(
+                service="default/web-udp",
+                vip=VIP_UDP,
+                cluster="udp:default/web-udp",
+                endpoints=[Endpoint(ip=self.web.ip, port=8080)],
+            )
+        ]
+        return merge(self.resources_a(), udp.build(node, records, OPTS))
 
     def resources_b(self) -> Resources:
         node, records = sample_node("node-b", [SamplePod("u-web", "web-0", self.web.ip, "web-sa", self.web.path)], [])
@@ -355,3 +379,38 @@ def _serial(chain_pem: str) -> int:
     from cryptography import x509
 
     return int(x509.load_pem_x509_certificates(chain_pem.encode())[0].serial_number)
+
+
+def _quic_chain_counters(node: EnvoyNode) -> int:
+    """Connections any QUIC listener of this node accepted (the inbound QUIC chains)."""
+    return node.stat_sum(r"^http\.inbound_http3\.downstream_cx_total$") + node.stat_sum(
+        r"^listener\.[0-9.]+_18008\.http3\.downstream\.rx\..*"
+    )
+
+
+def test_a_quic_handshake_to_the_plaintext_port_never_reaches_a_quic_chain(mesh: Mesh) -> None:
+    """R5 on the wire: a QUIC Initial sent to VIP:18082 is carried by the plaintext class as opaque datagrams
+    (the app's UDP socket gets them) and no QUIC chain on either node sees it."""
+    res = mesh.resources_a_with_udp()
+    assert run_quic_gates(res) == []
+    sni = f"8080.web-sa.default.{MD}"
+    try:
+        mesh.ads.set("node-a", res, secrets(mesh.ca, [CLIENT, OTHER]))
+        wait_until(lambda: "capture-udp:" in mesh.a.active_config("dynamic_listeners"), 30, "UDP capture listener")
+        time.sleep(0.5)
+        # positive control: the probe does reach a QUIC chain when aimed at one (it is refused: no client cert)
+        before = _quic_chain_counters(mesh.b)
+        out = quic_probe(mesh.client.netns, mesh.web.ip, 18008, sni)
+        assert out.startswith("FAILED") or out.startswith("CONNECTED"), out
+        wait_until(lambda: _quic_chain_counters(mesh.b) > before, 10, "the probe reaching node B's QUIC listener")
+        # the case: VIP_UDP:18082 is the plaintext class
+        a0, b0 = _quic_chain_counters(mesh.a), _quic_chain_counters(mesh.b)
+        udp0 = sum(1 for line in mesh.hits.read_text().splitlines() if line.startswith("udp 8080"))
+        out = quic_probe(mesh.client.netns, VIP_UDP, 18082, sni)
+        assert out.startswith("FAILED"), out
+        time.sleep(0.5)
+        udp1 = sum(1 for line in mesh.hits.read_text().splitlines() if line.startswith("udp 8080"))
+        assert udp1 > udp0, "the plaintext class did not carry the datagrams (the test would prove nothing)"
+        assert (_quic_chain_counters(mesh.a), _quic_chain_counters(mesh.b)) == (a0, b0)
+    finally:
+        mesh.serve_a()
