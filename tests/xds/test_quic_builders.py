@@ -182,3 +182,23 @@ def test_pods_without_a_record_get_nothing_and_required_secrets_are_the_local_id
     assert not [n for n in res[LISTENER] if "other-0" in n]
     assert "quic:default/web@other" not in res[CLUSTER]
     assert required_secrets(node, records, OPTS) == [CLIENT]
+
+
+def test_every_resource_and_secret_encodes_for_ads() -> None:
+    """The codec packs everything we build, including the two messages xds-protos lacks (the on_demand_secret
+    selector and the filter_state_override mapper) and QuicDownstreamTransport.enable_resumption."""
+    from aether.xds.certs_ca import BuiltinCA
+    from aether.xds.codec import decode_json, encode
+    from aether.xds.identity_sds import secrets
+    from aether.xds.resources import merge
+
+    res = merge(_build(access_log_path="/dev/null"), secrets(BuiltinCA(), [CLIENT, OTHER]))
+    for type_url, named in res.items():
+        for name, resource in named.items():
+            assert encode(type_url, resource, name)
+    h2 = decode_json(CLUSTER, encode(CLUSTER, res[CLUSTER]["h2:default/web"], "h2"))
+    sel = h2["transportSocket"]["typedConfig"]["commonTlsContext"]["customTlsCertificateSelector"]["typedConfig"]
+    assert sel["certificateMapper"]["typedConfig"]["defaultValue"] == "aether:no-source-identity"
+    quic = decode_json(LISTENER, encode(LISTENER, res[LISTENER]["inbound-h3:default/client-0"], "h3"))
+    ts = quic["filterChains"][0]["transportSocket"]["typedConfig"]
+    assert ts["enableResumption"] is False and ts["enableEarlyData"] is False
