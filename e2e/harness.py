@@ -20,10 +20,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from aether.e2e import cni_runtime
-from aether.e2e.envoy_admin import admin_get
-from aether.e2e.envoy_admin import stat as envoy_stat
 from aether.e2e.kube import Kube, pod_uids, udp_arms
-from aether.e2e.netlab import Lab, Node, Pod, wait_for
+from aether.e2e.netlab import Lab, Pod, wait_for
+from aether.e2e.node_proxy import MeshNodeProxy, admin_up, connected
 from aether.envoybin import envoy_path
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
@@ -52,44 +49,6 @@ XDS_CLI = (sys.executable, "-m", "aether.cli", "xds")
 
 def _quiet(_: str) -> None:
     return None
-
-
-@dataclass
-class MeshNodeProxy:
-    """One node: its netns, pod records dir, and its sidecar + Envoy processes."""
-
-    name: str
-    net: Node
-    workdir: Path
-    base_id: int
-    sidecar: subprocess.Popen[bytes] | None = None
-    envoy: subprocess.Popen[bytes] | None = None
-
-    @property
-    def records(self) -> Path:
-        return self.workdir / "pods"
-
-    @property
-    def ads_sock(self) -> str:
-        return str(self.workdir / "ads.sock")
-
-    @property
-    def admin_sock(self) -> str:
-        return str(self.workdir / "admin.sock")
-
-    def admin(self, path: str) -> str:
-        return admin_get(self.admin_sock, path)
-
-    def stat(self, name: str) -> int:
-        return envoy_stat(self.admin_sock, name)
-
-    def log_tail(self, n: int = 2000) -> str:
-        out = []
-        for f in ("sidecar.log", "envoy.log"):
-            p = self.workdir / f
-            if p.exists():
-                out.append(f"--- {self.name} {f} ---\n{p.read_text(errors='replace')[-n:]}")
-        return "\n".join(out)
 
 
 @dataclass
@@ -188,7 +147,7 @@ class Mesh:
             self._start_sidecar(node)
             self._start_envoy(node)
         for node in self.nodes.values():
-            wait_for(_connected(node), timeout, what=f"{node.name} ADS stream")
+            wait_for(connected(node), timeout, what=f"{node.name} ADS stream")
 
     def _start_sidecar(self, node: MeshNodeProxy) -> None:
         argv = [*XDS_CLI, "--node", node.name, "--listen", f"unix:{node.ads_sock}"]
@@ -220,7 +179,7 @@ class Mesh:
         argv = [str(envoy_path()), "-c", str(path), "--disable-hot-restart", "--base-id", str(node.base_id)]
         argv += ["--concurrency", "1", "-l", "warning"]
         node.envoy = self.lab.spawn(node.net.netns, argv, stdout=log, stderr=log)
-        wait_for(lambda: _admin_up(node), timeout=60, what=f"{node.name} Envoy admin")
+        wait_for(lambda: admin_up(node), timeout=60, what=f"{node.name} Envoy admin")
         self.progress(
             f"node {node.name}: Envoy (base-id {node.base_id}) running in {node.net.netns}, ADS over {node.ads_sock}"
         )
@@ -340,7 +299,7 @@ class Mesh:
         if self._closed:
             return
         self._closed = True
-        stop_together(self.lab.running(), grace=2.0)
+        self.lab.stop_all(grace=2.0)  # the operator's kopf shutdown can outlast it: killed then
         self.lab.close()  # anything still running, and every netns
         with contextlib.suppress(Exception):
             self.kube.close()
@@ -355,37 +314,6 @@ class Mesh:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def stop_together(procs: list[subprocess.Popen[bytes]], grace: float) -> None:
-    """SIGTERM every process group at once, SIGKILL what is left after `grace` seconds (the operator's kopf
-    shutdown can take longer than that; nothing it does at exit matters here)."""
-    for p in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            p.wait(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
-
-
-def _connected(node: MeshNodeProxy) -> Callable[[], bool]:
-    return lambda: node.stat("control_plane.connected_state") == 1
-
-
-def _admin_up(node: MeshNodeProxy) -> bool:
-    if node.envoy is not None and node.envoy.poll() is not None:
-        raise RuntimeError(f"Envoy on {node.name} exited ({node.envoy.returncode})\n{node.log_tail()}")
-    try:
-        node.admin("/ready")
-    except OSError:
-        return False
-    return True
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:

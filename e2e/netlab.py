@@ -163,6 +163,23 @@ class Lab:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout)
 
+    def stop_all(self, grace: float = 5.0) -> None:
+        """SIGTERM every running process group at once, SIGKILL what is left after `grace` seconds (stopping
+        them one by one costs the sum of their shutdowns)."""
+        procs = self.running()
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.0, deadline - time.monotonic()))
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+
     # -- cleanup ---------------------------------------------------------------------------------
     def close(self) -> None:
         if self._closed:
