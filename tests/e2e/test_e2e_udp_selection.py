@@ -3,7 +3,8 @@ applied through the API, the real operator writing MeshNodes, each node's sideca
 captured by the real aether-cni. Assertions are about traffic: which backend answered, and from where.
 
 Topology: client pods on node-a (one with the deployed tproxy capture, one with REDIRECT: the negative
-control), three echo backends on node-b, one Service per backend (three VIPs on one port, 18082).
+control), three echo backends on node-b, one Service per backend (three VIPs on one port, 18082); and the other
+way round, a client on node-b and a fourth backend on node-a.
 """
 
 from __future__ import annotations
@@ -34,10 +35,13 @@ def mesh() -> Iterator[Mesh]:
         for svc, backend in BACKENDS.items():
             m.add_backend(b, backend)
             m.add_service(svc, [backend])
-        want = {m.services[s]: f"udp:e2e/{s}" for s in BACKENDS}
+        m.add_pod(b, "client-b")  # the other way round: a client on node-b, a backend on node-a
+        m.add_backend(a, "echo-d")
+        m.add_service("svc-d", ["echo-d"])
+        want = {m.services[s]: f"udp:e2e/{s}" for s in [*BACKENDS, "svc-d"]}
         m.wait_arms(a, want)
         m.wait_arms(b, want)
-        m.wait_listeners(a, 2)  # one capture listener per pod on node-a
+        m.wait_listeners(a, 3)  # one capture listener per pod on node-a
         yield m
     finally:
         m.close()
@@ -62,6 +66,13 @@ def test_each_vip_reaches_its_own_backend_on_the_other_node(mesh: Mesh) -> None:
     client = mesh.pods["client"]
     assert client.node.name == "node-a" and {mesh.pods[b].node.name for b in BACKENDS.values()} == {"node-b"}
     failures = selection_failures(mesh, client, BACKENDS)
+    assert failures == [], "\n".join(failures) + "\n" + mesh.diagnostics()
+
+
+def test_selection_from_the_other_node_reaches_local_and_remote_backends(mesh: Mesh) -> None:
+    client = mesh.pods["client-b"]
+    expect = {**BACKENDS, "svc-d": "echo-d"}  # echo-a..c beside it on node-b, echo-d on node-a
+    failures = selection_failures(mesh, client, expect)
     assert failures == [], "\n".join(failures) + "\n" + mesh.diagnostics()
 
 
