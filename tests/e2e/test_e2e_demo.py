@@ -7,6 +7,7 @@ import os
 import queue
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -135,9 +136,9 @@ def test_demo_keep_runs_until_ctrl_c_and_its_instructions_work() -> None:
         assert len(_marked(run.mark)) >= 7, _marked(run.mark)
         got = subprocess.run(["bash", "-c", send], capture_output=True, text=True, timeout=60)
         assert "echo-alpha|hello" in got.stdout, got.stdout + got.stderr  # the instruction reaches a backend
-        if (kubectl := Path("/usr/bin/kubectl")).exists():
+        if (kubectl := shutil.which("kubectl")) is not None:
             nodes = subprocess.run(
-                [str(kubectl), "--kubeconfig", kubeconfig, "get", "meshnodes"], capture_output=True, text=True
+                [kubectl, "--kubeconfig", kubeconfig, "get", "meshnodes"], capture_output=True, text=True
             )
             assert "node-1" in nodes.stdout, nodes.stdout + nodes.stderr
     finally:
