@@ -70,6 +70,7 @@ class Running:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,  # its own process group, as in a terminal
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.out: list[str] = []
@@ -142,7 +143,7 @@ def test_demo_keep_runs_until_ctrl_c_and_its_instructions_work() -> None:
             )
             assert "node-1" in nodes.stdout, nodes.stdout + nodes.stderr
     finally:
-        run.proc.send_signal(signal.SIGINT)
+        os.killpg(run.proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground group
     assert run.finish() == 0, run.text()
     _assert_nothing_left(run.text(), run.mark)
 
