@@ -59,6 +59,13 @@ def _connected(admin_file: Path) -> bool:
         return False
 
 
+def _readiness_probe(envoy: dict[str, Any], admin: str) -> subprocess.CompletedProcess[str]:
+    """The envoy container's exec probe, with this interpreter and the test Envoy's admin address."""
+    cmd = [a.replace("127.0.0.1:19000", admin) for a in envoy["readinessProbe"]["exec"]["command"]]
+    assert cmd[0].endswith("/python3")
+    return subprocess.run([sys.executable, *cmd[1:]], capture_output=True, text=True, timeout=60)
+
+
 def _run_pair(
     daemonset: dict[str, Any], envoy_bin: Path, tmp_path: Path, override_node: bool
 ) -> tuple[tuple[str, str] | None, bool]:
@@ -108,6 +115,9 @@ def _run_pair(
                 tmp_path / "envoy.log"
             ).read_text()[-2000:]
             time.sleep(0.3)
+        if override_node:
+            probe = _readiness_probe(envoy, admin_file.read_text().strip())
+            assert probe.returncode == 0, f"the deployed readiness probe fails on a ready Envoy: {probe.stderr}"
         return _programmed(status), _connected(admin_file)
     finally:
         for p in procs:
