@@ -216,11 +216,15 @@ class Mesh:
         """A UDP Service on port 18082 with a VIP, and its EndpointSlice of the (ready) backend pods."""
         vip = next(self._vips)
         self.kube.service(self.namespace, name, vip, L4_OUTBOUND_PORT)
-        ready = [(self.pods[b].ip, b) for b in backends]
-        self.kube.endpoint_slice(self.namespace, name, BACKEND_PORT, ready)
         self.services[name] = vip
+        self.set_endpoints(name, backends)
         self.progress(f"service {name}: VIP {vip}:{L4_OUTBOUND_PORT} -> {', '.join(backends)}")
         return vip
+
+    def set_endpoints(self, service: str, backends: list[str]) -> None:
+        """The EndpointSlice controller's part: the Service's ready endpoints are exactly these pods."""
+        ready = [(self.pods[b].ip, b) for b in backends]
+        self.kube.endpoint_slice(self.namespace, service, BACKEND_PORT, ready)
 
     def add_route(self, name: str, parent: str, backend: str) -> None:
         self.kube.udproute(self.namespace, name, parent, backend, L4_OUTBOUND_PORT)

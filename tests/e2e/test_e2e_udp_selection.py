@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from aether.e2e.harness import Mesh, MeshPod
+from aether.e2e.kube import udp_arms
 from aether.e2e.probe import who_answers
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 
@@ -110,6 +111,22 @@ def test_rerouting_a_service_with_a_udproute_moves_its_vip(mesh: Mesh) -> None:
         mesh.kube.custom.delete_namespaced_custom_object(
             "gateway.networking.k8s.io", "v1alpha2", "e2e", "udproutes", "svc-b-route"
         )
+
+
+def test_a_service_without_ready_endpoints_goes_silent_and_comes_back(mesh: Mesh) -> None:
+    client = mesh.pods["client"]
+    mesh.set_endpoints("svc-c", [])  # its only backend not ready any more
+    try:
+        vip = mesh.services["svc-c"]
+        mesh.kube.wait_meshnode("node-a", lambda o: udp_arms(o)[vip]["endpoints"] == [], what="svc-c with no endpoints")
+        deadline = time.monotonic() + 30
+        while who_answers(client.netns_path, vip, tries=1, timeout=0.3).backend is not None:
+            assert time.monotonic() < deadline, "svc-c still answers with no ready endpoints"
+        others = {k: v for k, v in BACKENDS.items() if k != "svc-c"}
+        assert selection_failures(mesh, client, others, timeout=0) == []  # the other Services are untouched
+    finally:
+        mesh.set_endpoints("svc-c", ["echo-c"])
+    assert selection_failures(mesh, client, BACKENDS) == []
 
 
 def test_kubectl_sees_both_meshnodes(mesh: Mesh) -> None:
