@@ -9,7 +9,7 @@ CPU = utime + stime from /proc/<pid>/stat of both Envoy processes, before and af
 Rounds alternate h2 and h3 (paired); the figure is the median of the per-round h3/h2 ratios.
 
     .venv/bin/python -m bench.quic_cpu [--requests 5000] [--rounds 5] [--concurrency 1] [--clients 1]
-                                       [--no-gro] [--access-log]
+                                       [--no-gro] [--access-log] [--runtime KEY=VALUE] [--twin-h3 JSON]
 
 Needs root (netns). Prints one line per batch and a JSON summary.
 """
@@ -39,9 +39,10 @@ from aether.xds.eastwest_lab import (
     start_envoy,
     wait_until,
 )
+from aether.xds.eastwest_outbound import HTTP_OPTIONS
 from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.xds.identity_sds import secrets
-from aether.xds.resources import TranslateOptions
+from aether.xds.resources import CLUSTER, TranslateOptions
 
 TD, MD = "cluster.local", "mesh.example"
 VIP = "10.96.0.20"
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=1, help="parallel keep-alive client connections")
     ap.add_argument("--no-gro", action="store_true", help="prefer_gro: false on the inbound QUIC listener")
     ap.add_argument("--access-log", action="store_true", help="file access logs on (off by default)")
+    ap.add_argument("--runtime", action="append", default=[], help="KEY=VALUE runtime override on both Envoys")
+    ap.add_argument("--twin-h3", default="", help="JSON merged into the twins' http3ProtocolOptions")
     args = ap.parse_args(argv)
+    twin_h3 = json.loads(args.twin_h3) if args.twin_h3 else {}
 
     opts = TranslateOptions(mesh_domain=MD, trust_domain=TD)
     with tempfile.TemporaryDirectory(prefix="quic-cpu-") as tmp, Lab() as lab:
@@ -92,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
             ads.set("node-b", build(node_b, rec_b, opts, ew(True, "b")), secrets(ca, [WEB_ID]))
 
             def use(quic: bool) -> None:
-                ads.set("node-a", build(node_a, rec_a, opts, ew(quic, "a")), secrets(ca, [CLIENT_ID]))
+                res = build(node_a, rec_a, opts, ew(quic, "a"))
+                for name, cluster in res[CLUSTER].items():
+                    if name.startswith("quic:") and twin_h3:
+                        http = cluster["typedExtensionProtocolOptions"][HTTP_OPTIONS]["explicitHttpConfig"]
+                        http["http3ProtocolOptions"].update(twin_h3)
+                ads.set("node-a", res, secrets(ca, [CLIENT_ID]))
                 # h2 answers carry `By=` in XFCC (the destination's URI on TCP); HTTP/3 ones do not
                 want_by = not quic
 
@@ -104,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
 
             a.wait_ready()
             b.wait_ready()
+            for kv in args.runtime:
+                for node in (a, b):
+                    node.admin(f"/runtime_modify?{kv}", "POST")
             per_client = args.requests // args.clients
 
             def batch(quic: bool) -> float:
@@ -141,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                 "clients": args.clients,
                 "prefer_gro": not args.no_gro,
                 "access_log": args.access_log,
+                "runtime": args.runtime,
+                "twin_h3": twin_h3,
                 "h2_ms_per_request_median": round(statistics.median(h2s), 4),
                 "h3_ms_per_request_median": round(statistics.median(h3s), 4),
                 "h3_over_h2_median": round(statistics.median(ratios), 3),
