@@ -6,7 +6,7 @@ One client pod (capture in tproxy mode), one echo backend pod, a node netns hold
 sidecar. "direct" dials the backend's pod IP; "mesh" dials the VIP on 18082 (divert -> Envoy's transparent
 listener in the pod netns -> udp_proxy matcher -> the backend). Rates are replies per second of a Python
 client, at 1 and at 32 datagrams in flight, with 1 and with 10,000 matcher arms (the 9,999 extra VIPs name a
-second cluster), then the Envoy knobs one at a time. Each figure is the median of R interleaved rounds.
+second cluster), then the Envoy knobs one at a time. Each figure is a median over R back-to-back pairs.
 Targets (issue 3): mesh >= 0.45x direct at 1 in flight, >= 0.6x at 32; 10,000 arms within 10% of 1 arm.
 """
 
@@ -48,25 +48,31 @@ def pingpong(sock: socket.socket, seconds: float, inflight: int, payload: bytes)
     return got / seconds
 
 
-def measure(bed: NodeBed, svc: Service, seconds: float, rounds: int, inflight: int, size: int) -> tuple[float, float]:
-    """(direct, mesh) replies/s, medians of interleaved rounds; a fresh connected socket per run."""
+def measure(
+    bed: NodeBed, svc: Service, seconds: float, rounds: int, inflight: int, size: int
+) -> tuple[float, float, float]:
+    """(direct, mesh, mesh/direct): medians over `rounds` short paired runs (direct then mesh, back to back, so
+    both see the same load on this shared machine; the ratio is taken per pair). A fresh connected socket per
+    run; one unmeasured warm-up pair first."""
     payload = b"x" * size
     client = bed.clients["bench-client"].path
-    direct: list[float] = []
-    mesh: list[float] = []
 
-    def run(dest: tuple[str, int], out: list[float]) -> None:
+    def run(dest: tuple[str, int]) -> float:
         sock = udp_socket_in(client)
         try:
             sock.connect(dest)
-            out.append(pingpong(sock, seconds, inflight, payload))
+            return pingpong(sock, seconds, inflight, payload)
         finally:
             sock.close()
 
-    for _ in range(rounds):
-        run((svc.backend.ip, svc.port), direct)
-        run((VIP, L4_OUTBOUND_PORT), mesh)
-    return statistics.median(direct), statistics.median(mesh)
+    direct_dest, mesh_dest = (svc.backend.ip, svc.port), (VIP, L4_OUTBOUND_PORT)
+    run(direct_dest), run(mesh_dest)
+    pairs = [(run(direct_dest), run(mesh_dest)) for _ in range(rounds)]
+    return (
+        statistics.median(d for d, _ in pairs),
+        statistics.median(m for _, m in pairs),
+        statistics.median(m / d for d, m in pairs),
+    )
 
 
 def arms(svc: Service, extra: int) -> list[ServiceArm]:
@@ -84,8 +90,8 @@ def arms(svc: Service, extra: int) -> list[ServiceArm]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.xds_udp_path")
-    p.add_argument("--seconds", type=float, default=1.0, help="length of one run")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per figure")
+    p.add_argument("--seconds", type=float, default=0.3, help="length of one run")
+    p.add_argument("--rounds", type=int, default=11, help="paired rounds per figure")
     p.add_argument("--skip-knobs", action="store_true")
     args = p.parse_args(argv)
     if not is_root():
@@ -124,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[tuple[str, int, int, float, float]] = []
 
         def row(label: str, inflight: int, size: int = 64) -> None:
-            d, m = measure(bed, svc, args.seconds, args.rounds, inflight, size)
+            d, m, ratio = measure(bed, svc, args.seconds, args.rounds, inflight, size)
             rows.append((label, inflight, size, d, m))
-            print(f"| {label} | {inflight} | {size} | {d:.0f} | {m:.0f} | {m / d:.2f} |", flush=True)
+            print(f"| {label} | {inflight} | {size} | {d:.0f} | {m:.0f} | {ratio:.2f} |", flush=True)
 
-        print("| config | in flight | bytes | direct /s | mesh /s | mesh/direct |\n|---|---|---|---|---|---|")
+        print(
+            "| config | in flight | bytes | direct /s | mesh /s | mesh/direct (median of pairs) |\n|---|---|---|---|---|---|"
+        )
         for extra, label in ((0, "1 arm"), (9_999, "10,000 arms")):
             program(extra)
             sock_ready()
@@ -138,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             program(0)
             row("1 arm, concurrency 1, 1200-byte datagrams", 1, 1200)
             knobs: list[tuple[str, Callable[[], None]]] = [
-                ("1 arm, prefer_gro", lambda: restart_sidecar(bed, ["--udp-prefer-gro"])),
+                ("1 arm, listener GRO off", lambda: restart_sidecar(bed, ["--udp-gro", "off"])),
+                ("1 arm, defaults again", lambda: restart_sidecar(bed, [])),
+                ("1 arm, upstream GRO off", lambda: restart_sidecar(bed, ["--udp-upstream-gro", "off"])),
                 ("1 arm, session idle 5 s", lambda: restart_sidecar(bed, ["--udp-idle-timeout", "5"])),
                 ("1 arm, concurrency 2", lambda: restart_envoy(bed, ["--concurrency", "2"])),
             ]

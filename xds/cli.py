@@ -85,7 +85,12 @@ def _serve(argv: list[str]) -> int:
     p.add_argument(
         "--areas", default="", help="comma-separated translation areas (default all: udp,tcp-floor,eastwest)"
     )
-    p.add_argument("--udp-prefer-gro", action="store_true", help="GRO on the UDP capture listeners' sockets")
+    p.add_argument(
+        "--udp-gro", choices=["on", "off"], default="on", help="GRO on the UDP capture listeners' sockets (default on)"
+    )
+    p.add_argument(
+        "--udp-upstream-gro", choices=["on", "off"], help="GRO on udp_proxy's upstream sockets (default: Envoy's)"
+    )
     p.add_argument("--udp-idle-timeout", type=float, default=60.0, help="udp_proxy session idle timeout (seconds)")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
@@ -124,7 +129,10 @@ def _serve(argv: list[str]) -> int:
 
     cache = SnapshotCache()
     options = TranslateOptions(
-        areas=areas, udp_prefer_gro=args.udp_prefer_gro, udp_session_idle_s=args.udp_idle_timeout
+        areas=areas,
+        udp_prefer_gro=args.udp_gro == "on",
+        udp_session_idle_s=args.udp_idle_timeout,
+        udp_upstream_prefer_gro=None if args.udp_upstream_gro is None else args.udp_upstream_gro == "on",
     )
     sidecar = Sidecar(args.node, cache, sink, args.records, options)
     servicer = DeltaAdsServer(cache, events=sidecar)

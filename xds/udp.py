@@ -86,6 +86,9 @@ def capture_listener(name: str, netns: str, arms: Arms, options: TranslateOption
     }
     if options.udp_prefer_gro:
         listener["udpListenerConfig"] = {"downstreamSocketConfig": {"preferGro": True}}
+    if options.udp_upstream_prefer_gro is not None:
+        proxy = listener["listenerFilters"][0]["typedConfig"]
+        proxy["upstreamSocketConfig"] = {"preferGro": options.udp_upstream_prefer_gro}
     return listener
 
 
