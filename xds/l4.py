@@ -33,11 +33,11 @@ def seconds(value: float) -> str:
 
 def eds_cluster(name: str, options: TranslateOptions) -> ResourceDict:
     """An EDS cluster whose load assignment has its own EDS name (the cluster name)."""
-    return _eds_cluster(name, options.cluster_connect_timeout_s)
+    return eds_cluster_for(name, options.cluster_connect_timeout_s)
 
 
 @lru_cache(maxsize=1 << 16)
-def _eds_cluster(name: str, connect_timeout_s: float) -> ResourceDict:
+def eds_cluster_for(name: str, connect_timeout_s: float) -> ResourceDict:
     return {
         "name": name,
         "type": "EDS",
@@ -70,6 +70,24 @@ def endpoints_by_cluster(arms: Iterable[ServiceArm], skip: str) -> dict[str, End
             for ep in arm.endpoints:
                 group.add((ep.ip, ep.port))
     return {name: tuple(eps) if len(eps) < 2 else tuple(sorted(eps)) for name, eps in groups.items()}
+
+
+def digest_arms(arms: Iterable[ServiceArm], skip: str) -> tuple[Arms, dict[str, EndpointKey]]:
+    """One pass over the arms: (`arms_key`, `endpoints_by_cluster`) (the incremental path's hot loop)."""
+    rows: list[tuple[str, str, str]] = []
+    groups: dict[str, set[tuple[str, int]]] = {}
+    for arm in arms:
+        cluster = arm.cluster
+        rows.append((arm.vip, arm.service, cluster))
+        if cluster != skip:
+            group = groups.get(cluster)
+            if group is None:
+                group = groups[cluster] = set()
+            for ep in arm.endpoints:
+                group.add((ep.ip, ep.port))
+    rows.sort()
+    key = tuple((vip, cluster) for vip, _, cluster in rows)
+    return key, {name: tuple(eps) if len(eps) < 2 else tuple(sorted(eps)) for name, eps in groups.items()}
 
 
 def arms_key(arms: Iterable[ServiceArm]) -> Arms:

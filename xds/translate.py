@@ -56,7 +56,7 @@ def clear_memo() -> None:
     from aether.xds import fastcodec, gates, l4
 
     for fn in (
-        l4._eds_cluster,
+        l4.eds_cluster_for,
         l4.load_assignment,
         udp._route,
         udp.matcher,

@@ -17,16 +17,7 @@ from aether.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
 from aether.operator.meshnode import MeshNode
-from aether.xds.l4 import (
-    Arms,
-    arms_key,
-    eds_cluster,
-    endpoints_by_cluster,
-    load_assignment,
-    local_pods,
-    seconds,
-    stat_name,
-)
+from aether.xds.l4 import Arms, digest_arms, eds_cluster_for, load_assignment, local_pods, seconds, stat_name
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions
 
 UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
@@ -104,17 +95,17 @@ def blackhole_cluster(options: TranslateOptions) -> ResourceDict:
 
 def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
     """The UDP builder (contract in aether.xds.resources)."""
-    arms = node.status.udp.services
-    key = arms_key(arms)
+    key, endpoints = digest_arms(node.status.udp.services, skip=BLACKHOLE_CLUSTER)
     listeners: dict[str, ResourceDict] = {}
     for pod, record in local_pods(node, records):
         name = listener_name(pod.namespace, pod.name)
         listeners[name] = capture_listener(
             name, record.netns, key, options, stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
         )
+    timeout = options.cluster_connect_timeout_s
     clusters: dict[str, ResourceDict] = {BLACKHOLE_CLUSTER: blackhole_cluster(options)}
     assignments: dict[str, ResourceDict] = {}
-    for cluster, endpoints in sorted(endpoints_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):
-        clusters[cluster] = eds_cluster(cluster, options)
-        assignments[cluster] = load_assignment(cluster, endpoints)
+    for cluster, eps in endpoints.items():  # arm order: deterministic for one input
+        clusters[cluster] = eds_cluster_for(cluster, timeout)
+        assignments[cluster] = load_assignment(cluster, eps)
     return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: assignments}
