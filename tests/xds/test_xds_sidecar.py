@@ -1,0 +1,101 @@
+"""The sidecar loop without Envoy: file source, gates refusing a state, invalid files, the Programmed condition."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import yaml
+
+from aether.metrics import XDS_GATE_REFUSALS
+from aether.operator.meshnode import Condition
+from aether.xds.cache import SnapshotCache
+from aether.xds.resources import TranslateOptions
+from aether.xds.samples import node_with, records_for
+from aether.xds.sidecar import Sidecar
+from aether.xds.sources import FileSource, FileStatusSink, read_status_file
+
+L4 = TranslateOptions(areas=("udp", "tcp-floor"))
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.seen: list[Condition] = []
+
+    def publish(self, node_name: str, conditions: list[Condition]) -> None:
+        self.seen.append(conditions[0])
+
+
+def _sidecar(sink: Sink) -> tuple[Sidecar, SnapshotCache]:
+    cache = SnapshotCache()
+    sc = Sidecar("node-a", cache, sink, options=L4, path_exists=lambda p: "missing" not in p)
+    return sc, cache
+
+
+def test_a_gate_refusal_keeps_the_last_good_state_and_says_why() -> None:
+    sink = Sink()
+    sc, cache = _sidecar(sink)
+    good = node_with(3, 2)
+    sc.on_records(records_for(good))
+    sc.on_state(good)
+    served = cache.get("node-a")
+    assert served is not None and sink.seen[-1].reason == "Pending"
+    before = XDS_GATE_REFUSALS.labels(gate="duplicate-vip")._value.get()
+    bad = node_with(3, 2)
+    bad.status.udp.services[1] = bad.status.udp.services[1].model_copy(update={"vip": bad.status.udp.services[0].vip})
+    sc.on_state(bad)
+    assert cache.get("node-a") is served  # nothing of the bad state is served
+    cond = sink.seen[-1]
+    assert (cond.status, cond.reason) == ("False", "GateRefused")
+    assert "duplicate-vip" in cond.message and served.version in cond.message
+    assert XDS_GATE_REFUSALS.labels(gate="duplicate-vip")._value.get() == before + 1
+
+
+def test_a_missing_netns_refuses_the_state() -> None:
+    sink = Sink()
+    sc, cache = _sidecar(sink)
+    node = node_with(2, 1)
+    sc.on_records(records_for(node, "/run/netns/missing"))
+    sc.on_state(node)
+    assert cache.get("node-a") is None
+    assert sink.seen[-1].reason == "GateRefused" and "netns-exists" in sink.seen[-1].message
+
+
+def test_invalid_state_and_wrong_node_keep_serving() -> None:
+    sink = Sink()
+    sc, cache = _sidecar(sink)
+    sc.on_state(node_with(1, 1))
+    served = cache.get("node-a")
+    sc.on_state(None, "state.yaml: status.udp.services.0.vip: Field required")
+    assert sink.seen[-1].reason == "InvalidState" and "status.udp.services.0.vip" in sink.seen[-1].message
+    sc.on_state(node_with(1, 1, name="node-b"))
+    assert sink.seen[-1].reason == "InvalidState" and "node-b" in sink.seen[-1].message
+    assert cache.get("node-a") is served
+    sc.on_state(node_with(2, 1))  # a good state recovers
+    assert sink.seen[-1].reason == "Pending" and cache.get("node-a") is not served
+
+
+def test_file_source_rereads_on_change_and_reports_bad_files(tmp_path: Path) -> None:
+    path = tmp_path / "mn.yaml"
+    path.write_text(yaml.safe_dump(node_with(1, 1).wire()))
+    stop = threading.Event()
+    updates = FileSource(path, interval=0.02).updates(stop)
+    first = next(updates)
+    assert first.node is not None and len(first.node.status.udp.services) == 1
+    path.write_text("status: [not, a, mapping\n")
+    bad = next(updates)
+    assert bad.node is None and bad.error is not None and str(path) in bad.error
+    path.write_text(yaml.safe_dump(node_with(2, 1).wire()))
+    again = next(updates)
+    assert again.node is not None and len(again.node.status.udp.services) == 2
+    stop.set()
+
+
+def test_file_status_sink_writes_a_meshnode_shaped_status(tmp_path: Path) -> None:
+    out = tmp_path / "mn.yaml.status.json"
+    cond = Condition(type="Programmed", status="True", reason="Accepted", message="m")
+    FileStatusSink(out).publish("node-a", [cond])
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "MeshNode" and doc["metadata"] == {"name": "node-a"}
+    assert read_status_file(out) == [cond]
