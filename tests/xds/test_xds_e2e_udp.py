@@ -126,7 +126,14 @@ def test_live_change_adds_and_removes_services_without_disturbing_others(bed: No
         else:
             raise AssertionError(f"the change did not take effect\n{_dump(bed)}")
         assert lost == []
-        assert ask(sock, SERVICES["charlie"], b"gone") is None  # removed: blackholed
+        no_match = _no_match(bed)
+        fresh = udp_socket_in(bed.clients["client-0"].path, timeout=0.5)  # a new session: the matcher decides
+        try:
+            assert ask(fresh, SERVICES["charlie"], b"gone") is None
+        finally:
+            fresh.close()
+        assert _no_match(bed) == no_match + 1  # removed: its datagram went to the blackhole
+        assert bed.stats("listener_manager.listener_removed")["listener_manager.listener_removed"] == 0
         assert bed.envoy is not None and bed.envoy.poll() is None  # no Envoy restart
     finally:
         bed.write_state(bed.meshnode(sorted(SERVICES)))
