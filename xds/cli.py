@@ -1,6 +1,7 @@
 """`aether xds`: the node sidecar, `aether xds render` and `aether xds bootstrap`.
 
-    aether xds --node N [--state FILE] [--listen ADDR] [--records DIR] [--status-out FILE] [--metrics ADDR]
+    aether xds --node N [--state FILE | --kubeconfig F] [--listen ADDR] [--records DIR] [--status-out FILE]
+               [--metrics ADDR]
     aether xds render --state FILE [--records DIR]
     aether xds bootstrap --node N [--xds ADDR] [--admin ADDR]
 
@@ -78,6 +79,7 @@ def _serve(argv: list[str]) -> int:
     p = _Parser(prog="aether xds", description="the node xDS sidecar (delta ADS for the node's Envoy)")
     p.add_argument("--node", required=True, help="node name: the MeshNode and Envoy's node id")
     p.add_argument("--state", help="MeshNode file (re-read on change); the cluster's MeshNode when absent")
+    p.add_argument("--kubeconfig", help="cluster mode (no --state): kubeconfig file (in-cluster config otherwise)")
     p.add_argument("--listen", type=_addr, default=DEFAULT_XDS_ADDR, help="host:port or unix:PATH")
     p.add_argument("--records", help="pod records directory (default $AETHER_STATE_DIR or /run/aether/pods)")
     p.add_argument("--status-out", help="file mode: where the Programmed condition goes (default <state>.status.json)")
@@ -124,8 +126,8 @@ def _serve(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return 3
-        source = kube.source(args.node)
-        sink = kube.status_sink(args.node)
+        source = kube.source(args.node, args.kubeconfig)
+        sink = kube.status_sink(args.node, args.kubeconfig)
 
     cache = SnapshotCache()
     options = TranslateOptions(
