@@ -20,10 +20,11 @@ from aether.xds import eastwest_inbound as inbound
 from aether.xds import eastwest_outbound as outbound
 from aether.xds import identity_protos  # noqa: F401  (registers the selector and mapper messages for the codec)
 from aether.xds.eastwest_plan import EastWestOptions, destinations, identities, local_pods
-from aether.xds.identity import bundle_secret_name, parse_spiffe_id
+from aether.xds.identity import CertificateSource, bundle_secret_name, parse_spiffe_id
+from aether.xds.identity_sds import secrets
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
 
-__all__ = ["EastWestOptions", "build", "camel", "required_secrets"]
+__all__ = ["EastWestOptions", "build", "camel", "required_secrets", "secrets_for"]
 
 _SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 
@@ -87,3 +88,11 @@ def required_secrets(node: MeshNode, records: Mapping[str, PodRecord], options: 
 
 def bundle_name(options: TranslateOptions) -> str:
     return bundle_secret_name(options.trust_domain)
+
+
+def secrets_for(
+    node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions, source: CertificateSource
+) -> Resources:
+    """The SDS secrets `build`'s resources reference, from `source` (reads files for a DirectorySource: call it in
+    the shell, merge the result with the translation, and keep the last good secrets on IdentityError)."""
+    return secrets(source, required_secrets(node, records, options))

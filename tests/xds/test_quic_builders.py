@@ -202,3 +202,20 @@ def test_every_resource_and_secret_encodes_for_ads() -> None:
     quic = decode_json(LISTENER, encode(LISTENER, res[LISTENER]["inbound-h3:default/client-0"], "h3"))
     ts = quic["filterChains"][0]["transportSocket"]["typedConfig"]
     assert ts["enableResumption"] is False and ts["enableEarlyData"] is False
+
+
+def test_secrets_for_names_every_secret_the_resources_reference() -> None:
+    import json
+
+    from aether.xds.certs_ca import BuiltinCA
+    from aether.xds.eastwest import secrets_for
+    from aether.xds.resources import SECRET
+
+    node, records = two_sources_one_destination()
+    res = build(node, records, OPTS)
+    served = set(secrets_for(node, records, OPTS, BuiltinCA())[SECRET])
+    text = json.dumps(res)
+    referenced = {n for n in served if json.dumps(n) in text}
+    # every TLS-context reference is served; the selector-only names are the stamped identities
+    assert served == referenced | {CLIENT, OTHER}
+    assert {"svid:" + CLIENT, "svid:" + OTHER, "bundle:cluster.local"} <= referenced

@@ -8,6 +8,7 @@ Node A: pods client-0 (SA client) and other-0 (SA other). Node B: pod web-0 (SA 
 from __future__ import annotations
 
 import copy
+import json
 import subprocess
 import sys
 import time
@@ -103,7 +104,8 @@ class Mesh:
 
     def resources_b(self) -> Resources:
         node, records = sample_node("node-b", [SamplePod("u-web", "web-0", self.web.ip, "web-sa", self.web.path)], [])
-        return build(node, records, OPTS, EastWestOptions(access_log_path=str(self.workdir / "access-b.log")))
+        ew = EastWestOptions(access_log_path=str(self.workdir / "access-b.log"), app_ports={"u-web": (8080, 9090)})
+        return build(node, records, OPTS, ew)
 
     def serve_a(self, res: Resources | None = None, secret_overrides: dict[str, dict[str, Any]] | None = None) -> None:
         sec = secrets(self.ca, [CLIENT, OTHER])
@@ -159,7 +161,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         for pod in (client, other):
             install_capture(pod.path, CaptureMode.TPROXY)
         hits = workdir / "hits.log"
-        start_echo(lab, web, (8080,), hits)
+        start_echo(lab, web, (8080, 9090), hits)
         ca = BuiltinCA(TD, MD)
         a = start_envoy(lab, na.netns, "node-a", workdir, ads)
         b = start_envoy(lab, nb.netns, "node-b", workdir, ads)
@@ -414,3 +416,16 @@ def test_a_quic_handshake_to_the_plaintext_port_never_reaches_a_quic_chain(mesh:
         assert (_quic_chain_counters(mesh.a), _quic_chain_counters(mesh.b)) == (a0, b0)
     finally:
         mesh.serve_a()
+
+
+def test_quic_sni_picks_the_app_port(mesh: Mesh) -> None:
+    """The inbound matches the SNI `<port>.<sa>.<ns>.<mesh-domain>` per app port; the primary port is the default."""
+    assert json.loads(mesh.until_200(mesh.client)[0][1])["port"] == 8080
+    try:
+        mesh.serve_a(_with_twin_variant(mesh, "port9090", lambda u: u.__setitem__("sni", f"9090.web-sa.default.{MD}")))
+        _wait_routed_to(mesh, f"{TWIN}~port9090")
+        body = mesh.until_200(mesh.client)[0][1]
+        assert json.loads(body)["port"] == 9090 and xfcc_uri(body) == CLIENT
+    finally:
+        mesh.serve_a()
+        _wait_routed_to(mesh, f'"{TWIN}"')
