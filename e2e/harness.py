@@ -151,9 +151,9 @@ class Mesh:
 
     def _start_sidecar(self, node: MeshNodeProxy) -> None:
         argv = [*XDS_CLI, "--node", node.name, "--listen", f"unix:{node.ads_sock}"]
-        argv += ["--records", str(node.records), "--areas", self.areas]  # no --state: cluster mode
+        argv += ["--kubeconfig", self.kubeconfig, "--records", str(node.records), "--areas", self.areas]
         log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115
-        node.sidecar = self.lab.spawn(None, argv, env={"KUBECONFIG": self.kubeconfig}, stdout=log, stderr=log)
+        node.sidecar = self.lab.spawn(None, argv, stdout=log, stderr=log)
         self.progress(f"node {node.name}: xds sidecar started (aether xds --node {node.name}: watches its MeshNode)")
 
     def _start_envoy(self, node: MeshNodeProxy) -> None:
