@@ -118,22 +118,28 @@ def main(argv: list[str] | None = None) -> int:
                     node.admin(f"/runtime_modify?{kv}", "POST")
             per_client = args.requests // args.clients
 
+            side: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+
             def batch(quic: bool) -> float:
                 use(quic)
                 http_in_netns(client.netns, HOST, n=200, ip=VIP)  # warm the pools
                 before = _cpu([a, b])
+                a0 = a.cpu_seconds()
                 t0 = time.monotonic()
                 procs = [start_client(lab, client.netns, HOST, n=per_client, ip=VIP) for _ in range(args.clients)]
                 results = [r for p in procs for r in client_result(p, timeout=600)]
                 wall = time.monotonic() - t0
                 cpu = _cpu([a, b]) - before
+                cpu_a = a.cpu_seconds() - a0
                 ok = sum(1 for s, _ in results if s == 200)
                 if ok != len(results):
                     raise RuntimeError(f"{len(results) - ok} of {len(results)} requests failed")
                 ms = cpu / len(results) * 1000
+                ms_a = cpu_a / len(results) * 1000
+                side[quic].append((ms_a, ms - ms_a))
                 print(
                     f"{'h3' if quic else 'h2'}: {len(results)} requests, {wall:.2f}s wall, "
-                    f"{cpu:.2f}s CPU both proxies, {ms:.3f} ms/request",
+                    f"{cpu:.2f}s CPU both proxies, {ms:.3f} ms/request (source {ms_a:.3f}, destination {ms - ms_a:.3f})",
                     flush=True,
                 )
                 return ms
@@ -158,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
                 "h2_ms_per_request_median": round(statistics.median(h2s), 4),
                 "h3_ms_per_request_median": round(statistics.median(h3s), 4),
                 "h3_over_h2_median": round(statistics.median(ratios), 3),
+                "source_proxy_ms_median": {
+                    "h2": round(statistics.median(x for x, _ in side[False]), 4),
+                    "h3": round(statistics.median(x for x, _ in side[True]), 4),
+                },
+                "destination_proxy_ms_median": {
+                    "h2": round(statistics.median(y for _, y in side[False]), 4),
+                    "h3": round(statistics.median(y for _, y in side[True]), 4),
+                },
                 "h3_over_h2_range": [round(min(ratios), 3), round(max(ratios), 3)],
             }
             print(json.dumps(summary))
