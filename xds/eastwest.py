@@ -52,7 +52,8 @@ def build(
     options: TranslateOptions,
     ew: EastWestOptions | None = None,
 ) -> Resources:
-    ew = ew or EastWestOptions()
+    # `TranslateOptions` may carry an `eastwest: EastWestOptions` field (how the sidecar would set these knobs)
+    ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
     td, md = options.trust_domain, options.mesh_domain
     pods = local_pods(node, records, td, ew)
     dests = destinations(node, td)

@@ -219,3 +219,17 @@ def test_secrets_for_names_every_secret_the_resources_reference() -> None:
     # every TLS-context reference is served; the selector-only names are the stamped identities
     assert served == referenced | {CLIENT, OTHER}
     assert {"svid:" + CLIENT, "svid:" + OTHER, "bundle:cluster.local"} <= referenced
+
+
+def test_app_ports_come_from_destinations_naming_the_pod_then_options_then_the_default() -> None:
+    from aether.xds.eastwest_plan import local_pods
+    from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node
+
+    pods = [
+        SamplePod("u1", "web-0", "10.200.1.2", "web", "/run/netns/w"),
+        SamplePod("u2", "api-0", "10.200.1.3", "api", "/run/netns/a"),
+        SamplePod("u3", "db-0", "10.200.1.4", "db", "/run/netns/d"),
+    ]
+    node, records = sample_node("n", pods, [SampleDestination("default/web", "web", (8443, 8080), ("10.200.1.2",))])
+    got = {p.name: p.app_ports for p in local_pods(node, records, "td", EastWestOptions(app_ports={"u2": (9000,)}))}
+    assert got == {"web-0": (8443, 8080), "api-0": (9000,), "db-0": (8080,)}
