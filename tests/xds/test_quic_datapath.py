@@ -70,14 +70,18 @@ class Mesh:
     web: Pod
     hits: Path
 
-    def resources_a(self, **kw: Any) -> Resources:
+    def resources_a(self, *, more_destinations: tuple[str, ...] = (), **kw: Any) -> Resources:
+        """Node A's east-west resources; `more_destinations` adds Services (same SA and pod as default/web)."""
         node, records = sample_node(
             "node-a",
             [
                 SamplePod("u-client", "client-0", self.client.ip, "client", self.client.path),
                 SamplePod("u-other", "other-0", self.other.ip, "other", self.other.path),
             ],
-            [SampleDestination("default/web", "web-sa", (8080,), (self.web.ip,), vip=VIP)],
+            [
+                SampleDestination("default/web", "web-sa", (8080,), (self.web.ip,), vip=VIP),
+                *(SampleDestination(f"default/{svc}", "web-sa", (8080,), (self.web.ip,)) for svc in more_destinations),
+            ],
         )
         ew = EastWestOptions(access_log_path=str(self.workdir / "access-a.log"), **kw)
         return build(node, records, OPTS, ew)
@@ -426,6 +430,22 @@ def test_quic_sni_picks_the_app_port(mesh: Mesh) -> None:
         _wait_routed_to(mesh, f"{TWIN}~port9090")
         body = mesh.until_200(mesh.client)[0][1]
         assert json.loads(body)["port"] == 9090 and xfcc_uri(body) == CLIENT
+    finally:
+        mesh.serve_a()
+        _wait_routed_to(mesh, f'"{TWIN}"')
+
+
+def test_h2_selector_serves_each_identity_to_several_destinations(mesh: Mesh) -> None:
+    """Several h2 clusters' selectors ask for the same identities (one SDS name each, shared): every source
+    arrives with its own ID at every destination, first use and later ones."""
+    try:
+        mesh.serve_a(mesh.resources_a(quic=False, more_destinations=("web2", "web3")))
+        wait_until(lambda: "h2:default/web3" in mesh.a.admin("/clusters"), 30, "web3's h2 cluster")
+        wait_until(lambda: TWIN not in mesh.a.admin("/clusters"), 30, "twins gone")
+        for svc in ("web", "web2", "web3", "web2"):
+            for pod, sid in ((mesh.client, CLIENT), (mesh.other, OTHER)):
+                out = http_in_netns(pod.netns, f"{svc}.default.{MD}", n=2, ip=VIP)
+                assert [(s, xfcc_uri(b)) for s, b in out] == [(200, sid)] * 2, (svc, pod.name, out)
     finally:
         mesh.serve_a()
         _wait_routed_to(mesh, f'"{TWIN}"')
