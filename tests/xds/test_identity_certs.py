@@ -128,3 +128,12 @@ def test_directory_source_refuses_misplaced_or_mismatched_files(tmp_path: Path) 
         src.svid(CLIENT)
     with pytest.raises(IdentityError, match="no trust bundle"):
         src.bundle()
+
+
+def test_tls_context_and_selector_names_never_collide() -> None:
+    """On Envoy 1.40.0 a selector asking for a name a listener already subscribed never got it (docs/identity.md);
+    test_h2_when_the_twin_is_absent is the data-path side of this."""
+    from aether.xds.identity import selector_secret_name, svid_secret_name
+
+    assert svid_secret_name(CLIENT) != selector_secret_name(CLIENT)
+    assert selector_secret_name(CLIENT) == CLIENT  # the stamped identity is the SPIFFE ID itself
