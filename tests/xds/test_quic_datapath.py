@@ -449,3 +449,25 @@ def test_h2_selector_serves_each_identity_to_several_destinations(mesh: Mesh) ->
     finally:
         mesh.serve_a()
         _wait_routed_to(mesh, f'"{TWIN}"')
+
+
+def test_a_destination_outside_the_twins_san_pin_is_refused(mesh: Mesh) -> None:
+    """The client side of the pin: a twin expecting another destination identity refuses node B's SVID."""
+    mesh.until_200(mesh.client)
+    name = f"{TWIN}~otherpin"
+    pin = [{"sanType": "URI", "matcher": {"exact": f"spiffe://{TD}/ns/default/sa/not-web"}}]
+
+    def repin(u: dict[str, Any]) -> None:
+        u["commonTlsContext"]["combinedValidationContext"]["defaultValidationContext"]["matchTypedSubjectAltNames"] = (
+            pin
+        )
+
+    try:
+        mesh.serve_a(_with_twin_variant(mesh, "otherpin", repin))
+        _wait_routed_to(mesh, name)
+        _refused(mesh, "destination outside the SAN pin")
+        assert mesh.a.stat_sum(r"^cluster\.quic_default/web@client~otherpin\.ssl\.fail_verify_san$") > 0
+    finally:
+        mesh.serve_a()
+        _wait_routed_to(mesh, f'"{TWIN}"')
+    mesh.until_200(mesh.client)
