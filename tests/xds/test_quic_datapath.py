@@ -186,6 +186,10 @@ def test_h3_carries_each_source_identity(mesh: Mesh) -> None:
     assert xfcc_uri(body) == CLIENT
     assert [xfcc_uri(b) for s, b in mesh.get(mesh.other, n=3)] == [OTHER] * 3
     assert [xfcc_uri(b) for s, b in mesh.get(mesh.client, n=3)] == [CLIENT] * 3
+    # every spelling of the destination routes to it: <svc>.<ns>, <svc>.<ns>.<mesh-domain>[:port], the VIP
+    for host in ("web.default", f"{HOST}:18080", VIP, f"{VIP}:18080"):
+        (status, body), *_ = http_in_netns(mesh.client.netns, host, ip=VIP)
+        assert (status, xfcc_uri(body)) == (200, CLIENT), host
     # the destination proxy saw HTTP/3 from each source, with the source's SPIFFE ID as the verified peer
     for sid in (CLIENT, OTHER):
         wait_until(
