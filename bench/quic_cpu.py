@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=1, help="parallel keep-alive client connections")
     ap.add_argument("--no-gro", action="store_true", help="prefer_gro: false on the inbound QUIC listener")
     ap.add_argument("--access-log", action="store_true", help="file access logs on (off by default)")
-    ap.add_argument("--runtime", action="append", default=[], help="KEY=VALUE runtime override on both Envoys")
+    ap.add_argument(
+        "--runtime", action="append", default=[], help="KEY=VALUE in both Envoys' static runtime layer (from start)"
+    )
     ap.add_argument("--twin-h3", default="", help="JSON merged into the twins' http3ProtocolOptions")
     args = ap.parse_args(argv)
     twin_h3 = json.loads(args.twin_h3) if args.twin_h3 else {}
@@ -80,8 +82,12 @@ def main(argv: list[str] | None = None) -> int:
             install_capture(client.path, CaptureMode.TPROXY)
             start_echo(lab, web, (8080,), work / "hits.log")
             ca = BuiltinCA(TD, MD)
-            a = start_envoy(lab, na.netns, "node-a", work, ads, concurrency=args.concurrency)
-            b = start_envoy(lab, nb.netns, "node-b", work, ads, concurrency=args.concurrency)
+            runtime: dict[str, object] = {}
+            for kv in args.runtime:
+                key, _, value = kv.partition("=")
+                runtime[key] = {"true": True, "false": False}.get(value, value)
+            a = start_envoy(lab, na.netns, "node-a", work, ads, concurrency=args.concurrency, runtime=runtime)
+            b = start_envoy(lab, nb.netns, "node-b", work, ads, concurrency=args.concurrency, runtime=runtime)
             node_a, rec_a = sample_node(
                 "node-a",
                 [SamplePod("u-client", "client-0", client.ip, "client", client.path)],
@@ -113,9 +119,6 @@ def main(argv: list[str] | None = None) -> int:
 
             a.wait_ready()
             b.wait_ready()
-            for kv in args.runtime:
-                for node in (a, b):
-                    node.admin(f"/runtime_modify?{kv}", "POST")
             per_client = args.requests // args.clients
 
             side: dict[bool, list[tuple[float, float]]] = {False: [], True: []}

@@ -228,10 +228,15 @@ def start_envoy(
     concurrency: int = 1,
     log_level: str = "warning",
     drain_time_s: int = 2,
+    runtime: dict[str, Any] | None = None,
 ) -> EnvoyNode:
     workdir.mkdir(parents=True, exist_ok=True)
     admin = str(workdir / f"admin-{node_id}.sock")
     boot = ads_bootstrap(node_id, f"unix:{ads.socket_path}", f"unix:{admin}")
+    if runtime:
+        boot["layered_runtime"] = {
+            "layers": [{"name": "static", "static_layer": runtime}, {"name": "admin", "admin_layer": {}}]
+        }
     boot_path = workdir / f"bootstrap-{node_id}.json"
     boot_path.write_text(json.dumps(boot))
     log_path = workdir / f"envoy-{node_id}.log"
