@@ -12,6 +12,8 @@ import hashlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import is_not
 
 from aether.xds.codec import encode
 from aether.xds.resources import KNOWN_TYPES, Resources
@@ -26,40 +28,78 @@ class Snapshot:
     resources: Resources
     versions: dict[str, dict[str, str]]
     encoded: dict[str, dict[str, bytes]] = field(repr=False)
+    # per type: XOR of _mix(name, version) over its resources (None for a hand-built snapshot): lets the next
+    # snapshot's version be computed from what changed instead of from every resource
+    mixes: dict[str, int] | None = field(default=None, repr=False, compare=False)
 
     def types(self) -> list[str]:
         known = [t for t in PUSH_ORDER if t in self.versions]
         return known + sorted(t for t in self.versions if t not in PUSH_ORDER)
 
 
+def _mix(name: str, version: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{name}\0{version}".encode(), digest_size=16).digest(), "big")
+
+
+def _type_mix(versions: Mapping[str, str]) -> int:
+    acc = 0
+    for name, ver in versions.items():
+        acc ^= _mix(name, ver)
+    return acc
+
+
+def snapshot_version(versions: Mapping[str, Mapping[str, str]], mixes: Mapping[str, int]) -> str:
+    """A hash of every (type, name, version): per type its count and the XOR of `_mix` over its resources (names
+    are unique within a type, so nothing cancels), hence independent of order and updatable per change."""
+    digest = hashlib.blake2b(digest_size=10)
+    for type_url in sorted(versions):
+        digest.update(f"{type_url}\0{len(versions[type_url])}\0".encode())
+        digest.update(mixes[type_url].to_bytes(16, "big"))
+    return digest.hexdigest()
+
+
 def make_snapshot(resources: Resources, previous: Snapshot | None = None) -> Snapshot:
     """Encodes every resource and versions it by a hash of its bytes (deterministic serialization, so a restarted
     server computes the same versions). A resource that does not encode raises CodecError before anything is
-    served. A resource dict that is the same object as in `previous` (builders memoize) reuses its bytes."""
+    served. A resource dict that is the same object as in `previous` (builders memoize) reuses its bytes and
+    version; finding those is a C-level pass, and the work after it is proportional to the changed resources."""
     versions: dict[str, dict[str, str]] = {}
     encoded: dict[str, dict[str, bytes]] = {}
+    mixes: dict[str, int] = {}
     for type_url, named in resources.items():
         prev_res = previous.resources.get(type_url, {}) if previous else {}
         prev_ver = previous.versions.get(type_url, {}) if previous else {}
         prev_enc = previous.encoded.get(type_url, {}) if previous else {}
-        tv: dict[str, str] = {}
-        te: dict[str, bytes] = {}
-        for name, res in named.items():
-            if prev_res.get(name) is res:
-                tv[name] = prev_ver[name]
-                te[name] = prev_enc[name]
-            else:
-                data = encode(type_url, res, name)
-                te[name] = data
-                tv[name] = hashlib.blake2b(data, digest_size=10).hexdigest()
+        prev_mix = previous.mixes.get(type_url) if previous and previous.mixes is not None else None
+        changed = list(compress(named, map(is_not, named.values(), map(prev_res.get, named))))
+        names = list(named)
+        if len(prev_ver) == len(named) and list(prev_ver) == names and list(prev_enc) == names:  # copies in C
+            tv = dict(prev_ver)
+            te = dict(prev_enc)
+        else:
+            fresh = set(changed)
+            tv = {name: "" if name in fresh else prev_ver[name] for name in names}
+            te = {name: b"" if name in fresh else prev_enc[name] for name in names}
+        new_names = 0
+        for name in changed:
+            data = encode(type_url, named[name], name)
+            version = hashlib.blake2b(data, digest_size=10).hexdigest()
+            if prev_mix is not None:
+                old = prev_ver.get(name)
+                if old is None:
+                    new_names += 1
+                else:
+                    prev_mix ^= _mix(name, old)
+                prev_mix ^= _mix(name, version)
+            te[name] = data
+            tv[name] = version
+        if prev_mix is not None and len(prev_ver) + new_names != len(named):  # some were removed
+            for name in prev_ver.keys() - named.keys():
+                prev_mix ^= _mix(name, prev_ver[name])
         versions[type_url] = tv
         encoded[type_url] = te
-    # the snapshot's version: over every (type, name, version) in builder order (deterministic for one input)
-    digest = hashlib.blake2b(digest_size=10)
-    for type_url in sorted(versions):
-        digest.update(type_url.encode())
-        digest.update("\n".join(map("\0".join, versions[type_url].items())).encode())
-    return Snapshot(digest.hexdigest(), resources, versions, encoded)
+        mixes[type_url] = prev_mix if prev_mix is not None else _type_mix(tv)
+    return Snapshot(snapshot_version(versions, mixes), resources, versions, encoded, mixes)
 
 
 Watcher = Callable[[], None]

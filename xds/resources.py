@@ -78,11 +78,14 @@ def merge(*parts: Resources) -> Resources:
     out: Resources = {}
     for part in parts:
         for type_url, named in part.items():
-            dest = out.setdefault(type_url, {})
-            for name, res in named.items():
-                if name in dest:
-                    raise ValueError(f"two builders produced {short_type(type_url)} {name!r}")
-                dest[name] = res
+            dest = out.get(type_url)
+            if dest is None:
+                out[type_url] = dict(named)
+                continue
+            if not dest.keys().isdisjoint(named):
+                name = next(n for n in named if n in dest)
+                raise ValueError(f"two builders produced {short_type(type_url)} {name!r}")
+            dest.update(named)
     return out
 
 

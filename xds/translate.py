@@ -65,6 +65,7 @@ def clear_memo() -> None:
         tcp_floor.capture_listener,
     ):
         fn.cache_clear()
+    udp.MEMO.clear()
     gates._walked.clear()
     gates._walked_shared.clear()
     fastcodec._shared.clear()

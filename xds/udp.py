@@ -17,7 +17,8 @@ from aether.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
 from aether.operator.meshnode import MeshNode
-from aether.xds.l4 import Arms, digest_arms, eds_cluster_for, load_assignment, local_pods, seconds, stat_name
+from aether.xds.l4 import Arms, local_pods, seconds, stat_name
+from aether.xds.l4_memo import DigestMemo
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions
 
 UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
@@ -93,19 +94,24 @@ def blackhole_cluster(options: TranslateOptions) -> ResourceDict:
     }
 
 
+MEMO = DigestMemo()
+
+
 def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
-    """The UDP builder (contract in aether.xds.resources)."""
-    key, endpoints = digest_arms(node.status.udp.services, skip=BLACKHOLE_CLUSTER)
+    """The UDP builder (contract in aether.xds.resources). Incremental: diffs the arms against the node's last
+    translation (`aether.xds.l4_memo`), so one changed service costs what it changed plus one read of the arms."""
+    timeout = options.cluster_connect_timeout_s
+    dig = MEMO.digest(node.metadata.name, "udp", node.status.udp.services, BLACKHOLE_CLUSTER, timeout)
+    key = dig.key
     listeners: dict[str, ResourceDict] = {}
     for pod, record in local_pods(node, records):
         name = listener_name(pod.namespace, pod.name)
-        listeners[name] = capture_listener(
-            name, record.netns, key, options, stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
-        )
-    timeout = options.cluster_connect_timeout_s
+        stat = stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
+        memo_key = (name, record.netns, stat, options)
+        listener = dig.listeners.get(memo_key)
+        if listener is None:
+            listener = dig.remember(memo_key, capture_listener(name, record.netns, key, options, stat))
+        listeners[name] = listener
     clusters: dict[str, ResourceDict] = {BLACKHOLE_CLUSTER: blackhole_cluster(options)}
-    assignments: dict[str, ResourceDict] = {}
-    for cluster, eps in endpoints.items():  # arm order: deterministic for one input
-        clusters[cluster] = eds_cluster_for(cluster, timeout)
-        assignments[cluster] = load_assignment(cluster, eps)
-    return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: assignments}
+    clusters.update(dig.clusters)  # arm order: deterministic for one input
+    return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: dict(dig.assignments)}
