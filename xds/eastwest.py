@@ -19,7 +19,7 @@ from aether.operator.meshnode import MeshNode
 from aether.xds import eastwest_inbound as inbound
 from aether.xds import eastwest_outbound as outbound
 from aether.xds import identity_protos  # noqa: F401  (registers the selector and mapper messages for the codec)
-from aether.xds.eastwest_plan import EastWestOptions, destinations, identities, local_pods
+from aether.xds.eastwest_plan import EastWestOptions, destinations, identities, local_pods, twin_sources
 from aether.xds.identity import CertificateSource, bundle_secret_name, parse_spiffe_id
 from aether.xds.identity_sds import secrets
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
@@ -57,7 +57,7 @@ def build(
     td, md = options.trust_domain, options.mesh_domain
     pods = local_pods(node, records, td, ew)
     dests = destinations(node, td)
-    sources = identities(pods)
+    sources = twin_sources(identities(pods))
     listeners: dict[str, dict[str, Any]] = {}
     clusters: dict[str, dict[str, Any]] = {}
     endpoints: dict[str, dict[str, Any]] = {}

@@ -15,7 +15,7 @@ from aether.xds.gates_quic import (
     run_quic_gates,
     twin_per_identity,
 )
-from aether.xds.resources import LISTENER, Resources, TranslateOptions
+from aether.xds.resources import CLUSTER, LISTENER, ROUTE, Resources, TranslateOptions
 
 
 def _res(**kw: Any) -> Resources:
@@ -104,15 +104,28 @@ def test_identity_gate_is_red_for_envoy_string() -> None:
 
 
 def test_twin_gate_is_red_when_two_identities_would_share_a_twin() -> None:
-    """Same ServiceAccount name in two namespaces: `quic:<ns>/<svc>@<sa>` names one twin for two sources."""
+    """Same ServiceAccount name in two namespaces: `quic:<ns>/<svc>@<sa>` names one twin for two sources. The
+    builder avoids it (those sources go over h2); the gate is red on the shape if anything produced it."""
     node, records = sample_node(
         "node-a",
         [
             SamplePod("u1", "a-0", "10.200.1.2", "default", "/run/netns/s1", namespace="team-a"),
             SamplePod("u2", "b-0", "10.200.1.3", "default", "/run/netns/s2", namespace="team-b"),
+            SamplePod("u3", "c-0", "10.200.1.4", "web-client", "/run/netns/s3", namespace="team-a"),
         ],
         [SampleDestination("shop/web", "web", (8080,), ("10.200.2.7",))],
     )
-    failures = twin_per_identity(build(node, records, TranslateOptions()))
-    assert len(failures) == 1 and "quic:shop/web@default" in failures[0].reason
+    res = build(node, records, TranslateOptions())
+    assert twin_per_identity(res) == []
+    assert sorted(n for n in res[CLUSTER] if n.startswith("quic:")) == ["quic:shop/web@web-client"]
+    (vh,) = res[ROUTE]["http-outbound"]["virtualHosts"]
+    spec = vh["routes"][0]["route"]["inlineClusterSpecifierPlugin"]["extension"]["typedConfig"]["clusterMatcher"]
+    assert list(spec["matcherTree"]["exactMatchMap"]["map"]) == ["spiffe://cluster.local/ns/team-a/sa/web-client"]
+    # the bad shape, by hand: both default SAs mapped to one twin
+    arms = spec["matcherTree"]["exactMatchMap"]["map"]
+    one = next(iter(arms.values()))
+    arms["spiffe://cluster.local/ns/team-a/sa/default"] = copy.deepcopy(one)
+    arms["spiffe://cluster.local/ns/team-b/sa/default"] = copy.deepcopy(one)
+    failures = twin_per_identity(res)
+    assert len(failures) == 2 and all("quic:shop/web@web-client" in f.reason for f in failures)
     assert parse_meshnode(node.wire()) == node
