@@ -14,3 +14,7 @@ from envoy.extensions.transport_sockets.quic.v3 import quic_transport_pb2  # noq
 from envoy.extensions.transport_sockets.tls.v3 import secret_pb2, tls_pb2  # noqa: F401
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2  # noqa: F401
 from envoy.service.discovery.v3 import ads_pb2, discovery_pb2  # noqa: F401
+
+# Message types xds-protos lacks (the h2 certificate selector and its mapper), registered from descriptors
+# written by hand: importing them here makes the codec independent of whether eastwest was imported first.
+from aether.xds import identity_protos  # noqa: F401

@@ -94,6 +94,11 @@ def _serve(argv: list[str]) -> int:
         "--udp-upstream-gro", choices=["on", "off"], help="GRO on udp_proxy's upstream sockets (default: Envoy's)"
     )
     p.add_argument("--udp-idle-timeout", type=float, default=60.0, help="udp_proxy session idle timeout (seconds)")
+    p.add_argument(
+        "--certs-dir",
+        help="east-west: a PEM directory per identity (docs/identity.md); without it a built-in CA "
+        "(tests and the demo only: nodes do not share it)",
+    )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     from aether.xds.translate import AREAS
@@ -136,7 +141,14 @@ def _serve(argv: list[str]) -> int:
         udp_session_idle_s=args.udp_idle_timeout,
         udp_upstream_prefer_gro=None if args.udp_upstream_gro is None else args.udp_upstream_gro == "on",
     )
-    sidecar = Sidecar(args.node, cache, sink, args.records, options)
+    keeper = None
+    if not areas or "eastwest" in areas:
+        from aether.xds.identity_shell import SecretKeeper, make_source
+
+        if not args.certs_dir:
+            log.warning("east-west identities from a built-in CA: for tests and the demo only (use --certs-dir)")
+        keeper = SecretKeeper(make_source(args.certs_dir, options))
+    sidecar = Sidecar(args.node, cache, sink, args.records, options, secrets=keeper)
     servicer = DeltaAdsServer(cache, events=sidecar)
     try:
         server, port = serve(servicer, args.listen)

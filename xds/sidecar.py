@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
@@ -21,6 +22,7 @@ from aether.operator.meshnode import Condition, MeshNode
 from aether.xds.cache import SnapshotCache, make_snapshot
 from aether.xds.codec import CodecError
 from aether.xds.gates import PathExists, run_gates
+from aether.xds.identity_shell import SecretKeeper
 from aether.xds.resources import TranslateOptions, count, short_type
 from aether.xds.server import Events
 from aether.xds.sources import StateSource, StatusSink
@@ -43,6 +45,7 @@ class Sidecar(Events):
         records_dir: str | os.PathLike[str] | None = None,
         options: TranslateOptions | None = None,
         path_exists: PathExists = os.path.exists,
+        secrets: SecretKeeper | None = None,
     ) -> None:
         self.node_name = node_name
         self.cache = cache
@@ -50,6 +53,7 @@ class Sidecar(Events):
         self.records_dir = records_dir
         self.options = options or TranslateOptions()
         self.path_exists = path_exists
+        self.secrets = secrets  # east-west: SDS secrets for what translate references, and the east-west gates
         self._lock = threading.RLock()
         self.desired: MeshNode | None = None
         self.records: dict[str, PodRecord] = {}
@@ -99,11 +103,20 @@ class Sidecar(Events):
     def poll_records(self) -> None:
         self.on_records(load_records(self.records_dir))
 
+    def poll_secrets(self) -> None:
+        """Re-read the certificate source: a rotated SVID is a new Secret version (content hash), pushed alone."""
+        if self.secrets is None:
+            return
+        with self._lock:
+            self._reconcile()
+
     def _reconcile(self) -> None:
         if self.desired is None:
             return
         resources = translate(self.desired, self.records, self.options)
         failures = run_gates(self.desired, resources, self.path_exists)
+        if not failures and self.secrets is not None:
+            resources, failures = self.secrets.finish(self.desired, self.records, self.options, resources)
         if failures:
             for failure in failures:
                 XDS_GATE_REFUSALS.labels(gate=failure.gate).inc()
@@ -156,13 +169,26 @@ class Sidecar(Events):
             )
 
     # -- loop ----------------------------------------------------------------------------------------
-    def run(self, source: StateSource, stop: threading.Event, records_interval: float = 0.2) -> None:
+    def run(
+        self,
+        source: StateSource,
+        stop: threading.Event,
+        records_interval: float = 0.2,
+        secrets_interval: float = 5.0,
+    ) -> None:
         def records_loop() -> None:
+            last_secrets = 0.0
             while not stop.is_set():
                 try:
                     self.poll_records()
                 except Exception:
                     log.exception("reading pod records failed")
+                if self.secrets is not None and time.monotonic() - last_secrets >= secrets_interval:
+                    last_secrets = time.monotonic()
+                    try:
+                        self.poll_secrets()
+                    except Exception:
+                        log.exception("refreshing certificates failed")
                 stop.wait(records_interval)
 
         t = threading.Thread(target=records_loop, name="records", daemon=True)
