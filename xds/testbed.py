@@ -109,7 +109,7 @@ class NodeBed:
     base_id: int
     node_name: str = "node-a"
     envoy_args: list[str] = field(default_factory=list)
-    areas: str = "udp,tcp-floor"  # the east-west area needs SDS secrets this bed does not provide
+    areas: str = "udp,tcp-floor"  # "" = every area (east-west too: the sidecar then serves its SDS secrets)
     sidecar_args: list[str] = field(default_factory=list)
     node: Node = field(init=False)
     clients: dict[str, Pod] = field(default_factory=dict)
