@@ -72,24 +72,6 @@ def endpoints_by_cluster(arms: Iterable[ServiceArm], skip: str) -> dict[str, End
     return {name: tuple(eps) if len(eps) < 2 else tuple(sorted(eps)) for name, eps in groups.items()}
 
 
-def digest_arms(arms: Iterable[ServiceArm], skip: str) -> tuple[Arms, dict[str, EndpointKey]]:
-    """One pass over the arms: (`arms_key`, `endpoints_by_cluster`) (the incremental path's hot loop)."""
-    rows: list[tuple[str, str, str]] = []
-    groups: dict[str, set[tuple[str, int]]] = {}
-    for arm in arms:
-        cluster = arm.cluster
-        rows.append((arm.vip, arm.service, cluster))
-        if cluster != skip:
-            group = groups.get(cluster)
-            if group is None:
-                group = groups[cluster] = set()
-            for ep in arm.endpoints:
-                group.add((ep.ip, ep.port))
-    rows.sort()
-    key = tuple((vip, cluster) for vip, _, cluster in rows)
-    return key, {name: tuple(eps) if len(eps) < 2 else tuple(sorted(eps)) for name, eps in groups.items()}
-
-
 def arms_key(arms: Iterable[ServiceArm]) -> Arms:
     """The matcher's content: (vip, cluster) per arm, sorted by VIP then service."""
     return tuple((a.vip, a.cluster) for a in sorted(arms, key=lambda a: (a.vip, a.service)))
