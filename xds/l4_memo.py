@@ -12,8 +12,9 @@ after it is proportional to what changed, or a C-level comparison/copy:
   objects as before and the snapshot neither re-hashes nor re-encodes them.
 
 The result is exactly what a cold translation gives (same dicts, same order): `tests/xds/test_xds_incremental.py`
-checks warm against cold translations over random sequences of changes. Digests are never mutated once built (a new one is
-made per change), so concurrent translations at worst miss the memo.
+checks warm against cold translations over random sequences of changes. A digest is never mutated once built (a
+new one is made per change; only its listener cache grows, with deterministic values), so concurrent translations
+at worst miss the memo.
 """
 
 from __future__ import annotations
