@@ -143,6 +143,7 @@ def test_node_mounts(daemonset: dict[str, Any]) -> None:
     for name in ("envoy", "xds"):
         m = {m["mountPath"]: m for m in c[name]["volumeMounts"]}["/run/aether"]
         assert vols[m["name"]]["hostPath"]["path"] == "/run/aether" and m["readOnly"] is True
+    assert _arg(c["xds"], "--certs-dir") == "/run/aether/certs", "SVIDs come from the host, under the /run/aether mount"
     xds_env = {e["name"]: e.get("value") for e in c["xds"]["env"]}
     assert xds_env["AETHER_STATE_DIR"] == "/run/aether/pods"
     init = {m["mountPath"]: vols[m["name"]]["hostPath"]["path"] for m in c["install-cni"]["volumeMounts"]}

@@ -78,6 +78,7 @@ def _run_pair(
     xds_args = _expand(xds["args"], {"NODE_NAME": NODE})
     xds_args = [f"unix:{sock}" if a == "unix:/run/aether-xds/ads.sock" else a for a in xds_args]
     xds_args = [a for a in xds_args if a not in ("--metrics", "0.0.0.0:19090")]  # no fixed host port in tests
+    xds_args = [str(tmp_path / "certs") if a == "/run/aether/certs" else a for a in xds_args]
     assert xds["command"][-1] == "xds"
     xds_cmd = [sys.executable, "-m", "aether.cli", "xds", *xds_args, "--state", str(state), "--status-out", str(status)]
 
