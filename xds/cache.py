@@ -12,8 +12,10 @@ import hashlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import compress
 from operator import is_not
+from typing import Final
 
 from aether.xds.codec import encode
 from aether.xds.resources import KNOWN_TYPES, Resources
@@ -37,8 +39,18 @@ class Snapshot:
         return known + sorted(t for t in self.versions if t not in PUSH_ORDER)
 
 
+_MASK: Final = (1 << 128) - 1
+
+
+@lru_cache(maxsize=1 << 17)
+def _name_factor(name: str) -> int:
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=16).digest(), "big") | 1
+
+
 def _mix(name: str, version: str) -> int:
-    return int.from_bytes(hashlib.blake2b(f"{name}\0{version}".encode(), digest_size=16).digest(), "big")
+    """A resource's part of its type's mix: its version (a content hash) times an odd 128-bit hash of its name,
+    mod 2**128 (so the same versions under swapped names mix differently); names repeat, so theirs is cached."""
+    return (int(version, 16) * _name_factor(name)) & _MASK
 
 
 def _type_mix(versions: Mapping[str, str]) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 from aether.naming import BLACKHOLE_CLUSTER
 from aether.operator.meshnode import Endpoint, MeshNode
-from aether.xds.cache import Snapshot, make_snapshot
+from aether.xds.cache import Snapshot, _type_mix, make_snapshot
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, Resources, TranslateOptions, merge
 from aether.xds.samples import node_with, records_for, udp_arm
 from aether.xds.translate import clear_memo, translate
@@ -148,3 +148,9 @@ def test_merge_still_refuses_a_name_two_builders_produce() -> None:
         merge(a, b)
     merged = merge(a, {CLUSTER: {"z": {"name": "z"}}}, {LISTENER: {}})
     assert list(merged[CLUSTER]) == ["x", "y", "z"] and merged[CLUSTER] is not a[CLUSTER]
+
+
+def test_the_version_mix_tells_swapped_versions_apart() -> None:
+    v1, v2 = "0123456789abcdef0123", "fedcba98765432100123"
+    assert _type_mix({"a": v1, "b": v2}) != _type_mix({"a": v2, "b": v1})
+    assert _type_mix({"a": v1, "b": v2}) == _type_mix({"b": v2, "a": v1})
