@@ -1,9 +1,9 @@
 """`aether demo [--keep]`: the whole mesh on one machine, and what it does with your datagrams.
 
 As root it starts the API test bed, the operator, one node's xds sidecar and a real Envoy in network namespaces;
-creates a client pod and three echo backend pods (netns + the real aether-cni); applies three Services and a
-UDPRoute through the API; then shows which VIP reached which backend, what a route change did, and what the
-same datagrams do under a REDIRECT capture. Everything it made goes away on exit, Ctrl-C, SIGTERM or failure;
+creates client pods, three UDP echo backends and an HTTP app (netns + the real aether-cni); applies Services and a
+UDPRoute through the API; then shows which VIP reached which backend, what a route change did, what the same
+datagrams do under a REDIRECT capture, and which SPIFFE ID arrived at the app over each source's HTTP/3 twin. Everything it made goes away on exit, Ctrl-C, SIGTERM or failure;
 `--keep` leaves the mesh running (with instructions) until Ctrl-C.
 """
 
@@ -21,13 +21,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from aether.e2e.demo_report import Row, keep_instructions, table
+from aether.e2e.demo_report import IdentityRow, Row, identity_table, keep_instructions, table
+from aether.e2e.harness import Mesh, MeshPod
 from aether.e2e.netlab import is_root
+from aether.e2e.node_proxy import MeshNodeProxy
+from aether.e2e.probe import wait_answer, wait_http, who_answers
+from aether.naming import mesh_host, quic_twin, spiffe_id
+from aether.netns.contract import CaptureMode
 
 NAMESPACE = "demo"
 NODE = "node-1"
 SERVICES = {"alpha": "echo-alpha", "bravo": "echo-bravo", "charlie": "echo-charlie"}
 ROUTE = "bravo-route"
+AREAS = "udp,tcp-floor,eastwest"  # everything the sidecar translates (east-west with its built-in CA)
+WEB = "web"  # a TCP Service: an east-west destination, reached over HTTP/3 twins per source identity
+HTTP_CLIENTS = {"client": "client", "reporter": "reporter"}  # pod -> ServiceAccount
 
 
 class Interrupted(BaseException):
@@ -79,20 +87,19 @@ class Clock:
 
 
 def run(keep: bool, clock: Clock, workdir: Path) -> int:
-    from aether.e2e.harness import Mesh
-    from aether.e2e.probe import wait_answer, who_answers
-    from aether.netns.contract import CaptureMode
-
     tag = "ae" + secrets.token_hex(3)
     print(f"aether demo: lab tag {tag}, working directory {workdir}", flush=True)
-    mesh = Mesh(workdir=workdir, namespace=NAMESPACE, progress=clock.say, tag=tag)
+    mesh = Mesh(workdir=workdir, namespace=NAMESPACE, progress=clock.say, tag=tag, areas=AREAS)
     try:
         node = mesh.add_node(NODE)
         mesh.start_node_proxies()
         client = mesh.add_pod(node, "client", sa="client")
         redirected = mesh.add_pod(node, "client-redirect", sa="client", capture=CaptureMode.REDIRECT)
+        reporter = mesh.add_pod(node, "reporter", sa=HTTP_CLIENTS["reporter"])
         for backend in SERVICES.values():
             mesh.add_backend(node, backend)
+        mesh.add_http_backend(node, "web-0", sa="web")
+        mesh.add_http_service(WEB, ["web-0"])
         for svc, backend in SERVICES.items():
             mesh.add_service(svc, [backend])
         mesh.add_route(ROUTE, "bravo", "bravo")
@@ -139,10 +146,17 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
             for s in SERVICES
         ]
         print(table(red))
-        print("\n4. HTTP/3 east-west with per-source SPIFFE identity: not in this demo yet (`aether xds` does not")
-        print("   serve the east-west certificates yet, so the demo's sidecar runs the udp and tcp-floor areas).")
-        ok = all(r.ok for r in (*rows, *rows2, *red))
-        print(f"\nresult: {'every VIP reached the backend it should' if ok else 'SOMETHING UNEXPECTED (see above)'}")
+        print("\n4. East-west HTTP/3 with per-source identity: each pod's request to Service web goes through its")
+        print("   own QUIC twin cluster carrying its own SVID (mTLS); the app reports the SPIFFE ID it received")
+        print("   in x-forwarded-client-cert:\n")
+        ids = [
+            identity_row(mesh, node, pod, sa)
+            for pod, sa in ((client, HTTP_CLIENTS["client"]), (reporter, HTTP_CLIENTS["reporter"]))
+        ]
+        print(identity_table(ids))
+        ok = all(r.ok for r in (*rows, *rows2, *red)) and all(r.ok for r in ids)
+        good = "every VIP reached the backend it should; each source's own SPIFFE ID arrived over HTTP/3"
+        print(f"\nresult: {good if ok else 'SOMETHING UNEXPECTED (see above)'}")
         if keep:
             print()
             print(
@@ -167,6 +181,23 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         _ignore_signals()
         clock.say("cleaning up: processes, network namespaces, files")
         mesh.close()
+
+
+def identity_row(mesh: Mesh, node: MeshNodeProxy, pod: MeshPod, sa: str) -> IdentityRow:
+    """One HTTP request from `pod` to Service web, and whether it went out over its HTTP/3 twin."""
+    twin = quic_twin(NAMESPACE, WEB, sa)
+    counter = f"cluster.{twin.replace(':', '_')}.upstream_rq_total"
+    before = node.stat(counter)
+    answer = wait_http(pod.netns_path, mesh_host(NAMESPACE, WEB))
+    return IdentityRow(
+        f"{NAMESPACE}/{pod.name}",
+        mesh_host(NAMESPACE, WEB),
+        answer,
+        spiffe_id(NAMESPACE, sa),
+        twin,
+        over_http3=node.stat(counter) > before
+        and node.stat(f"cluster.{twin.replace(':', '_')}.upstream_cx_http3_total") > 0,
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aether.e2e.probe import Answer
+from aether.e2e.probe import Answer, HttpAnswer
 from aether.netns.contract import L4_OUTBOUND_PORT
 
 
@@ -45,6 +45,10 @@ def table(rows: Sequence[Row]) -> str:
                 note,
             )
         )
+    return _render(head, body)
+
+
+def _render(head: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(str(x[i])) for x in (head, *body)) for i in range(len(head))]
     lines = [
         "  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in (head, *body)
@@ -73,3 +77,27 @@ def keep_instructions(kubeconfig: str, client_netns: str, vip: str, python: str,
             "Press Ctrl-C to stop: every netns, process and file the demo made is removed.",
         ]
     )
+
+
+@dataclass(frozen=True)
+class IdentityRow:
+    client: str
+    host: str
+    answer: HttpAnswer
+    expected_id: str
+    twin: str
+    over_http3: bool  # the twin's upstream HTTP/3 request counter moved during this request
+
+    @property
+    def ok(self) -> bool:
+        return self.answer.status == 200 and self.answer.spiffe_id == self.expected_id and self.over_http3
+
+
+def identity_table(rows: Sequence[IdentityRow]) -> str:
+    head = ("client pod", "GET http://<host>:18080/", "answered by", "carried by", "SPIFFE ID the app received", "")
+    body = []
+    for r in rows:
+        status = f"{r.answer.backend} ({r.answer.status})" if r.answer.status is not None else "no answer"
+        via = f"{r.twin} HTTP/3" if r.over_http3 else "not the HTTP/3 twin"
+        body.append((r.client, r.host, status, via, r.answer.spiffe_id or "-", "as expected" if r.ok else "UNEXPECTED"))
+    return _render(head, body)

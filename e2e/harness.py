@@ -42,6 +42,7 @@ from aether.operator.apitestbed import TestBed
 from aether.operator.apitestbed import start as start_testbed
 
 BACKEND_PORT = 5353
+HTTP_APP_PORT = 8080  # the east-west builders' default application port
 VIP_PREFIX = "10.96.77."  # ClusterIPs from a range that exists nowhere on this machine
 Progress = Callable[[str], None]
 XDS_CLI = (sys.executable, "-m", "aether.cli", "xds")
@@ -211,6 +212,14 @@ class Mesh:
         self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
         return pod
 
+    def add_http_backend(self, node: MeshNodeProxy, name: str, sa: str) -> MeshPod:
+        """A pod running an HTTP app on HTTP_APP_PORT that answers with its name and the XFCC it received."""
+        pod = self.add_pod(node, name, sa=sa)
+        log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115
+        argv = [sys.executable, "-m", "aether.e2e.http_echo", name, str(HTTP_APP_PORT)]
+        self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
+        return pod
+
     # -- services and routes ------------------------------------------------------------------------
     def add_service(self, name: str, backends: list[str]) -> str:
         """A UDP Service on port 18082 with a VIP, and its EndpointSlice of the (ready) backend pods."""
@@ -219,6 +228,16 @@ class Mesh:
         self.services[name] = vip
         self.set_endpoints(name, backends)
         self.progress(f"service {name}: VIP {vip}:{L4_OUTBOUND_PORT} -> {', '.join(backends)}")
+        return vip
+
+    def add_http_service(self, name: str, backends: list[str]) -> str:
+        """A TCP Service on HTTP_APP_PORT (an east-west destination: HTTP/3 twins per source identity)."""
+        vip = next(self._vips)
+        self.kube.service(self.namespace, name, vip, HTTP_APP_PORT, "TCP")
+        self.services[name] = vip
+        ready = [(self.pods[b].ip, b) for b in backends]
+        self.kube.endpoint_slice(self.namespace, name, HTTP_APP_PORT, ready, "TCP")
+        self.progress(f"service {name}: TCP {vip}:{HTTP_APP_PORT} -> {', '.join(backends)} (east-west destination)")
         return vip
 
     def set_endpoints(self, service: str, backends: list[str]) -> None:

@@ -18,7 +18,7 @@ from aether.operator.reconcile.views import GATEWAY_GROUP
 
 MERGE = "application/merge-patch+json"
 ApiException = kubernetes.client.exceptions.ApiException
-UDP_PORT_NAME = "udp"
+PORT_NAMES = {"UDP": "udp", "TCP": "http"}
 
 
 class Kube:
@@ -41,10 +41,10 @@ class Kube:
     def node(self, name: str) -> None:
         self.core.create_node(o.node(name))
 
-    def service(self, ns: str, name: str, vip: str, port: int) -> None:
-        """A UDP Service whose ClusterIP the harness assigned (the emulator allocates none)."""
+    def service(self, ns: str, name: str, vip: str, port: int, protocol: str = "UDP") -> None:
+        """A Service whose ClusterIP the harness assigned (the emulator allocates none); one port."""
         ipaddress.IPv4Address(vip)
-        self.core.create_namespaced_service(ns, o.service(ns, name, vip, [(UDP_PORT_NAME, port, "UDP")]))
+        self.core.create_namespaced_service(ns, o.service(ns, name, vip, [(PORT_NAMES[protocol], port, protocol)]))
 
     def udproute(self, ns: str, name: str, parent: str, backend: str, port: int) -> None:
         body = o.udproute(ns, name, parent, [o.backend(backend, port)])
@@ -72,9 +72,10 @@ class Kube:
         """The kubelet's part after CNI ADD: podIP and phase Running (through the status subresource)."""
         self.core.patch_namespaced_pod_status(name, ns, o.pod_status(ip), _content_type=MERGE)
 
-    def endpoint_slice(self, ns: str, svc: str, port: int, ready: list[tuple[str, str]]) -> None:
+    def endpoint_slice(self, ns: str, svc: str, port: int, ready: list[tuple[str, str]], protocol: str = "UDP") -> None:
         """The EndpointSlice controller's part: one slice per Service, ready (ip, pod name) endpoints."""
-        body = o.endpoint_slice(ns, svc, [(UDP_PORT_NAME, port, "UDP")], [(ip, True, pod) for ip, pod in ready])
+        ports: list[o.Port] = [(PORT_NAMES[protocol], port, protocol)]
+        body = o.endpoint_slice(ns, svc, ports, [(ip, True, pod) for ip, pod in ready])
         name = body["metadata"]["name"]
         try:
             self.discovery.replace_namespaced_endpoint_slice(name, ns, body)

@@ -1,12 +1,16 @@
-"""Traffic: datagrams from inside a pod's netns to a VIP, and who answered (backends reply `<name>|<payload>`)."""
+"""Traffic from inside a pod's netns: datagrams to a VIP and who answered (UDP backends reply `<name>|<payload>`);
+HTTP through the pod's outbound listener and which backend answered with which source identity."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import re
 import socket
 import time
 from dataclasses import dataclass
 
-from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.netns.contract import HTTP_OUTBOUND_PORT, L4_OUTBOUND_PORT
 from aether.netns.nsthread import run_in_netns
 
 
@@ -77,4 +81,47 @@ def wait_answer(netns_path: str, vip: str, want: str, timeout: float = 30.0) -> 
         if answer.backend == want and answer.from_vip:
             return answer
         time.sleep(0.1)
+    return answer
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    status: int | None  # None: no HTTP answer at all
+    backend: str | None
+    spiffe_id: str | None  # the URI= part of the x-forwarded-client-cert the app received
+
+
+def http_get(netns_path: str, host: str, port: int = HTTP_OUTBOUND_PORT, timeout: float = 5.0) -> HttpAnswer:
+    """GET http://127.0.0.1:<port>/ with `Host: host` from inside the pod netns (the pod's outbound HTTP listener)."""
+
+    def get() -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        try:
+            conn.request("GET", "/", headers={"Host": host})
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode(errors="replace")
+        finally:
+            conn.close()
+
+    try:
+        status, body = run_in_netns(netns_path, get)
+    except OSError:
+        return HttpAnswer(None, None, None)
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return HttpAnswer(status, None, None)
+    m = re.search(r"URI=([^;,\"]+)", doc.get("xfcc") or "")
+    return HttpAnswer(status, doc.get("backend"), m.group(1) if m else None)
+
+
+def wait_http(netns_path: str, host: str, timeout: float = 30.0) -> HttpAnswer:
+    """Retry until a 200 (secrets and routes still arriving); returns the last answer either way."""
+    deadline = time.monotonic() + timeout
+    answer = HttpAnswer(None, None, None)
+    while time.monotonic() < deadline:
+        answer = http_get(netns_path, host)
+        if answer.status == 200:
+            return answer
+        time.sleep(0.2)
     return answer

@@ -1,5 +1,6 @@
-"""`aether demo` as CI and a user run it (a subprocess): it completes, shows per-service selection and the route
-change, and leaves no netns, process or file behind, also when stopped with Ctrl-C or SIGTERM."""
+"""`aether demo` as CI and a user run it (a subprocess): it completes, shows per-service selection, the route
+change and the per-source identities over HTTP/3, and leaves no netns, process or file behind, also when stopped
+with Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -118,6 +119,11 @@ def test_demo_completes_shows_selection_and_leaves_nothing_behind() -> None:
         assert re.search(rf"demo/client +demo/{svc} +(\S+):18082 +{backend} +\1:18082 +as expected\n", out), out
     assert re.search(r"demo/client +demo/bravo +\S+ +echo-charlie +\S+ +as expected \(was echo-bravo\)", out), out
     assert len(re.findall(r"demo/client-redirect +demo/\w+ +\S+ +no reply +- +as expected", out)) == 3, out
+    for pod, sa in demo.HTTP_CLIENTS.items():  # table 4: each source's own identity over its own HTTP/3 twin
+        twin, sid = f"quic:demo/web@{sa}", f"spiffe://cluster.local/ns/demo/sa/{sa}"
+        assert re.search(
+            rf"demo/{pod} +\S+ +web-0 \(200\) +{re.escape(twin)} HTTP/3 +{re.escape(sid)} +as expected", out
+        ), out
     assert "UNEXPECTED" not in out and "result: every VIP reached the backend it should" in out
     _assert_nothing_left(out, run.mark)
 
@@ -133,8 +139,8 @@ def test_demo_keep_runs_until_ctrl_c_and_its_instructions_work() -> None:
         send = run.wait_for_line(r"ip netns exec .* -c ").strip()
         run.wait_for_line(r"Press Ctrl-C")
         assert run.proc.poll() is None, "--keep must keep running"
-        # the leftover check can see what the demo runs: itself, operator, sidecar, Envoy, three echo backends
-        assert len(_marked(run.mark)) >= 7, _marked(run.mark)
+        # the leftover check can see what the demo runs: itself, operator, sidecar, Envoy, four backends
+        assert len(_marked(run.mark)) >= 8, _marked(run.mark)
         got = subprocess.run(["bash", "-c", send], capture_output=True, text=True, timeout=60)
         assert "echo-alpha|hello" in got.stdout, got.stdout + got.stderr  # the instruction reaches a backend
         if (kubectl := shutil.which("kubectl")) is not None:

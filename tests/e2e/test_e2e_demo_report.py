@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from aether.e2e.demo_report import Row, keep_instructions, table
-from aether.e2e.probe import Answer
+from aether.e2e.demo_report import IdentityRow, Row, identity_table, keep_instructions, table
+from aether.e2e.probe import Answer, HttpAnswer
 
 VIP = "10.96.77.10"
 
@@ -57,3 +57,25 @@ def test_keep_instructions_name_the_kubeconfig_and_a_datagram_command() -> None:
     assert "export KUBECONFIG=/tmp/x/kubeconfig" in text and "kubectl get meshnodes" in text
     assert "ip netns exec ae1234-client /venv/bin/python -c" in text and f"('{VIP}', 18082)" in text
     assert "Ctrl-C" in text
+
+
+def test_an_identity_row_needs_the_sources_own_id_over_http3() -> None:
+    sid = "spiffe://cluster.local/ns/demo/sa/client"
+    good = HttpAnswer(200, "web-0", sid)
+    assert IdentityRow("demo/client", "web", good, sid, "quic:demo/web@client", over_http3=True).ok
+    assert not IdentityRow("demo/client", "web", good, sid, "quic:demo/web@client", over_http3=False).ok  # h2
+    other = HttpAnswer(200, "web-0", "spiffe://cluster.local/ns/demo/sa/reporter")
+    assert not IdentityRow("demo/client", "web", other, sid, "quic:demo/web@client", over_http3=True).ok  # leak
+    assert not IdentityRow("demo/client", "web", HttpAnswer(503, None, None), sid, "t", over_http3=True).ok
+    text = identity_table([IdentityRow("demo/client", "web", good, sid, "quic:demo/web@client", over_http3=True)])
+    assert text.splitlines()[2].split() == [
+        "demo/client",
+        "web",
+        "web-0",
+        "(200)",
+        "quic:demo/web@client",
+        "HTTP/3",
+        sid,
+        "as",
+        "expected",
+    ]
