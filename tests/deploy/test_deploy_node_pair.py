@@ -12,10 +12,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from aether.e2e.netlab import Lab, sh
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO / "deploy" / "node" / "envoy-bootstrap.json"
@@ -67,11 +70,18 @@ def _readiness_probe(envoy: dict[str, Any], admin: str) -> subprocess.CompletedP
 
 
 def _run_pair(
-    daemonset: dict[str, Any], envoy_bin: Path, tmp_path: Path, override_node: bool
+    daemonset: dict[str, Any],
+    envoy_bin: Path,
+    tmp_path: Path,
+    override_node: bool,
+    status_body: dict[str, Any] | None = None,
+    inspect: Callable[[str], None] | None = None,
 ) -> tuple[tuple[str, str] | None, bool]:
+    """Run both containers' commands; `inspect(admin address)` runs while they are up, once Programmed=True."""
     sock = tmp_path / "ads.sock"
-    state = tmp_path / "node.yaml"
-    state.write_text(f"apiVersion: mesh.aether.dev/v1alpha1\nkind: MeshNode\nmetadata: {{name: {NODE}}}\n")
+    state = tmp_path / "node.json"
+    doc = {"apiVersion": "mesh.aether.dev/v1alpha1", "kind": "MeshNode", "metadata": {"name": NODE}}
+    state.write_text(json.dumps({**doc, "status": status_body or {}}))
     status = tmp_path / "status.json"
 
     xds = _container(daemonset, "xds")
@@ -116,9 +126,11 @@ def _run_pair(
                 tmp_path / "envoy.log"
             ).read_text()[-2000:]
             time.sleep(0.3)
-        if override_node:
+        if override_node and status_body is None:
             probe = _readiness_probe(envoy, admin_file.read_text().strip())
             assert probe.returncode == 0, f"the deployed readiness probe fails on a ready Envoy: {probe.stderr}"
+        if inspect is not None and _programmed(status) == ("True", "Accepted"):
+            inspect(admin_file.read_text().strip())
         return _programmed(status), _connected(admin_file)
     finally:
         for p in procs:
@@ -144,3 +156,60 @@ def test_without_the_node_override_envoy_gets_nothing(
     programmed, connected = _run_pair(daemonset, envoy_bin, tmp_path, override_node=False)
     assert connected, "Envoy must reach the sidecar, or this control proves nothing"
     assert programmed == ("Unknown", "Pending")
+
+
+@pytest.mark.privileged
+def test_missing_svids_fail_closed_and_leave_udp_serving(
+    daemonset: dict[str, Any], envoy_bin: Path, tmp_path: Path, lab: Lab
+) -> None:
+    """With the deployed --certs-dir empty (SPIRE has not written this pod's SVID yet), the state is still
+    accepted, the pod's UDP capture listener is active, and its inbound mTLS listener fails closed (TCP connects,
+    the TLS handshake fails: there is no certificate to present)."""
+    node = lab.add_node("n")
+    pod = lab.add_pod(node, "client", "10.231.9.2")
+    uid = "5e1d0c2a-0000-4000-8000-0000000000c1"
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "pods").mkdir()
+    (tmp_path / "pods" / f"{uid}.json").write_text(
+        json.dumps(
+            {
+                "uid": uid,
+                "namespace": "e2e",
+                "name": "client",
+                "netns": pod.path,
+                "ips": [pod.ip],
+                "container_id": "c1",
+                "ifname": "eth0",
+            }
+        )
+    )
+    status = {
+        "pods": [{"uid": uid, "namespace": "e2e", "name": "client", "ip": pod.ip, "serviceAccount": "client"}],
+        "quic": {"identities": ["spiffe://cluster.local/ns/e2e/sa/client"]},
+    }
+    seen: dict[str, Any] = {}
+    tls_probe = (
+        "import socket, ssl\n"
+        f"s = socket.create_connection(({pod.ip!r}, 18008), timeout=5)\n"
+        "print('connected', flush=True)\n"
+        "ctx = ssl.create_default_context(); ctx.check_hostname = False; ctx.verify_mode = ssl.CERT_NONE\n"
+        "try:\n"
+        "    ctx.wrap_socket(s).close(); print('handshake ok')\n"
+        "except (ssl.SSLError, ConnectionError, TimeoutError) as exc:\n"
+        "    print('handshake failed', type(exc).__name__)\n"
+    )
+
+    def inspect(admin: str) -> None:
+        with urllib.request.urlopen(f"http://{admin}/config_dump?resource=dynamic_listeners", timeout=10) as r:
+            dump = json.loads(r.read())
+        for item in dump["configs"]:
+            listener = (item.get("active_state") or {}).get("listener", {})
+            addr = listener.get("address", {}).get("socket_address", {})
+            seen.setdefault("active", []).append(f"{addr.get('protocol', 'TCP')}:{addr.get('port_value')}")
+        seen["tls"] = sh(sys.executable, "-c", tls_probe, netns=node.netns)
+
+    result = _run_pair(daemonset, envoy_bin, tmp_path, True, status, inspect)
+    assert result == (("True", "Accepted"), True)
+    assert "UDP:18082" in seen["active"] and "TCP:18008" in seen["active"], seen
+    assert seen["tls"].splitlines()[0] == "connected", seen  # the inbound listener is there...
+    assert seen["tls"].splitlines()[1].startswith("handshake failed"), seen  # ...and has no certificate to offer
