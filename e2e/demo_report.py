@@ -57,10 +57,21 @@ def _render(head: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def keep_instructions(kubeconfig: str, client_netns: str, vip: str, python: str, aether: str) -> str:
+def keep_instructions(
+    kubeconfig: str,
+    client_netns: str,
+    vip: str,
+    python: str,
+    aether: str,
+    web_host: str = "web.demo.mesh.aether.internal",
+) -> str:
     send = (
         f'ip netns exec {client_netns} {python} -c "import socket; s=socket.socket(2,2); s.settimeout(2); '
         f"s.sendto(b'hello', ('{vip}', {L4_OUTBOUND_PORT})); print(s.recvfrom(100))\""
+    )
+    get = (
+        f"ip netns exec {client_netns} {python} -c \"import http.client as h; c=h.HTTPConnection('127.0.0.1', 18080); "
+        f"c.request('GET', '/', headers={{'Host': '{web_host}'}}); print(c.getresponse().read().decode())\""
     )
     return "\n".join(
         [
@@ -74,6 +85,8 @@ def keep_instructions(kubeconfig: str, client_netns: str, vip: str, python: str,
             "Send a datagram yourself from the client pod (the reply names the backend that answered):",
             f"  {send}",
             f"  ({aether} capture check --netns /run/netns/{client_netns} shows the capture is in place)",
+            "Call the HTTP app over the client's HTTP/3 twin (it answers with the SPIFFE ID it received):",
+            f"  {get}",
             "Press Ctrl-C to stop: every netns, process and file the demo made is removed.",
         ]
     )

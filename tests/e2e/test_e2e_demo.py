@@ -137,12 +137,15 @@ def test_demo_keep_runs_until_ctrl_c_and_its_instructions_work() -> None:
         line = run.wait_for_line(r"export KUBECONFIG=")
         kubeconfig = line.split("=", 1)[1].strip()
         send = run.wait_for_line(r"ip netns exec .* -c ").strip()
+        call = run.wait_for_line(r"ip netns exec .*http\.client").strip()
         run.wait_for_line(r"Press Ctrl-C")
         assert run.proc.poll() is None, "--keep must keep running"
         # the leftover check can see what the demo runs: itself, operator, sidecar, Envoy, four backends
         assert len(_marked(run.mark)) >= 8, _marked(run.mark)
         got = subprocess.run(["bash", "-c", send], capture_output=True, text=True, timeout=60)
         assert "echo-alpha|hello" in got.stdout, got.stdout + got.stderr  # the instruction reaches a backend
+        got = subprocess.run(["bash", "-c", call], capture_output=True, text=True, timeout=60)
+        assert "URI=spiffe://cluster.local/ns/demo/sa/client" in got.stdout, got.stdout + got.stderr
         if (kubectl := shutil.which("kubectl")) is not None:
             nodes = subprocess.run(
                 [kubectl, "--kubeconfig", kubeconfig, "get", "meshnodes"], capture_output=True, text=True
