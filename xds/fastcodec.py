@@ -139,7 +139,8 @@ def _fill(msg: message.Message, data: Any, resolve: Callable[[str], Any]) -> Non
             for item in value:
                 fill(target.add(), item, resolve)
         elif kind == _MAP:
-            _fill_map(getattr(msg, field.name), field.message_type, value, resolve)
+            if not _merge_shared_map(msg, field, value, resolve):
+                _fill_map(getattr(msg, field.name), field.message_type, value, resolve)
         else:
             getattr(msg, field.name).extend(_scalar(field, v) for v in value)
 
@@ -154,6 +155,50 @@ def _fill_map(target: Any, entry: Any, value: dict[str, Any], resolve: Callable[
             fill(sub, v, resolve)
         else:
             target[key] = _scalar(val_f, v)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_entries: dict[tuple[str, int, str], tuple[Any, bytes]] = {}
+
+
+def _merge_shared_map(msg: message.Message, field: Any, value: Any, resolve: Callable[[str], Any]) -> bool:
+    """A string-keyed map whose values are all `Shared` messages (a matcher's arms: 10,000 of them) is merged into
+    `msg` as wire bytes made of cached entries (key field 1, value field 2), so an arm added to a large matcher
+    costs its own entry, not a fill of every other. upb parses the bytes; serialization (deterministic, sorted
+    keys) is as if filled one by one. Returns False (nothing done) for any other map."""
+    entry = field.message_type
+    key_f = entry.fields_by_name["key"]
+    val_f = entry.fields_by_name["value"]
+    if key_f.type != FD.TYPE_STRING or val_f.message_type is None or not isinstance(value, dict):
+        return False
+    if not value or not all(type(v) is Shared for v in value.values()):
+        return False
+    val_name = val_f.message_type.full_name
+    tag = _varint(field.number << 3 | 2)
+    parts: list[bytes] = []
+    for k, v in value.items():
+        ek = (k, id(v), val_name)
+        hit = _entries.get(ek)
+        if hit is None or hit[0] is not v:
+            sub = resolve(val_name)()
+            fill(sub, v, resolve)
+            vb = sub.SerializeToString(deterministic=True)
+            kb = k.encode()
+            body = b"\x0a" + _varint(len(kb)) + kb + b"\x12" + _varint(len(vb)) + vb
+            if len(_entries) > 200_000:
+                _entries.clear()
+            hit = _entries[ek] = (v, tag + _varint(len(body)) + body)
+        parts.append(hit[1])
+    msg.MergeFromString(b"".join(parts))
+    return True
 
 
 def _fill_any(msg: Any, data: dict[str, Any], resolve: Callable[[str], Any]) -> None:

@@ -69,3 +69,4 @@ def clear_memo() -> None:
     gates._walked.clear()
     gates._walked_shared.clear()
     fastcodec._shared.clear()
+    fastcodec._entries.clear()

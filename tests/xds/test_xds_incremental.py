@@ -154,3 +154,24 @@ def test_the_version_mix_tells_swapped_versions_apart() -> None:
     v1, v2 = "0123456789abcdef0123", "fedcba98765432100123"
     assert _type_mix({"a": v1, "b": v2}) != _type_mix({"a": v2, "b": v1})
     assert _type_mix({"a": v1, "b": v2}) == _type_mix({"b": v2, "a": v1})
+
+
+def test_a_matcher_merged_from_cached_entries_is_byte_identical(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fastcodec merges a matcher's arms as cached wire entries: the same bytes as filling them one by one, also
+    after an arm is added (cached entries reused) and for the blackhole-only matcher; the same message as
+    json_format.ParseDict (whose bytes differ in map order: it packs Anys without deterministic serialization)."""
+    from aether.xds import codec, fastcodec
+
+    merged: dict[tuple[int, str], bytes] = {}
+    for n in (0, 1, 300, 301):
+        node = node_with(n, 1)
+        for name, listener in translate(node, records_for(node), L4)[LISTENER].items():
+            merged[(n, name)] = codec.encode(LISTENER, listener, name)
+            slow = codec.encode(LISTENER, listener, name, fast=False)
+            assert codec.decode_json(LISTENER, merged[(n, name)]) == codec.decode_json(LISTENER, slow)
+    monkeypatch.setattr(fastcodec, "_merge_shared_map", lambda *args: False)
+    clear_memo()
+    for n in (0, 1, 300, 301):
+        node = node_with(n, 1)
+        for name, listener in translate(node, records_for(node), L4)[LISTENER].items():
+            assert codec.encode(LISTENER, listener, name) == merged[(n, name)], (n, name)
