@@ -36,10 +36,13 @@ from aether.e2e.kube import Kube, pod_uids, udp_arms
 from aether.e2e.netlab import Lab, Pod, wait_for
 from aether.e2e.node_proxy import MeshNodeProxy, admin_up, connected
 from aether.envoybin import envoy_path
+from aether.naming import spiffe_id
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
 from aether.operator.apitestbed import TestBed
 from aether.operator.apitestbed import start as start_testbed
+from aether.xds.certs_ca import BuiltinCA
+from aether.xds.certs_dir import write_bundle, write_identity
 
 BACKEND_PORT = 5353
 HTTP_APP_PORT = 8080  # the east-west builders' default application port
@@ -77,6 +80,10 @@ class Mesh:
     tag: str | None = None
     areas: str = "udp,tcp-floor"  # the east-west area needs certificates this harness does not issue
     operator_args: tuple[str, ...] = ()  # extra `aether operator` flags, e.g. ("--debounce", "0.01")
+    # One CA for the whole mesh: the harness issues each pod's SVID into a PEM directory every sidecar reads
+    # (--certs-dir), as a cert-manager/spiffe-helper would. Without it each sidecar uses its own built-in CA,
+    # which is enough on one node but not across nodes.
+    shared_ca: bool = False
     lab: Lab = field(init=False)
     api: TestBed | None = None
     kube: Kube = field(init=False)
@@ -96,6 +103,7 @@ class Mesh:
         self._vips = (f"{VIP_PREFIX}{i}" for i in itertools.count(10))
         self._node_links = itertools.count(1)
         self._pod_ips: dict[str, itertools.count[int]] = {}
+        self._ca: BuiltinCA | None = None
         try:
             self._start_control_plane()
         except BaseException:
@@ -111,6 +119,14 @@ class Mesh:
     def kubeconfig(self) -> str:
         return str(self.dir / "kubeconfig")
 
+    @property
+    def certs_dir(self) -> Path:
+        return self.dir / "certs"
+
+    def _issue_svid(self, sa: str) -> None:
+        assert self._ca is not None
+        write_identity(self.certs_dir, self._ca.svid(spiffe_id(self.namespace, sa)))
+
     # -- control plane ----------------------------------------------------------------------------
     def _start_control_plane(self) -> None:
         self.progress("starting the API test bed (kmock + aether's emulator layer)")
@@ -118,6 +134,9 @@ class Mesh:
         self.kube = Kube(self.kubeconfig)
         self.progress(f"API test bed on {self.api.url}; kubeconfig {self.kubeconfig}")
         self.kube.namespace(self.namespace)
+        if self.shared_ca:
+            self._ca = BuiltinCA()
+            write_bundle(self.certs_dir, self._ca.bundle())
         self.progress("starting the operator: aether operator --kubeconfig ...")
         log = open(self.dir / "operator.log", "ab")  # noqa: SIM115 (the process owns it)
         self.operator = self.lab.spawn(
@@ -153,6 +172,8 @@ class Mesh:
     def _start_sidecar(self, node: MeshNodeProxy) -> None:
         argv = [*XDS_CLI, "--node", node.name, "--listen", f"unix:{node.ads_sock}"]
         argv += ["--kubeconfig", self.kubeconfig, "--records", str(node.records), "--areas", self.areas]
+        if self.shared_ca:
+            argv += ["--certs-dir", str(self.certs_dir)]
         log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115
         node.sidecar = self.lab.spawn(None, argv, stdout=log, stderr=log)
         self.progress(f"node {node.name}: xds sidecar started (aether xds --node {node.name}: watches its MeshNode)")
@@ -192,6 +213,8 @@ class Mesh:
         """Scheduled on `node`, sandbox made (netns + veth), the real aether-cni ADD, then Running.
         `capture=REDIRECT` replaces the plugin's capture afterwards (the negative control's bad mode)."""
         ip = f"10.200.{list(self.nodes).index(node.name) + 1}.{next(self._pod_ips[node.name])}"
+        if self.shared_ca:
+            self._issue_svid(sa)
         uid = self.kube.pod(self.namespace, name, node.name, sa)
         net = self.lab.add_pod(node.net, name, ip)
         sandbox = cni_runtime.PodSandbox(self.namespace, name, uid, net.path, ip, f"ctr-{self.tag}-{name}")
