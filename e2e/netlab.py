@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 NETNS_DIR = Path("/run/netns")
+# Every Lab tag this process made: lets a test session check, at its end, that no Lab left a netns behind.
+CREATED_TAGS: set[str] = set()
 GATEWAY_LL = "169.254.1.1"  # the pod's next hop: the node side of every pod veth
 
 
@@ -72,6 +74,7 @@ class Lab:
     _closed: bool = False
 
     def __post_init__(self) -> None:
+        CREATED_TAGS.add(self.tag)
         atexit.register(self.close)
 
     # -- namespaces ------------------------------------------------------------------------------

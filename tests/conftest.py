@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from aether.e2e.netlab import Lab, is_root
+from aether.e2e.netlab import CREATED_TAGS, Lab, is_root, leftover_netns
 from aether.envoybin import EnvoyNotFound, envoy_path
 
 REQUIRE_PRIVILEGED = os.environ.get("AETHER_REQUIRE_PRIVILEGED") == "1"
@@ -51,3 +51,12 @@ def envoy_bin() -> Path:
         return envoy_path()
     except EnvoyNotFound as exc:
         pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_lab_leaks_a_netns() -> Iterator[None]:
+    """At the end of the session, every netns any Lab of this process made is gone (tests must not leak)."""
+    yield
+    leaked = sorted(ns for tag in CREATED_TAGS for ns in leftover_netns(tag + "-"))
+    if leaked:
+        pytest.fail(f"network namespaces left behind by this test session: {leaked}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -45,3 +46,27 @@ def test_close_removes_everything_even_after_a_failure() -> None:
     assert proc is not None and proc.poll() is not None
     assert leftover_netns(lab.tag) == []
     assert lab.tag not in sh("ip", "netns", "list")
+
+
+def test_a_session_that_leaks_a_netns_fails(pytester: pytest.Pytester) -> None:
+    """The negative control for tests/conftest.py's end-of-session leak check (seen red here on purpose)."""
+    pytester.makeconftest((Path(__file__).parents[1] / "conftest.py").read_text())
+    pytester.makepyfile(
+        test_leaky="""
+import atexit
+from aether.e2e.netlab import Lab
+
+def test_leaks():
+    lab = Lab()
+    node = lab.add_node("leak")
+    atexit.unregister(lab.close)
+    with open("leaked.txt", "w") as fh:
+        fh.write(node.netns)
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    leaked = (pytester.path / "leaked.txt").read_text()
+    sh("ip", "netns", "del", leaked)  # clean up what the leaky session left, by its exact name
+    assert result.ret != 0
+    assert "network namespaces left behind by this test session" in result.stdout.str()
+    assert leaked in result.stdout.str()
