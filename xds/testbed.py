@@ -141,7 +141,7 @@ class NodeBed:
     def add_service(self, svc: str, vip: str, port: int = 5353) -> Service:
         pod = self.lab.add_pod(self.node, f"be-{svc}", next(self._ips))
         self.lab.spawn(
-            pod.netns, [sys.executable, "-m", "aether.xds.udp_echo", svc, str(port)], stdout=subprocess.DEVNULL
+            pod.netns, [sys.executable, "-m", "aether.e2e.echo", svc, str(port)], stdout=subprocess.DEVNULL
         )
         service = Service(f"default/{svc}", vip, pod, port)
         self.services[svc] = service
