@@ -8,8 +8,17 @@ QUIC twin (h3) or, with QUIC off, the h2 cluster; node B's inbound terminates an
 CPU = utime + stime from /proc/<pid>/stat of both Envoy processes, before and after each batch.
 Rounds alternate h2 and h3 (paired); the figure is the median of the per-round h3/h2 ratios.
 
+`--variant LABEL=JSON` (repeatable) adds one more h3 batch per round with that change, so a knob is compared with
+the default h3 in the same rounds (order rotated per round). JSON keys: `quic` (merged into the twins'
+`http3ProtocolOptions.quicProtocolOptions`, e.g. `{"connectionOptions": "AKDU"}`: the twin sends these to the
+destination), `h3` (merged into `http3ProtocolOptions`), `runtime` (`{"key": [variant_value, baseline_value]}`, set
+on both Envoys over admin `/runtime_modify` before each h3 batch). Every h3 batch gets a fresh twin (its
+`connect_timeout` is nudged by 1 ms), so each starts on a new QUIC connection. Also reported: UDP datagrams and
+TCP segments per request in node A's netns (the twin's and the h2 cluster's upstream packets, both directions).
+
     .venv/bin/python -m bench.quic_cpu [--requests 5000] [--rounds 5] [--concurrency 1] [--clients 1]
                                        [--no-gro] [--access-log] [--runtime KEY=VALUE] [--twin-h3 JSON]
+                                       [--variant LABEL=JSON ...]
 
 Needs root (netns). Prints one line per batch and a JSON summary.
 """
@@ -17,19 +26,24 @@ Needs root (netns). Prints one line per batch and a JSON summary.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from aether.e2e.netlab import Lab
+from aether.e2e.netlab import Lab, Pod
 from aether.netns.contract import CaptureMode
 from aether.netns.install import install_capture
 from aether.xds.certs_ca import BuiltinCA
 from aether.xds.eastwest import EastWestOptions, build
 from aether.xds.eastwest_lab import (
+    ECHO_APP,
     AdsHarness,
     EnvoyNode,
     client_result,
@@ -42,7 +56,7 @@ from aether.xds.eastwest_lab import (
 from aether.xds.eastwest_outbound import HTTP_OPTIONS
 from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.xds.identity_sds import secrets
-from aether.xds.resources import CLUSTER, TranslateOptions
+from aether.xds.resources import CLUSTER, LISTENER, Resources, TranslateOptions
 
 TD, MD = "cluster.local", "mesh.example"
 VIP = "10.96.0.20"
@@ -53,6 +67,87 @@ WEB_ID = f"spiffe://{TD}/ns/default/sa/web-sa"
 
 def _cpu(nodes: list[EnvoyNode]) -> float:
     return sum(n.cpu_seconds() for n in nodes)
+
+
+def _packets(netns: str) -> tuple[int, int, int]:
+    """(UDP datagrams out, UDP datagrams in, TCP segments in+out) of one netns, from its /proc/net/snmp."""
+    text = subprocess.run(
+        ["ip", "netns", "exec", netns, "cat", "/proc/net/snmp"], capture_output=True, text=True, check=True
+    ).stdout
+    rows: dict[str, dict[str, int]] = {}
+    lines = [ln.split() for ln in text.splitlines()]
+    for head, vals in zip(lines[::2], lines[1::2], strict=False):
+        rows[head[0]] = {k: int(v) for k, v in zip(head[1:], vals[1:], strict=False) if v.lstrip("-").isdigit()}
+    udp, tcp = rows.get("Udp:", {}), rows.get("Tcp:", {})
+    return udp.get("OutDatagrams", 0), udp.get("InDatagrams", 0), tcp.get("InSegs", 0) + tcp.get("OutSegs", 0)
+
+
+# The same echo app, answering with one write (what most servers do for a small response).
+ONE_WRITE_APP = ECHO_APP.replace(
+    "        self.end_headers()\n        self.wfile.write(body)\n",
+    "        self._headers_buffer.append(b'\\r\\n')\n"
+    "        self.wfile.write(b''.join(self._headers_buffer) + body)\n"
+    "        self._headers_buffer = []\n",
+)
+
+
+def start_one_write_echo(lab: Lab, pod: Pod, hits: Path) -> None:
+    if ONE_WRITE_APP == ECHO_APP:
+        raise RuntimeError("the echo app changed: --app-one-write no longer applies")
+    hits.touch()
+    proc = lab.spawn(pod.netns, [sys.executable, "-c", ONE_WRITE_APP, str(hits), "8080"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    if b"ready" not in proc.stdout.readline():
+        raise RuntimeError(f"echo app in {pod.name} did not start")
+
+
+# Holds each response until it is complete (Lua `body()`), so node B's QUIC stream gets headers, then body + FIN
+# back to back instead of a separate FIN-only write (3 -> 2 datagrams per response with this app).
+RESPONSE_BUFFER: dict[str, Any] = {
+    "name": "envoy.filters.http.lua",
+    "typedConfig": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+        "defaultSourceCode": {"inlineString": "function envoy_on_response(handle)\n  handle:body()\nend\n"},
+    },
+}
+
+
+def buffer_quic_responses(res: Resources) -> Resources:
+    """`res` with RESPONSE_BUFFER before the router in every HCM of the inbound QUIC listeners (a copy)."""
+    out = copy.deepcopy(res)
+    for name, listener in out[LISTENER].items():
+        if not name.startswith("inbound-h3:"):
+            continue
+        for chain in listener["filterChains"]:
+            for f in chain["filters"]:
+                filters = f["typedConfig"]["httpFilters"]
+                filters.insert(len(filters) - 1, copy.deepcopy(RESPONSE_BUFFER))
+    return out
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    quic: dict[str, Any]
+    h3: dict[str, Any]
+    runtime: dict[str, tuple[str, str]]  # key -> (variant value, baseline value)
+    dest_buffer: bool = False  # node B: buffer_quic_responses (a listener update, then a drain wait)
+
+
+def parse_variant(text: str) -> Variant:
+    label, sep, spec = text.partition("=")
+    if not sep or not label:
+        raise argparse.ArgumentTypeError(f"--variant wants LABEL=JSON, got {text!r}")
+    data = json.loads(spec)
+    unknown = set(data) - {"quic", "h3", "runtime", "dest_buffer"}
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--variant {label}: unknown keys {sorted(unknown)}")
+    rt = {k: (_rt(v[0]), _rt(v[1])) for k, v in data.get("runtime", {}).items()}
+    return Variant(label, dict(data.get("quic", {})), dict(data.get("h3", {})), rt, bool(data.get("dest_buffer")))
+
+
+def _rt(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +162,17 @@ def main(argv: list[str] | None = None) -> int:
         "--runtime", action="append", default=[], help="KEY=VALUE in both Envoys' static runtime layer (from start)"
     )
     ap.add_argument("--twin-h3", default="", help="JSON merged into the twins' http3ProtocolOptions")
+    ap.add_argument(
+        "--app-one-write",
+        action="store_true",
+        help="the echo app writes status line, headers and body in one send (default: headers, then body)",
+    )
+    ap.add_argument(
+        "--variant", action="append", default=[], type=parse_variant, help="LABEL=JSON: an extra h3 batch per round"
+    )
     args = ap.parse_args(argv)
+    variants: list[Variant] = args.variant
+    base = Variant("h3", {}, {}, {})
     twin_h3 = json.loads(args.twin_h3) if args.twin_h3 else {}
 
     opts = TranslateOptions(mesh_domain=MD, trust_domain=TD)
@@ -80,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             web = lab.add_pod(nb, "web-0", "10.200.2.7")
             lab.link_nodes(na, nb, "10.199.0.1", "10.199.0.2")
             install_capture(client.path, CaptureMode.TPROXY)
-            start_echo(lab, web, (8080,), work / "hits.log")
+            if args.app_one_write:
+                start_one_write_echo(lab, web, work / "hits.log")
+            else:
+                start_echo(lab, web, (8080,), work / "hits.log")
             ca = BuiltinCA(TD, MD)
             runtime: dict[str, object] = {}
             for kv in args.runtime:
@@ -99,15 +207,51 @@ def main(argv: list[str] | None = None) -> int:
                 log = str(work / f"access-{node}.log") if args.access_log else None
                 return EastWestOptions(quic=quic, prefer_gro=not args.no_gro, access_log_path=log)
 
-            ads.set("node-b", build(node_b, rec_b, opts, ew(True, "b")), secrets(ca, [WEB_ID]))
+            b_buffer = [False]
 
-            def use(quic: bool) -> None:
+            def set_b(buffer: bool) -> None:
+                res_b = build(node_b, rec_b, opts, ew(True, "b"))
+                ads.set("node-b", buffer_quic_responses(res_b) if buffer else res_b, secrets(ca, [WEB_ID]))
+                if buffer != b_buffer[0]:
+                    b_buffer[0] = buffer
+                    wait_until(
+                        lambda: ("envoy.filters.http.lua" in b.active_config("dynamic_listeners")) == buffer,
+                        60,
+                        "node-b listener update",
+                    )
+                    time.sleep(3)  # the old listener drains (--drain-time-s 2) before the batch
+
+            set_b(False)
+
+            runtime_keys = {k: v[1] for var in variants for k, v in var.runtime.items()}
+            fresh = iter(range(1, 1_000_000))
+
+            def use(quic: bool, var: Variant = base) -> None:
+                set_b(var.dest_buffer)
                 res = build(node_a, rec_a, opts, ew(quic, "a"))
+                nudge = next(fresh)
                 for name, cluster in res[CLUSTER].items():
-                    if name.startswith("quic:") and twin_h3:
+                    if name.startswith("quic:"):
                         http = cluster["typedExtensionProtocolOptions"][HTTP_OPTIONS]["explicitHttpConfig"]
                         http["http3ProtocolOptions"].update(twin_h3)
+                        http["http3ProtocolOptions"].update(var.h3)
+                        if var.quic:
+                            http["http3ProtocolOptions"].setdefault("quicProtocolOptions", {}).update(var.quic)
+                        # a new cluster (and so a new QUIC connection) for every h3 batch
+                        cluster["connectTimeout"] = f"{ew(quic, 'a').connect_timeout_s + nudge / 1000:.3f}s"
+                for key, baseline in runtime_keys.items():
+                    value = var.runtime[key][0] if key in var.runtime else baseline
+                    for node in (a, b):
+                        node.admin(f"/runtime_modify?{key}={value}", method="POST")
                 ads.set("node-a", res, secrets(ca, [CLIENT_ID]))
+                if quic:
+                    want_timeout = f"{ew(quic, 'a').connect_timeout_s + nudge / 1000:.3f}s"
+                    wait_until(
+                        lambda: want_timeout in a.active_config("dynamic_active_clusters"),
+                        60,
+                        f"twin for {var.label} active",
+                        interval=0.1,
+                    )
                 # h2 answers carry `By=` in XFCC (the destination's URI on TCP); HTTP/3 ones do not
                 want_by = not quic
 
@@ -121,11 +265,14 @@ def main(argv: list[str] | None = None) -> int:
             b.wait_ready()
             per_client = args.requests // args.clients
 
-            side: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+            side: dict[str, list[tuple[float, float]]] = {}
+            pkts: dict[str, list[tuple[float, float, float]]] = {}
 
-            def batch(quic: bool) -> float:
-                use(quic)
+            def batch(quic: bool, var: Variant = base) -> float:
+                label = var.label if quic else "h2"
+                use(quic, var)
                 http_in_netns(client.netns, HOST, n=200, ip=VIP)  # warm the pools
+                p0 = _packets(na.netns)
                 before = _cpu([a, b])
                 a0 = a.cpu_seconds()
                 t0 = time.monotonic()
@@ -134,28 +281,46 @@ def main(argv: list[str] | None = None) -> int:
                 wall = time.monotonic() - t0
                 cpu = _cpu([a, b]) - before
                 cpu_a = a.cpu_seconds() - a0
+                p1 = _packets(na.netns)
                 ok = sum(1 for s, _ in results if s == 200)
                 if ok != len(results):
                     raise RuntimeError(f"{len(results) - ok} of {len(results)} requests failed")
                 ms = cpu / len(results) * 1000
                 ms_a = cpu_a / len(results) * 1000
-                side[quic].append((ms_a, ms - ms_a))
+                side.setdefault(label, []).append((ms_a, ms - ms_a))
+                n = len(results)
+                pkts.setdefault(label, []).append(tuple((x1 - x0) / n for x0, x1 in zip(p0, p1, strict=True)))  # type: ignore[arg-type]
                 print(
-                    f"{'h3' if quic else 'h2'}: {len(results)} requests, {wall:.2f}s wall, "
-                    f"{cpu:.2f}s CPU both proxies, {ms:.3f} ms/request (source {ms_a:.3f}, destination {ms - ms_a:.3f})",
+                    f"{label}: {n} requests, {wall:.2f}s wall, "
+                    f"{cpu:.2f}s CPU both proxies, {ms:.3f} ms/request (source {ms_a:.3f}, destination {ms - ms_a:.3f}),"
+                    f" node-a UDP out {pkts[label][-1][0]:.2f} in {pkts[label][-1][1]:.2f}, TCP {pkts[label][-1][2]:.2f}"
+                    " packets/request",
                     flush=True,
                 )
                 return ms
 
             ratios, h2s, h3s = [], [], []
+            var_ratios: dict[str, list[float]] = {v.label: [] for v in variants}
+            var_vs_h3: dict[str, list[float]] = {v.label: [] for v in variants}
+            arms: list[tuple[bool, Variant]] = [(False, base), (True, base)] + [(True, v) for v in variants]
             for i in range(args.rounds):
-                order = (False, True) if i % 2 == 0 else (True, False)
-                got = {q: batch(q) for q in order}
-                h2s.append(got[False])
-                h3s.append(got[True])
-                ratios.append(got[True] / got[False])
-                print(f"round {i + 1}: h3/h2 = {ratios[-1]:.2f}", flush=True)
-            summary = {
+                # rotate the order each round so no arm always runs first (or right after h2)
+                order = arms[i % len(arms) :] + arms[: i % len(arms)]
+                if len(arms) == 2 and i % 2:
+                    order = arms[::-1]
+                got = {(q, v.label if q else "h2"): batch(q, v) for q, v in order}
+                h2 = got[(False, "h2")]
+                h3 = got[(True, "h3")]
+                h2s.append(h2)
+                h3s.append(h3)
+                ratios.append(h3 / h2)
+                line = f"round {i + 1}: h3/h2 = {ratios[-1]:.2f}"
+                for v in variants:
+                    var_ratios[v.label].append(got[(True, v.label)] / h2)
+                    var_vs_h3[v.label].append(got[(True, v.label)] / h3)
+                    line += f", {v.label}/h2 = {var_ratios[v.label][-1]:.2f}"
+                print(line, flush=True)
+            summary: dict[str, Any] = {
                 "requests_per_batch": per_client * args.clients,
                 "rounds": args.rounds,
                 "concurrency": args.concurrency,
@@ -164,18 +329,37 @@ def main(argv: list[str] | None = None) -> int:
                 "access_log": args.access_log,
                 "runtime": args.runtime,
                 "twin_h3": twin_h3,
+                "app_one_write": args.app_one_write,
                 "h2_ms_per_request_median": round(statistics.median(h2s), 4),
                 "h3_ms_per_request_median": round(statistics.median(h3s), 4),
                 "h3_over_h2_median": round(statistics.median(ratios), 3),
-                "source_proxy_ms_median": {
-                    "h2": round(statistics.median(x for x, _ in side[False]), 4),
-                    "h3": round(statistics.median(x for x, _ in side[True]), 4),
-                },
+                "source_proxy_ms_median": {k: round(statistics.median(x for x, _ in v), 4) for k, v in side.items()},
                 "destination_proxy_ms_median": {
-                    "h2": round(statistics.median(y for _, y in side[False]), 4),
-                    "h3": round(statistics.median(y for _, y in side[True]), 4),
+                    k: round(statistics.median(y for _, y in v), 4) for k, v in side.items()
                 },
                 "h3_over_h2_range": [round(min(ratios), 3), round(max(ratios), 3)],
+                "packets_per_request_median": {
+                    k: {
+                        "udp_out": round(statistics.median(x[0] for x in v), 2),
+                        "udp_in": round(statistics.median(x[1] for x in v), 2),
+                        "tcp": round(statistics.median(x[2] for x in v), 2),
+                    }
+                    for k, v in pkts.items()
+                },
+                "variants": {
+                    v.label: {
+                        "spec": {"quic": v.quic, "h3": v.h3, "runtime": v.runtime, "dest_buffer": v.dest_buffer},
+                        "ms_per_request_median": round(statistics.median(x + y for x, y in side[v.label]), 4),
+                        "over_h2_median": round(statistics.median(var_ratios[v.label]), 3),
+                        "over_h2_range": [round(min(var_ratios[v.label]), 3), round(max(var_ratios[v.label]), 3)],
+                        "over_default_h3_median": round(statistics.median(var_vs_h3[v.label]), 3),
+                        "over_default_h3_range": [
+                            round(min(var_vs_h3[v.label]), 3),
+                            round(max(var_vs_h3[v.label]), 3),
+                        ],
+                    }
+                    for v in variants
+                },
             }
             print(json.dumps(summary))
         finally:
