@@ -14,7 +14,10 @@ from enum import StrEnum
 from typing import Any, Final, NamedTuple
 
 SPEC_VERSION: Final = "1.0.0"
-SUPPORTED_VERSIONS: Final = ("0.4.0", "1.0.0")  # CHECK exists since 0.4.0; we echo prevResult, so both shapes work
+# We echo prevResult and read only `ips[].address`, which every version since 0.3.0 has; 0.3.x is what kindnet and
+# stock Calico conflists still say. CHECK exists since 0.4.0 (refused for 0.3.x).
+SUPPORTED_VERSIONS: Final = ("0.3.0", "0.3.1", "0.4.0", "1.0.0")
+CHECK_SINCE: Final = ("0.4.0", "1.0.0")
 
 # The spec's error codes.
 ERR_INCOMPATIBLE_VERSION: Final = 1
@@ -141,6 +144,13 @@ def parse_request(env: Mapping[str, str], stdin: bytes) -> CniRequest:
         return CniRequest(command=command, cni_version=SPEC_VERSION)
     config = _decode_config(stdin)
     version = _version_of(config)
+    if command is Command.CHECK and version not in CHECK_SINCE:
+        raise CniError(
+            ERR_INCOMPATIBLE_VERSION,
+            f"CHECK is not defined for cniVersion {version}",
+            f"CHECK exists since cniVersion 0.4.0; supported for CHECK: {', '.join(CHECK_SINCE)}",
+            version,
+        )
     for key in ("name", "type"):
         if not isinstance(config.get(key), str) or not config[key]:
             raise CniError(ERR_INVALID_CONFIG, f"the network configuration has no {key!r}", "", version)

@@ -28,7 +28,7 @@ CONFIG_SUFFIXES = (".conf", ".conflist", ".json")
 DEFAULT_ENTRY: dict[str, Any] = {"type": PLUGIN_TYPE}
 # The conflist versions aether-cni speaks (aether.netns.cni_request.SUPPORTED_VERSIONS; a test keeps them equal).
 # Chaining into a conflist of another version would fail every pod's ADD on the node, so the installer refuses.
-SUPPORTED_CNI_VERSIONS = ("0.4.0", "1.0.0")
+SUPPORTED_CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0")
 
 
 class InstallError(RuntimeError):

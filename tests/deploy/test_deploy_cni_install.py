@@ -58,9 +58,15 @@ def test_single_plugin_conf_becomes_a_conflist(cni_install: ModuleType) -> None:
 
 
 def test_merge_refuses_a_cni_version_the_plugin_does_not_speak(cni_install: ModuleType) -> None:
-    """kindnet and older Calico write cniVersion 0.3.1: chaining there would fail every ADD on the node."""
-    with pytest.raises(cni_install.InstallError, match=r"0\.3\.1"):
-        cni_install.merge_plugin(dict(CALICO, cniVersion="0.3.1"))
+    """Chaining into a conflist version the plugin refuses would fail every ADD on the node."""
+    with pytest.raises(cni_install.InstallError, match=r"0\.2\.0"):
+        cni_install.merge_plugin(dict(CALICO, cniVersion="0.2.0"))
+
+
+def test_merge_chains_into_kindnet_and_calico_0_3_1(cni_install: ModuleType) -> None:
+    """kindnet and stock Calico conflists say cniVersion 0.3.1."""
+    merged = cni_install.merge_plugin(dict(CALICO, cniVersion="0.3.1"))
+    assert merged["cniVersion"] == "0.3.1" and merged["plugins"][-1]["type"] == "aether-cni"
 
 
 def test_installer_versions_are_the_plugins(cni_install: ModuleType) -> None:

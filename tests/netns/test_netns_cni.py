@@ -64,6 +64,23 @@ def test_parse_good_add() -> None:
     assert req.prev_result == PREV
 
 
+def test_parse_a_0_3_1_add_from_kindnet() -> None:
+    """kindnet and stock Calico conflists say 0.3.1; their prevResult carries `version` on each address."""
+    prev = {
+        "cniVersion": "0.3.1",
+        "interfaces": [{"name": "eth0", "sandbox": "/run/netns/x"}],
+        "ips": [{"version": "4", "address": "10.244.1.5/24", "gateway": "10.244.1.1", "interface": 0}],
+    }
+    req = parse_request(env("/run/netns/p"), json.dumps(conf(cniVersion="0.3.1", prevResult=prev)).encode())
+    assert req.cni_version == "0.3.1" and req.pod_ips() == ["10.244.1.5"] and req.prev_result == prev
+
+
+def test_check_is_refused_before_0_4_0() -> None:
+    with pytest.raises(CniError, match=r"CHECK is not defined for cniVersion 0\.3\.1") as info:
+        parse_request(env("/run/netns/p", "CHECK"), json.dumps(conf(cniVersion="0.3.1")).encode())
+    assert info.value.code == 1
+
+
 def test_parse_del_needs_no_netns_prevresult_or_pod() -> None:
     req = parse_request(env("", "DEL", CNI_ARGS=None), json.dumps(conf(prevResult=None)).encode())
     assert req.command is Command.DEL and req.pod is None and req.netns == ""
@@ -71,7 +88,10 @@ def test_parse_del_needs_no_netns_prevresult_or_pod() -> None:
 
 def test_version_ignores_stdin() -> None:
     assert parse_request({"CNI_COMMAND": "VERSION"}, b"not json").command is Command.VERSION
-    assert cni_request.version_result() == {"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}
+    assert cni_request.version_result() == {
+        "cniVersion": "1.0.0",
+        "supportedVersions": ["0.3.0", "0.3.1", "0.4.0", "1.0.0"],
+    }
 
 
 PURE_BAD: list[tuple[str, dict[str, str], bytes, int, str]] = [
@@ -81,9 +101,9 @@ PURE_BAD: list[tuple[str, dict[str, str], bytes, int, str]] = [
     (
         "wrong cniVersion",
         env("/x"),
-        json.dumps(conf(cniVersion="0.3.1")).encode(),
+        json.dumps(conf(cniVersion="0.2.0")).encode(),
         1,
-        "cniVersion 0.3.1 is not supported",
+        "cniVersion 0.2.0 is not supported",
     ),
     ("no cniVersion", env("/x"), json.dumps(conf(cniVersion=None)).encode(), 7, "no cniVersion"),
     ("no name", env("/x"), json.dumps(conf(name=None)).encode(), 7, "no 'name'"),
@@ -255,7 +275,7 @@ def test_del_tolerates_a_vanished_netns_and_missing_pod_args(lab: Lab, tmp_path:
 @pytest.mark.privileged
 def test_version_with_the_script(tmp_path: Path) -> None:
     code, out = run_cni({"CNI_COMMAND": "VERSION"}, b'{"cniVersion":"1.0.0"}', tmp_path)
-    assert code == 0 and json.loads(out)["supportedVersions"] == ["0.4.0", "1.0.0"]
+    assert code == 0 and json.loads(out)["supportedVersions"] == ["0.3.0", "0.3.1", "0.4.0", "1.0.0"]
 
 
 @pytest.mark.privileged
