@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,31 @@ def test_unknown_command_is_an_error() -> None:
     out = subprocess.run([sys.executable, "-m", "aether.cli", "frobnicate"], capture_output=True, text=True, cwd="/")
     assert out.returncode == 2
     assert "unknown command 'frobnicate'" in out.stderr
+
+
+def test_an_installed_wheel_carries_the_crds(tmp_path: Path) -> None:
+    """`aether dev-api`/`aether demo` load CRDs from the package: a non-editable install (the image) must have them."""
+    wheels = tmp_path / "wheels"
+    shutil.rmtree(ROOT / "build", ignore_errors=True)  # setuptools reuses build/: a stale one could hide a miss
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr
+    target = tmp_path / "site"
+    (wheel,) = wheels.glob("*.whl")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], check=True
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", "from aether.operator.crdgen import crds_dir, stale; print(crds_dir()); print(stale())"],
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    where, stale = out.stdout.splitlines()
+    assert Path(where).is_relative_to(target) and stale == "[]"
+    assert (Path(where) / "testbed" / "udproutes.yaml").is_file()
