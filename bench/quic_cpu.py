@@ -112,8 +112,22 @@ RESPONSE_BUFFER: dict[str, Any] = {
 }
 
 
-def buffer_quic_responses(res: Resources) -> Resources:
-    """`res` with RESPONSE_BUFFER before the router in every HCM of the inbound QUIC listeners (a copy)."""
+# The same hold in C++: the file-system buffer filter fully buffering responses (in memory below its limit).
+FS_RESPONSE_BUFFER: dict[str, Any] = {
+    "name": "envoy.filters.http.file_system_buffer",
+    "typedConfig": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.file_system_buffer.v3.FileSystemBufferFilterConfig",
+        "managerConfig": {"threadPool": {"threadCount": 1}},
+        "request": {"behavior": {"bypass": {}}},
+        "response": {"behavior": {"fullyBuffer": {}}},
+    },
+}
+BUFFERS = {"lua": RESPONSE_BUFFER, "fs": FS_RESPONSE_BUFFER}
+
+
+def buffer_quic_responses(res: Resources, kind: str = "lua") -> Resources:
+    """`res` with a response buffer (BUFFERS[kind]) before the router in every HCM of the inbound QUIC listeners
+    (a copy)."""
     out = copy.deepcopy(res)
     for name, listener in out[LISTENER].items():
         if not name.startswith("inbound-h3:"):
@@ -121,7 +135,7 @@ def buffer_quic_responses(res: Resources) -> Resources:
         for chain in listener["filterChains"]:
             for f in chain["filters"]:
                 filters = f["typedConfig"]["httpFilters"]
-                filters.insert(len(filters) - 1, copy.deepcopy(RESPONSE_BUFFER))
+                filters.insert(len(filters) - 1, copy.deepcopy(BUFFERS[kind]))
     return out
 
 
@@ -131,7 +145,7 @@ class Variant:
     quic: dict[str, Any]
     h3: dict[str, Any]
     runtime: dict[str, tuple[str, str]]  # key -> (variant value, baseline value)
-    dest_buffer: bool = False  # node B: buffer_quic_responses (a listener update, then a drain wait)
+    dest_buffer: str = ""  # node B: buffer_quic_responses(kind) ("lua", "fs"; a listener update, then a drain wait)
 
 
 def parse_variant(text: str) -> Variant:
@@ -143,7 +157,16 @@ def parse_variant(text: str) -> Variant:
     if unknown:
         raise argparse.ArgumentTypeError(f"--variant {label}: unknown keys {sorted(unknown)}")
     rt = {k: (_rt(v[0]), _rt(v[1])) for k, v in data.get("runtime", {}).items()}
-    return Variant(label, dict(data.get("quic", {})), dict(data.get("h3", {})), rt, bool(data.get("dest_buffer")))
+    return Variant(
+        label, dict(data.get("quic", {})), dict(data.get("h3", {})), rt, _buffer_kind(data.get("dest_buffer"))
+    )
+
+
+def _buffer_kind(value: object) -> str:
+    kind = "lua" if value is True else (value or "")
+    if kind and kind not in BUFFERS:
+        raise argparse.ArgumentTypeError(f"dest_buffer: one of {sorted(BUFFERS)} or true (lua), got {value!r}")
+    return str(kind)
 
 
 def _rt(value: object) -> str:
@@ -207,21 +230,25 @@ def main(argv: list[str] | None = None) -> int:
                 log = str(work / f"access-{node}.log") if args.access_log else None
                 return EastWestOptions(quic=quic, prefer_gro=not args.no_gro, access_log_path=log)
 
-            b_buffer = [False]
+            b_buffer = [""]
 
-            def set_b(buffer: bool) -> None:
+            def set_b(buffer: str) -> None:
                 res_b = build(node_b, rec_b, opts, ew(True, "b"))
-                ads.set("node-b", buffer_quic_responses(res_b) if buffer else res_b, secrets(ca, [WEB_ID]))
+                ads.set("node-b", buffer_quic_responses(res_b, buffer) if buffer else res_b, secrets(ca, [WEB_ID]))
                 if buffer != b_buffer[0]:
                     b_buffer[0] = buffer
+                    marker = BUFFERS[buffer]["name"] if buffer else None
                     wait_until(
-                        lambda: ("envoy.filters.http.lua" in b.active_config("dynamic_listeners")) == buffer,
+                        lambda: all(
+                            (str(f["name"]) in b.active_config("dynamic_listeners")) == (f["name"] == marker)
+                            for f in BUFFERS.values()
+                        ),
                         60,
                         "node-b listener update",
                     )
                     time.sleep(3)  # the old listener drains (--drain-time-s 2) before the batch
 
-            set_b(False)
+            set_b("")
 
             runtime_keys = {k: v[1] for var in variants for k, v in var.runtime.items()}
             fresh = iter(range(1, 1_000_000))
