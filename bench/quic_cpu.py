@@ -12,7 +12,8 @@ Rounds alternate h2 and h3 (paired); the figure is the median of the per-round h
 the default h3 in the same rounds (order rotated per round). JSON keys: `quic` (merged into the twins'
 `http3ProtocolOptions.quicProtocolOptions`, e.g. `{"connectionOptions": "AKDU"}`: the twin sends these to the
 destination), `h3` (merged into `http3ProtocolOptions`), `runtime` (`{"key": [variant_value, baseline_value]}`, set
-on both Envoys over admin `/runtime_modify` before each h3 batch). Every h3 batch gets a fresh twin (its
+on both Envoys over admin `/runtime_modify` before each h3 batch), `dest_buffer` (`true`/`"lua"` or `"fs"`: a
+response-buffering filter before the router on node B's inbound QUIC listener; a listener update and a drain wait). Every h3 batch gets a fresh twin (its
 `connect_timeout` is nudged by 1 ms), so each starts on a new QUIC connection. Also reported: UDP datagrams and
 TCP segments per request in node A's netns (the twin's and the h2 cluster's upstream packets, both directions).
 
