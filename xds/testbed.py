@@ -140,9 +140,7 @@ class NodeBed:
 
     def add_service(self, svc: str, vip: str, port: int = 5353) -> Service:
         pod = self.lab.add_pod(self.node, f"be-{svc}", next(self._ips))
-        self.lab.spawn(
-            pod.netns, [sys.executable, "-m", "aether.e2e.echo", svc, str(port)], stdout=subprocess.DEVNULL
-        )
+        self.lab.spawn(pod.netns, [sys.executable, "-m", "aether.e2e.echo", svc, str(port)], stdout=subprocess.DEVNULL)
         service = Service(f"default/{svc}", vip, pod, port)
         self.services[svc] = service
         return service
