@@ -8,7 +8,6 @@ also pins the shape of the roles (tests/deploy/README is the rule: extend the li
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import subprocess
 import sys
@@ -191,9 +190,6 @@ def _meshnode_written(store: Any) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("aether.operator.cli") is None, reason="the operator (operator/cli.py) has not landed"
-)
 def test_operator_calls_in_the_audit_log_are_allowed(
     rendered: list[dict[str, Any]], rbac_check: ModuleType, tmp_path: Path
 ) -> None:
@@ -245,10 +241,6 @@ def _programmed(store: Any) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    importlib.util.find_spec("aether.xds.kube_source") is None,
-    reason="the sidecar's cluster mode (xds/kube_source.py) has not landed",
-)
 def test_node_sidecar_calls_in_the_audit_log_are_allowed(
     rendered: list[dict[str, Any]], rbac_check: ModuleType, tmp_path: Path
 ) -> None:
