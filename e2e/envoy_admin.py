@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import http.client
 import socket
 
 
-def admin_get(sock_path: str, path: str, timeout: float = 5.0) -> str:
-    """GET `path` from the admin socket; the body as text (raises OSError while Envoy is not up)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTP over a unix socket (Envoy's admin; the path works across network namespaces)."""
+
+    def __init__(self, path: str, timeout: float = 5.0) -> None:
+        super().__init__("admin", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+def admin_request(sock_path: str, path: str, method: str = "GET", timeout: float = 5.0) -> str:
+    """`method path` on the admin socket; the body as text (raises OSError while Envoy is not up)."""
+    conn = UnixHTTPConnection(sock_path, timeout)
     try:
-        s.connect(sock_path)
-        s.sendall(f"GET {path} HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n".encode())
-        chunks = []
-        while chunk := s.recv(65536):
-            chunks.append(chunk)
+        conn.request(method, path)
+        return conn.getresponse().read().decode(errors="replace")
     finally:
-        s.close()
-    return b"".join(chunks).partition(b"\r\n\r\n")[2].decode(errors="replace")
+        conn.close()
+
+
+def admin_get(sock_path: str, path: str, timeout: float = 5.0) -> str:
+    return admin_request(sock_path, path, timeout=timeout)
 
 
 def stat(sock_path: str, name: str) -> int:

@@ -12,6 +12,8 @@ import json
 import os
 from typing import Any
 
+from aether.atomicfile import write_text_atomic
+
 DEFAULT_STATE_DIR = "/run/aether/pods"
 STATE_DIR_ENV = "AETHER_STATE_DIR"
 RECORD_FIELDS = ("uid", "namespace", "name", "netns", "ips", "container_id", "ifname")
@@ -31,23 +33,6 @@ def record_path_str(uid: str, directory: StrPath | None = None) -> str:
     if not uid or "/" in uid or uid in (".", "..") or "\x00" in uid:
         raise RecordError(f"pod uid {uid!r} cannot name a record file")
     return os.path.join(state_dir_str(directory), f"{uid}.json")
-
-
-def write_text_atomic(path: StrPath, text: str) -> None:
-    """Write a temp file in the same directory, then rename it over `path`: a reader never sees half a file."""
-    p = os.fspath(path)
-    d, base = os.path.split(p)
-    os.makedirs(d or ".", exist_ok=True)
-    tmp = os.path.join(d, f".{base}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_record_fields(fields: dict[str, Any], directory: StrPath | None = None) -> str:

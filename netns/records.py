@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from aether.atomicfile import write_text_atomic
 from aether.netns.record_file import (
     DEFAULT_STATE_DIR,
     STATE_DIR_ENV,
@@ -19,7 +20,6 @@ from aether.netns.record_file import (
     record_path_str,
     remove_record,
     state_dir_str,
-    write_text_atomic,
 )
 
 __all__ = [

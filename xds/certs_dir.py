@@ -16,12 +16,12 @@ must match the leaf: a misplaced file is an IdentityError, never another workloa
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from aether.atomicfile import write_text_atomic
 from aether.xds.identity import IdentityError, Svid, TrustBundle, parse_spiffe_id
 
 BUNDLE_FILE = "bundle.pem"
@@ -103,31 +103,18 @@ class DirectorySource:
         return TrustBundle(self._trust_domain, "".join(seen))
 
 
-def _write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_identity(root: str | os.PathLike[str], svid: Svid, bundle: TrustBundle | None = None) -> Path:
     """Write one identity in spiffe-helper's names (each file replaced atomically, key first); returns its dir."""
     sid = parse_spiffe_id(svid.spiffe_id)
     d = Path(root) / sid.namespace / sid.service_account
-    _write_atomic(d / "svid_key.pem", svid.key_pem, 0o600)
-    _write_atomic(d / "svid.pem", svid.chain_pem)
+    write_text_atomic(d / "svid_key.pem", svid.key_pem, 0o600)
+    write_text_atomic(d / "svid.pem", svid.chain_pem)
     if bundle is not None:
-        _write_atomic(d / "svid_bundle.pem", bundle.pem)
+        write_text_atomic(d / "svid_bundle.pem", bundle.pem)
     return d
 
 
 def write_bundle(root: str | os.PathLike[str], bundle: TrustBundle) -> Path:
     path = Path(root) / BUNDLE_FILE
-    _write_atomic(path, bundle.pem)
+    write_text_atomic(path, bundle.pem)
     return path

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aether.e2e.envoy_admin import admin_request
 from aether.e2e.netlab import Lab, Pod
 from aether.envoybin import envoy_path
 from aether.xds.bootstrap import ads_bootstrap
@@ -126,18 +126,6 @@ def unique_base_id() -> int:
     return 100_000 + secrets.randbelow(800_000)
 
 
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float = 5.0) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
-
-
 @dataclass
 class EnvoyNode:
     """One Envoy in a node netns, admin on a unix socket (reachable from any netns)."""
@@ -149,12 +137,7 @@ class EnvoyNode:
     workdir: Path
 
     def admin(self, path: str, method: str = "GET") -> str:
-        conn = _UnixHTTPConnection(self.admin_path)
-        try:
-            conn.request(method, path)
-            return conn.getresponse().read().decode()
-        finally:
-            conn.close()
+        return admin_request(self.admin_path, path, method)
 
     def active_config(self, resource: str) -> str:
         """The active (not warming, not draining) dynamic resources of one config_dump section, as JSON text."""

@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from aether.atomicfile import write_text_atomic
 from aether.operator.meshnode import (
     API_GROUP,
     API_VERSION,
@@ -86,15 +86,7 @@ class FileStatusSink:
             "metadata": {"name": node_name},
             "status": {"conditions": [c.wire() for c in conditions]},
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(doc, fh, indent=2)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(self.path, json.dumps(doc, indent=2))
 
 
 def read_status_file(path: str | os.PathLike[str]) -> list[Condition]:

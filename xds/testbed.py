@@ -7,7 +7,6 @@ Envoy runs in the node netns; Envoy binds each client pod's capture listener int
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from aether.e2e.envoy_admin import admin_get
 from aether.e2e.netlab import Lab, Node, Pod, wait_for
 from aether.envoybin import envoy_path
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
@@ -52,27 +52,6 @@ def ask(
     except TimeoutError:
         return None
     return data, src
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("admin", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
-
-
-def unix_http_get(sock_path: str, path: str, timeout: float = 5.0) -> str:
-    conn = _UnixHTTPConnection(sock_path, timeout)
-    try:
-        conn.request("GET", path)
-        return conn.getresponse().read().decode(errors="replace")
-    finally:
-        conn.close()
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -237,7 +216,7 @@ class NodeBed:
             self.envoy = None
 
     def admin(self, path: str) -> str:
-        return unix_http_get(self.admin_sock, path)
+        return admin_get(self.admin_sock, path)
 
     def admin_ready(self) -> bool:
         try:

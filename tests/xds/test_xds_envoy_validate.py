@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from aether.e2e.envoy_admin import admin_get as unix_http_get
 from aether.e2e.netlab import wait_for
 from aether.netns.records import PodRecord
 from aether.operator.meshnode import MeshNode
@@ -27,7 +28,6 @@ from aether.xds.cache import Snapshot, SnapshotCache, make_snapshot
 from aether.xds.resources import CLUSTER, LISTENER, Resources, TranslateOptions
 from aether.xds.samples import node_with, records_for
 from aether.xds.server import DeltaAdsServer, Events, serve
-from aether.xds.testbed import unix_http_get
 from aether.xds.translate import translate as translate_all
 
 pytestmark = pytest.mark.envoy
