@@ -57,6 +57,16 @@ class KubeSource:
 
     def updates(self, stop: threading.Event) -> Iterator[StateUpdate]:
         last: Any = "unset"
+
+        def changed(body: Any, absent: str) -> StateUpdate | None:
+            """An update when spec or status differ from the last one yielded (or the object came or went)."""
+            nonlocal last
+            key = None if body is None else (body.get("spec"), body.get("status"))
+            if key == last:
+                return None
+            last = key
+            return self._update(body) if body is not None else StateUpdate(None, f"MeshNode {self.node} {absent}")
+
         while not stop.is_set():
             try:
                 listed = self.api.list_cluster_custom_object(
@@ -66,14 +76,8 @@ class KubeSource:
                 rv = (listed.get("metadata") or {}).get("resourceVersion")
                 body = items[0] if items else None
                 while not stop.is_set():
-                    key = None if body is None else (body.get("spec"), body.get("status"))
-                    if key != last:
-                        last = key
-                        yield (
-                            self._update(body)
-                            if body is not None
-                            else StateUpdate(None, f"MeshNode {self.node} does not exist (yet)")
-                        )
+                    if (update := changed(body, "does not exist (yet)")) is not None:
+                        yield update
                     w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
                     gone = False
                     for event in w.stream(
@@ -91,14 +95,8 @@ class KubeSource:
                             gone = True
                             break
                         body = None if event["type"] == "DELETED" else obj
-                        key = None if body is None else (body.get("spec"), body.get("status"))
-                        if key != last:
-                            last = key
-                            yield (
-                                self._update(body)
-                                if body is not None
-                                else StateUpdate(None, f"MeshNode {self.node} was deleted")
-                            )
+                        if (update := changed(body, "was deleted")) is not None:
+                            yield update
                         if stop.is_set():
                             w.stop()
                             break

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -207,30 +208,40 @@ def test_operator_calls_in_the_audit_log_are_allowed(
             stdout=subprocess.DEVNULL,
             stderr=open(tmp_path / "operator.log", "w"),  # noqa: SIM115 (closed with the process)
         )
-        try:
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and not bed.call(_meshnode_written) and proc.poll() is None:
-                time.sleep(0.5)
-            time.sleep(2)  # let status writes and events settle
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        _run_until(proc, lambda: bool(bed.call(_meshnode_written)), timeout=90, settle=2)  # status, events
         written = bed.call(_meshnode_written)
         records = bed.audit
     log = (tmp_path / "operator.log").read_text()[-3000:]
     assert written, f"the operator wrote no MeshNode with pods; its log ends:\n{log}"
-    calls = {
+    calls = _requests(rbac_check, records)
+    assert rbac_check.Request("create", "mesh.aether.dev", "meshnodes", "") in calls
+    rules = _roles(rendered)["aether-operator"]
+    assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; operator log:\n{log}"
+
+
+def _run_until(proc: subprocess.Popen[bytes], done: Callable[[], bool], timeout: float, settle: float = 0) -> None:
+    """Wait until `done()` (or the process exits, or `timeout`), wait `settle` more, then stop the process."""
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not done() and proc.poll() is None:
+            time.sleep(0.5)
+        time.sleep(settle)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _requests(rbac_check: ModuleType, records: Iterable[Any]) -> set[Any]:
+    """The audit log as RBAC requests (verb, group, resource, subresource); non-resource URLs left out."""
+    return {
         rbac_check.Request(r.verb, r.api_group or "", r.resource, r.subresource or "")
         for r in records
         if r.resource is not None
     }
-    assert rbac_check.Request("create", "mesh.aether.dev", "meshnodes", "") in calls
-    rules = _roles(rendered)["aether-operator"]
-    assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; operator log:\n{log}"
 
 
 def _programmed(store: Any) -> bool:
@@ -262,26 +273,12 @@ def test_node_sidecar_calls_in_the_audit_log_are_allowed(
             stdout=subprocess.DEVNULL,
             stderr=open(tmp_path / "xds.log", "w"),  # noqa: SIM115 (closed with the process)
         )
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not bed.call(_programmed) and proc.poll() is None:
-                time.sleep(0.5)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        _run_until(proc, lambda: bool(bed.call(_programmed)), timeout=60)
         programmed = bed.call(_programmed)
         records = bed.audit
     log = (tmp_path / "xds.log").read_text()[-3000:]
     assert programmed, f"the sidecar wrote no Programmed condition; its log ends:\n{log}"
-    calls = {
-        rbac_check.Request(r.verb, r.api_group or "", r.resource, r.subresource or "")
-        for r in records
-        if r.resource is not None
-    }
+    calls = _requests(rbac_check, records)
     assert rbac_check.Request("patch", "mesh.aether.dev", "meshnodes", "status") in calls
     rules = _roles(rendered)["aether-node"]
     assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; sidecar log:\n{log}"
