@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import aether
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                 timed(lambda: subprocess.run([CNI_BIN], input=b"{}", env=version_env, capture_output=True, check=True))
             )
             env, stdin = request(sp)
-            script.append(timed(lambda env=env, stdin=stdin: run_script(env, stdin, state)))  # type: ignore[misc]
+            script.append(timed(partial(run_script, env, stdin, state)))
             env, stdin = request(ip)
 
             def call(env: dict[str, str] = env, stdin: bytes = stdin) -> None:
@@ -124,12 +125,12 @@ def main(argv: list[str] | None = None) -> int:
 
             inproc.append(timed(call))
             env, stdin = request(lp)
-            leans.append(timed(lambda env=env, stdin=stdin: run_script(env, stdin, state, lean)))  # type: ignore[misc]
+            leans.append(timed(partial(run_script, env, stdin, state, lean)))
         recorded = len(os.listdir(state))
         dels = []
         for p in pods:
             env, stdin = request(p, "DEL")
-            dels.append(timed(lambda env=env, stdin=stdin: run_script(env, stdin, state)))  # type: ignore[misc]
+            dels.append(timed(partial(run_script, env, stdin, state)))
 
     print(f"records written: {recorded} (expected {3 * args.pods})")
     print(describe("python -c pass", bare))

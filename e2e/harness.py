@@ -174,7 +174,7 @@ class Mesh:
         argv += ["--kubeconfig", self.kubeconfig, "--records", str(node.records), "--areas", self.areas]
         if self.shared_ca:
             argv += ["--certs-dir", str(self.certs_dir)]
-        log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115
+        log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115 (the child process owns it)
         node.sidecar = self.lab.spawn(None, argv, stdout=log, stderr=log)
         self.progress(f"node {node.name}: xds sidecar started (aether xds --node {node.name}: watches its MeshNode)")
 
@@ -197,7 +197,7 @@ class Mesh:
         ).stdout
         path = node.workdir / "envoy.json"
         path.write_text(boot)
-        log = open(node.workdir / "envoy.log", "ab")  # noqa: SIM115
+        log = open(node.workdir / "envoy.log", "ab")  # noqa: SIM115 (the child process owns it)
         argv = [str(envoy_path()), "-c", str(path), "--disable-hot-restart", "--base-id", str(node.base_id)]
         argv += ["--concurrency", "1", "-l", "warning"]
         node.envoy = self.lab.spawn(node.net.netns, argv, stdout=log, stderr=log)
@@ -230,7 +230,7 @@ class Mesh:
     def add_backend(self, node: MeshNodeProxy, name: str) -> MeshPod:
         """A pod running a UDP echo server that answers `<its name>|<payload>` on BACKEND_PORT."""
         pod = self.add_pod(node, name)
-        log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115
+        log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child process owns it)
         argv = [sys.executable, "-m", "aether.e2e.echo", name, str(BACKEND_PORT)]
         self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
         return pod
@@ -238,7 +238,7 @@ class Mesh:
     def add_http_backend(self, node: MeshNodeProxy, name: str, sa: str) -> MeshPod:
         """A pod running an HTTP app on HTTP_APP_PORT that answers with its name and the XFCC it received."""
         pod = self.add_pod(node, name, sa=sa)
-        log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115
+        log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child process owns it)
         argv = [sys.executable, "-m", "aether.e2e.http_echo", name, str(HTTP_APP_PORT)]
         self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
         return pod

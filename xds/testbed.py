@@ -191,7 +191,7 @@ class NodeBed:
         boot = ads_bootstrap(self.node_name, f"unix:{self.ads_sock}", f"unix:{self.admin_sock}")
         path = self.workdir / "envoy.json"
         path.write_text(json.dumps(boot))
-        log = open(self.workdir / "envoy.log", "ab")  # noqa: SIM115
+        log = open(self.workdir / "envoy.log", "ab")  # noqa: SIM115 (the child process owns it)
         self.envoy = self.lab.spawn(
             self.node.netns,
             [
