@@ -14,12 +14,10 @@ parts of aether.netns (no pydantic, no pyroute2, no grpc). The pure request pars
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-from collections.abc import Mapping
-from typing import Any
 
+from aether.netns import litejson as json
 from aether.netns.cni_request import (
     ERR_CAPTURE_DRIFT,
     ERR_CAPTURE_INSTALL,
@@ -43,6 +41,11 @@ from aether.netns.record_file import (
     state_dir_str,
     write_record_fields,
 )
+
+TYPE_CHECKING = False  # the CNI plugin's start-up path: see aether.netns.lite
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
 
 def _require_netns(req: CniRequest) -> None:

@@ -8,10 +8,16 @@ on stdout with a non-zero exit; codes 1-99 are the spec's, 100+ are this plugin'
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from enum import StrEnum
-from typing import Any, Final, NamedTuple
+from aether.netns import litejson as json
+
+TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from enum import StrEnum as StrChoice
+    from typing import Any, Final
+    from typing import NamedTuple as Record
+else:
+    from aether.netns.lite import Record, StrChoice
 
 SPEC_VERSION: Final = "1.0.0"
 # We echo prevResult and read only `ips[].address`, which every version since 0.3.0 has; 0.3.x is what kindnet and
@@ -34,7 +40,7 @@ ERR_CAPTURE_DRIFT: Final = 101
 ERR_RECORD: Final = 102
 
 
-class Command(StrEnum):
+class Command(StrChoice):
     ADD = "ADD"
     DEL = "DEL"
     CHECK = "CHECK"
@@ -53,13 +59,13 @@ class CniError(Exception):
         return {"cniVersion": self.cni_version, "code": self.code, "msg": self.msg, "details": self.details}
 
 
-class PodIdentity(NamedTuple):
+class PodIdentity(Record):
     namespace: str
     name: str
     uid: str
 
 
-class CniRequest(NamedTuple):
+class CniRequest(Record):
     command: Command
     cni_version: str
     container_id: str = ""
@@ -97,7 +103,7 @@ def parse_cni_args(raw: str) -> dict[str, str]:
 def _decode_config(stdin: bytes) -> dict[str, Any]:
     try:
         config = json.loads(stdin.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # UnicodeDecodeError and json.JSONDecodeError
         raise CniError(ERR_DECODE, "the network configuration on stdin is not valid JSON", str(exc)) from exc
     if not isinstance(config, dict):
         raise CniError(

@@ -6,23 +6,28 @@ Service port and a second capture path.
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import Final, NamedTuple
+TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
+if TYPE_CHECKING:
+    from enum import StrEnum as StrChoice
+    from typing import Final
+    from typing import NamedTuple as Record
+else:
+    from aether.netns.lite import Record, StrChoice
 
 
-class Transport(StrEnum):
+class Transport(StrChoice):
     TCP = "tcp"
     UDP = "udp"
 
 
-class CaptureMode(StrEnum):
+class CaptureMode(StrChoice):
     """`tproxy` is mark-and-divert (the only mode deployed); `redirect` is the negative control (R6)."""
 
     TPROXY = "tproxy"
     REDIRECT = "redirect"
 
 
-class PortRole(NamedTuple):  # a NamedTuple, not a dataclass: the CNI plugin's import budget is tight
+class PortRole(Record):
     name: str
     number: int
     transports: frozenset[Transport]

@@ -13,8 +13,6 @@ from __future__ import annotations
 import _thread
 import errno
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
 
 from aether.netns import rules as nftrules
 from aether.netns.contract import (
@@ -28,6 +26,14 @@ from aether.netns.contract import (
 from aether.netns.libnft import Nft, NftError
 from aether.netns.nsthread import NetnsError, NetnsMissing, call_in_netns
 from aether.netns.rtnl import RT_SCOPE_HOST, RTN_LOCAL, Route, RtnlSocket, Rule
+
+TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+    from typing import NamedTuple as Record
+else:
+    from aether.netns.lite import Record
 
 LOOPBACK_IFINDEX = 1  # `lo` is ifindex 1 in every network namespace
 
@@ -56,7 +62,7 @@ class CaptureDrift(CaptureError):
         super().__init__(f"capture in {netns} drifted: " + "; ".join(self.reasons))
 
 
-class CaptureState(NamedTuple):
+class CaptureState(Record):
     """What is in a netns now: the aether table (canonical form), and our ip rules and routes."""
 
     table: dict[str, Any]

@@ -8,8 +8,15 @@ per netns, inside it (see `nsthread.run_in_netns`). Input and output are JSON (`
 from __future__ import annotations
 
 import ctypes
-import json
-from typing import Any, Final, NamedTuple
+
+from aether.netns import litejson as json
+
+TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
+if TYPE_CHECKING:
+    from typing import Any, Final
+    from typing import NamedTuple as Record
+else:
+    from aether.netns.lite import Record
 
 NFT_CTX_OUTPUT_JSON: Final = 1 << 4
 LIBRARY_NAMES: Final = ("libnftables.so.1", "libnftables.so")
@@ -50,7 +57,7 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-class NftResult(NamedTuple):
+class NftResult(Record):
     rc: int
     output: str
     error: str

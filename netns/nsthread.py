@@ -19,10 +19,13 @@ import ctypes
 import errno
 import fcntl
 import os
-from collections.abc import Callable
-from typing import Final, TypeVar
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Final, TypeVar
+
+    T = TypeVar("T")
 
 CLONE_NEWNET: Final = 0x40000000
 NS_GET_NSTYPE: Final = 0xB703  # _IO(0xb7, 0x3), Linux >= 4.11

@@ -8,11 +8,14 @@ a test reads it back through the model.
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any
 
 from aether.atomicfile import write_text_atomic
+from aether.netns import litejson as json
+
+TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
+if TYPE_CHECKING:
+    from typing import Any
 
 DEFAULT_STATE_DIR = "/run/aether/pods"
 STATE_DIR_ENV = "AETHER_STATE_DIR"
@@ -45,15 +48,15 @@ def write_record_fields(fields: dict[str, Any], directory: StrPath | None = None
     if not isinstance(fields["ips"], list) or not all(isinstance(ip, str) for ip in fields["ips"]):
         raise RecordError("record field 'ips' must be a list of strings")
     path = record_path_str(fields["uid"], directory)
-    write_text_atomic(path, json.dumps({k: fields[k] for k in RECORD_FIELDS}, indent=2))
+    write_text_atomic(path, json.dumps({k: fields[k] for k in RECORD_FIELDS}) + "\n")
     return path
 
 
 def read_record_fields(path: StrPath) -> dict[str, Any]:
     try:
         with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError) as exc:
+            data = json.loads(fh.read())
+    except (OSError, ValueError) as exc:  # ValueError: json.JSONDecodeError, UnicodeDecodeError
         raise RecordError(f"{os.fspath(path)}: {exc}") from exc
     if not isinstance(data, dict):
         raise RecordError(f"{os.fspath(path)}: not a JSON object")

@@ -15,8 +15,14 @@ import _socket
 import errno
 import os
 import struct
-from collections.abc import Iterator
-from typing import Final, NamedTuple
+
+TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Final
+    from typing import NamedTuple as Record
+else:
+    from aether.netns.lite import Record
 
 NETLINK_ROUTE: Final = 0
 NLMSG_ERROR: Final = 2
@@ -53,7 +59,7 @@ _RTMSG = struct.Struct("=BBBBBBBBI")  # rtmsg and fib_rule_hdr share this layout
 _RTATTR = struct.Struct("=HH")
 
 
-class Rule(NamedTuple):
+class Rule(Record):
     priority: int
     fwmark: int
     fwmask: int
@@ -62,7 +68,7 @@ class Rule(NamedTuple):
     family: int = _socket.AF_INET
 
 
-class Route(NamedTuple):
+class Route(Record):
     table: int
     type: int
     scope: int

@@ -17,10 +17,6 @@ builder checks its own output with `check_statement_order`, and the installer re
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Final
-
 from aether.netns.contract import (
     CAPTURE_DIVERT_FWMARK,
     CAPTURED_PORTS,
@@ -30,7 +26,12 @@ from aether.netns.contract import (
     Transport,
 )
 
-Json = dict[str, Any]
+TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import Any, Final
+
+    Json = dict[str, Any]
 
 DIVERT_CHAIN: Final = "divert_out"
 REDIRECT_CHAIN: Final = "redirect_out"
@@ -110,12 +111,21 @@ def build_ruleset(mode: CaptureMode, ports: Mapping[Transport, Sequence[int]] = 
     return ruleset
 
 
+def _copy_json(value: Any) -> Any:
+    """A deep copy of JSON data (dicts, lists, scalars): `copy.deepcopy` without importing `copy`."""
+    if isinstance(value, dict):
+        return {k: _copy_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy_json(v) for v in value]
+    return value
+
+
 def create_table_commands(ruleset: Json) -> Json:
     """One transaction that creates table `inet aether` as `ruleset`, failing whole if the table already exists.
 
     The fast path for a fresh netns: deleting anything (even a just-added empty table) puts it on nf_tables' global
     destroy list, and the next close of an nfnetlink socket then waits for an RCU grace period (~10 ms here)."""
-    commands = copy.deepcopy(list(ruleset["nftables"]))
+    commands = _copy_json(list(ruleset["nftables"]))
     if not commands or "table" not in commands[0].get("add", {}):
         raise RulesetError("a ruleset starts with `add table`")
     commands[0] = {"create": commands[0]["add"]}
@@ -127,7 +137,7 @@ def replace_table_commands(ruleset: Json) -> Json:
     delete, then re-create it whole. Applying it twice leaves one copy."""
     ref = table_ref()
     prefix = [{"add": {"table": dict(ref)}}, {"flush": {"table": dict(ref)}}, {"delete": {"table": dict(ref)}}]
-    return {"nftables": prefix + copy.deepcopy(list(ruleset["nftables"]))}
+    return {"nftables": prefix + _copy_json(list(ruleset["nftables"]))}
 
 
 def delete_table_commands() -> Json:

@@ -94,12 +94,26 @@ def remove_plugin(config: dict[str, Any]) -> dict[str, Any]:
     return dict(conflist)
 
 
+def site_packages(bundle: str, version: tuple[int, int] = (sys.version_info[0], sys.version_info[1])) -> str:
+    """Where the package sits in the bundle (this installer runs with the bundle's own interpreter)."""
+    return f"{bundle}/lib/python{version[0]}.{version[1]}/site-packages"
+
+
 def shim_text(bundle: str) -> str:
-    """/opt/cni/bin/aether-cni: runs the plugin with the bundle's own interpreter (the host needs no Python)."""
+    """/opt/cni/bin/aether-cni: runs the plugin with the bundle's own interpreter (the host needs no Python).
+
+    `-I -S` with the bundle's site-packages put on sys.path by hand: the runtime starts the plugin once per pod
+    sandbox (ADD, CHECK, DEL), and `site` (.pth files, user site) costs more start-up than the plugin's own work.
+    The plugin's import path is standard library only (tests/netns/test_netns_import_budget.py pins it)."""
+    if any(c in bundle for c in "\"'$`\\\n"):
+        raise ValueError(f"bundle path {bundle!r} cannot be quoted in the shim")
+    code = (
+        f"import sys; sys.path.append({site_packages(bundle)!r}); from aether.netns.cni import main; sys.exit(main())"
+    )
     return (
         "#!/bin/sh\n"
         "# Installed by the aether-node DaemonSet (deploy/image/cni_install.py). Do not edit.\n"
-        f'exec "{bundle}/bin/python3" -c "import sys; from aether.netns.cni import main; sys.exit(main())" "$@"\n'
+        f'exec "{bundle}/bin/python3" -I -S -c "{code}" "$@"\n'
     )
 
 

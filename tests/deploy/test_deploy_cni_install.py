@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+import aether
+
 CALICO: dict[str, Any] = {
     "name": "k8s-pod-network",
     "cniVersion": "1.0.0",
@@ -102,6 +104,9 @@ def _host(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
     py = bundle / "bin" / "python3"
     py.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     py.chmod(0o755)
+    site = bundle / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    site.mkdir(parents=True)
+    (site / "aether").symlink_to(Path(aether.__file__).parent)  # as a non-editable install puts it there
     host = tmp_path / "host"
     net_d = host / "etc" / "cni" / "net.d"
     net_d.mkdir(parents=True)

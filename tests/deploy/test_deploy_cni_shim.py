@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import aether
 from aether.e2e.netlab import Lab, sh
 
 pytestmark = pytest.mark.privileged
@@ -26,6 +27,10 @@ def _install(cni_install: ModuleType, tmp_path: Path) -> tuple[Path, dict[str, A
     bundle.mkdir(parents=True)
     (bundle / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (bundle / "python3").chmod(0o755)
+    # The package, as a non-editable install puts it into the bundle (the shim runs `-I -S`: no .pth, no finder).
+    site = Path(cni_install.site_packages(str(bundle.parent)))
+    site.mkdir(parents=True)
+    (site / "aether").symlink_to(Path(aether.__file__).parent)
     host = tmp_path / "host"
     net_d = host / "etc" / "cni" / "net.d"
     net_d.mkdir(parents=True)
