@@ -13,7 +13,10 @@ the default h3 in the same rounds (order rotated per round). JSON keys: `quic` (
 `http3ProtocolOptions.quicProtocolOptions`, e.g. `{"connectionOptions": "AKDU"}`: the twin sends these to the
 destination), `h3` (merged into `http3ProtocolOptions`), `runtime` (`{"key": [variant_value, baseline_value]}`, set
 on both Envoys over admin `/runtime_modify` before each h3 batch), `dest_buffer` (`true`/`"lua"` or `"fs"`: a
-response-buffering filter before the router on node B's inbound QUIC listener; a listener update and a drain wait). Every h3 batch gets a fresh twin (its
+response-buffering filter before the router on node B's inbound QUIC listener), `dest_udp` (deep-merged into node B's
+inbound QUIC `udpListenerConfig`, e.g. a GSO writer or `quicOptions`), `src_direct` (`true`: node A's route names the
+twin itself instead of picking it with the MatcherClusterSpecifier; measures that h3-only step). A node-B change waits
+for the listener's exact version and a drain. Every h3 batch gets a fresh twin (its
 `connect_timeout` is nudged by 1 ms), so each starts on a new QUIC connection. Also reported: UDP datagrams and
 TCP segments per request in node A's netns (the twin's and the h2 cluster's upstream packets, both directions).
 
@@ -27,14 +30,12 @@ Needs root (netns). Prints one line per batch and a JSON summary.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,14 @@ from aether.xds.eastwest_lab import (
 from aether.xds.eastwest_outbound import HTTP_OPTIONS
 from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.xds.identity_sds import secrets
-from aether.xds.resources import CLUSTER, LISTENER, Resources, TranslateOptions
+from aether.xds.resources import CLUSTER, LISTENER, TranslateOptions
+from bench.quic_cpu_variants import (
+    Variant,
+    buffer_quic_responses,
+    parse_variant,
+    patch_quic_listeners,
+    route_twins_directly,
+)
 
 TD, MD = "cluster.local", "mesh.example"
 VIP = "10.96.0.20"
@@ -100,78 +108,6 @@ def start_one_write_echo(lab: Lab, pod: Pod, hits: Path) -> None:
     assert proc.stdout is not None
     if b"ready" not in proc.stdout.readline():
         raise RuntimeError(f"echo app in {pod.name} did not start")
-
-
-# Holds each response until it is complete (Lua `body()`), so node B's QUIC stream gets headers, then body + FIN
-# back to back instead of a separate FIN-only write (3 -> 2 datagrams per response with this app).
-RESPONSE_BUFFER: dict[str, Any] = {
-    "name": "envoy.filters.http.lua",
-    "typedConfig": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
-        "defaultSourceCode": {"inlineString": "function envoy_on_response(handle)\n  handle:body()\nend\n"},
-    },
-}
-
-
-# The same hold in C++: the file-system buffer filter fully buffering responses (in memory below its limit).
-FS_RESPONSE_BUFFER: dict[str, Any] = {
-    "name": "envoy.filters.http.file_system_buffer",
-    "typedConfig": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.file_system_buffer.v3.FileSystemBufferFilterConfig",
-        "managerConfig": {"threadPool": {"threadCount": 1}},
-        "request": {"behavior": {"bypass": {}}},
-        "response": {"behavior": {"fullyBuffer": {}}},
-    },
-}
-BUFFERS = {"lua": RESPONSE_BUFFER, "fs": FS_RESPONSE_BUFFER}
-
-
-def buffer_quic_responses(res: Resources, kind: str = "lua") -> Resources:
-    """`res` with a response buffer (BUFFERS[kind]) before the router in every HCM of the inbound QUIC listeners
-    (a copy)."""
-    out = copy.deepcopy(res)
-    for name, listener in out[LISTENER].items():
-        if not name.startswith("inbound-h3:"):
-            continue
-        for chain in listener["filterChains"]:
-            for f in chain["filters"]:
-                filters = f["typedConfig"]["httpFilters"]
-                filters.insert(len(filters) - 1, copy.deepcopy(BUFFERS[kind]))
-    return out
-
-
-@dataclass(frozen=True)
-class Variant:
-    label: str
-    quic: dict[str, Any]
-    h3: dict[str, Any]
-    runtime: dict[str, tuple[str, str]]  # key -> (variant value, baseline value)
-    dest_buffer: str = ""  # node B: buffer_quic_responses(kind) ("lua", "fs"; a listener update, then a drain wait)
-
-
-def parse_variant(text: str) -> Variant:
-    label, sep, spec = text.partition("=")
-    if not sep or not label:
-        raise argparse.ArgumentTypeError(f"--variant wants LABEL=JSON, got {text!r}")
-    data = json.loads(spec)
-    unknown = set(data) - {"quic", "h3", "runtime", "dest_buffer"}
-    if unknown:
-        raise argparse.ArgumentTypeError(f"--variant {label}: unknown keys {sorted(unknown)}")
-    rt = {k: (_rt(v[0]), _rt(v[1])) for k, v in data.get("runtime", {}).items()}
-    return Variant(
-        label, dict(data.get("quic", {})), dict(data.get("h3", {})), rt, _buffer_kind(data.get("dest_buffer"))
-    )
-
-
-def _buffer_kind(value: object) -> str:
-    kind = "lua" if value is True else (value or "")
-    if kind and kind not in BUFFERS:
-        raise argparse.ArgumentTypeError(f"dest_buffer: one of {sorted(BUFFERS)} or true (lua), got {value!r}")
-    return str(kind)
-
-
-def _rt(value: object) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,18 +167,21 @@ def main(argv: list[str] | None = None) -> int:
                 log = str(work / f"access-{node}.log") if args.access_log else None
                 return EastWestOptions(quic=quic, prefer_gro=not args.no_gro, access_log_path=log)
 
-            b_buffer = [""]
+            b_state = [("", "")]
 
-            def set_b(buffer: str) -> None:
+            def set_b(buffer: str, udp: str = "") -> None:
                 res_b = build(node_b, rec_b, opts, ew(True, "b"))
-                ads.set("node-b", buffer_quic_responses(res_b, buffer) if buffer else res_b, secrets(ca, [WEB_ID]))
-                if buffer != b_buffer[0]:
-                    b_buffer[0] = buffer
-                    marker = BUFFERS[buffer]["name"] if buffer else None
+                res_b = buffer_quic_responses(res_b, buffer) if buffer else res_b
+                res_b = patch_quic_listeners(res_b, udp) if udp else res_b
+                ads.set("node-b", res_b, secrets(ca, [WEB_ID]))
+                if (buffer, udp) != b_state[0]:
+                    b_state[0] = (buffer, udp)
+                    snap = ads.cache.get("node-b")
+                    assert snap is not None
+                    versions = {n: v for n, v in snap.versions[LISTENER].items() if n.startswith("inbound-h3:")}
                     wait_until(
                         lambda: all(
-                            (str(f["name"]) in b.active_config("dynamic_listeners")) == (f["name"] == marker)
-                            for f in BUFFERS.values()
+                            f'"version_info": "{v}"' in b.active_config("dynamic_listeners") for v in versions.values()
                         ),
                         60,
                         "node-b listener update",
@@ -255,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             fresh = iter(range(1, 1_000_000))
 
             def use(quic: bool, var: Variant = base) -> None:
-                set_b(var.dest_buffer)
+                set_b(var.dest_buffer, var.dest_udp)
                 res = build(node_a, rec_a, opts, ew(quic, "a"))
+                res = route_twins_directly(res) if var.src_direct else res
                 nudge = next(fresh)
                 for name, cluster in res[CLUSTER].items():
                     if name.startswith("quic:"):
@@ -376,7 +316,14 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 "variants": {
                     v.label: {
-                        "spec": {"quic": v.quic, "h3": v.h3, "runtime": v.runtime, "dest_buffer": v.dest_buffer},
+                        "spec": {
+                            "quic": v.quic,
+                            "h3": v.h3,
+                            "runtime": v.runtime,
+                            "dest_buffer": v.dest_buffer,
+                            "dest_udp": v.dest_udp,
+                            "src_direct": v.src_direct,
+                        },
                         "ms_per_request_median": round(statistics.median(x + y for x, y in side[v.label]), 4),
                         "over_h2_median": round(statistics.median(var_ratios[v.label]), 3),
                         "over_h2_range": [round(min(var_ratios[v.label]), 3), round(max(var_ratios[v.label]), 3)],
