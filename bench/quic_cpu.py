@@ -22,7 +22,7 @@ TCP segments per request in node A's netns (the twin's and the h2 cluster's upst
 
     .venv/bin/python -m bench.quic_cpu [--requests 5000] [--rounds 5] [--concurrency 1] [--clients 1]
                                        [--no-gro] [--access-log] [--runtime KEY=VALUE] [--twin-h3 JSON]
-                                       [--variant LABEL=JSON ...]
+                                       [--variant LABEL=JSON ...] [--attach 'TOOL ... {pid} ...']
 
 Needs root (netns). Prints one line per batch and a JSON summary.
 """
@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -110,6 +112,30 @@ def start_one_write_echo(lab: Lab, pod: Pod, hits: Path) -> None:
         raise RuntimeError(f"echo app in {pod.name} did not start")
 
 
+def attach(template: str, nodes: list[EnvoyNode], label: str, batch: int) -> list[subprocess.Popen[bytes]]:
+    """`--attach`: one profiler process per Envoy (started 1 s before the batch, so attaching is not measured
+    as part of it; the CPU figures of a profiled batch include the profiler's overhead in the Envoys)."""
+    if not template:
+        return []
+    tools = [
+        subprocess.Popen(
+            shlex.split(template.format(pid=n.proc.pid, node=n.node_id, label=label, batch=batch)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for n in nodes
+    ]
+    time.sleep(1.0)
+    return tools
+
+
+def detach(tools: list[subprocess.Popen[bytes]]) -> None:
+    for t in tools:
+        t.send_signal(signal.SIGINT)
+    for t in tools:
+        t.wait(60)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.quic_cpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=5000)
@@ -129,6 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--variant", action="append", default=[], type=parse_variant, help="LABEL=JSON: an extra h3 batch per round"
+    )
+    ap.add_argument(
+        "--attach",
+        default="",
+        help="a profiler per Envoy per batch, SIGINT after it: a template with {pid} {node} {label} {batch}, e.g. "
+        "'strace -c -f -p {pid} -o /tmp/p/{batch}-{label}-{node}.txt' or 'perf record -g -p {pid} -o ...'",
     )
     args = ap.parse_args(argv)
     variants: list[Variant] = args.variant
@@ -244,8 +276,10 @@ def main(argv: list[str] | None = None) -> int:
                 before = _cpu([a, b])
                 a0 = a.cpu_seconds()
                 t0 = time.monotonic()
+                tools = attach(args.attach, [a, b], label, len(side.get(label, [])) + 1)
                 procs = [start_client(lab, client.netns, HOST, n=per_client, ip=VIP) for _ in range(args.clients)]
                 results = [r for p in procs for r in client_result(p, timeout=600)]
+                detach(tools)
                 wall = time.monotonic() - t0
                 cpu = _cpu([a, b]) - before
                 cpu_a = a.cpu_seconds() - a0
