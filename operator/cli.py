@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 
 import kopf
@@ -17,8 +16,10 @@ from .handlers import OperatorConfig, build_registry, quiet_kopf_loggers
 
 
 async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None) -> None:
-    """Run the operator until `stop` is set (in-process use: tests, the demo)."""
-    stop = stop or asyncio.Event()
+    """Run the operator until `stop` is set (in-process use: tests, the demo) or, without one, until SIGTERM/SIGINT.
+
+    kopf installs its own SIGTERM/SIGINT handlers when it runs in the main thread; a flag of ours set by a second
+    handler would never be set (kopf's replaces it) and kopf would then wait 5 s for the task waiting on it."""
     await kopf.operator(
         registry=build_registry(config),
         clusterwide=True,
@@ -47,12 +48,6 @@ def main(argv: list[str]) -> int:
     quiet_kopf_loggers(args.verbose)
     config = OperatorConfig(kubeconfig=args.kubeconfig, trust_domain=args.trust_domain, debounce=args.debounce)
 
-    async def amain() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run(config, stop)
-
-    asyncio.run(amain())
+    asyncio.run(run(config))  # stops on SIGTERM/SIGINT (kopf's handlers)
+    logging.getLogger("aether.operator").info("aether operator stopped")
     return 0
