@@ -61,6 +61,8 @@ def test_the_cli_leaves_signals_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None
     task waiting on it before exiting (seen: 5.3 s from SIGTERM to exit; 0.3 s without the flag)."""
     import asyncio
 
+    import kopf
+
     from aether.operator import cli
     from aether.operator.handlers import OperatorConfig
 
@@ -69,7 +71,7 @@ def test_the_cli_leaves_signals_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None
     async def fake_operator(**kwargs: object) -> None:
         seen.update(kwargs)
 
-    monkeypatch.setattr(cli.kopf, "operator", fake_operator)
+    monkeypatch.setattr(kopf, "operator", fake_operator)  # cli calls kopf.operator at run time
     asyncio.run(cli.run(OperatorConfig(kubeconfig=None)))
     assert "stop_flag" in seen and seen["stop_flag"] is None
 
