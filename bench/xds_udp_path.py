@@ -16,6 +16,7 @@ import argparse
 import secrets
 import socket
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -31,9 +32,21 @@ VIP = "10.96.50.1"
 PORT = 5353
 
 
-def pingpong(sock: socket.socket, seconds: float, inflight: int, payload: bytes) -> float:
-    """Replies per second with `inflight` datagrams outstanding (a lost one is replaced after 0.2 s)."""
-    sock.settimeout(0.2)
+RCVTIMEO_200MS = struct.pack("ll", 0, 200_000)
+
+
+def pingpong(sock: socket.socket, seconds: float, inflight: int, payload: bytes, lean: bool = False) -> float:
+    """Replies per second with `inflight` datagrams outstanding (a lost one is replaced after 0.2 s).
+
+    Default: Python's own timeout (`settimeout`), which polls before every recv and every send. lean: a blocking
+    socket with SO_RCVTIMEO, one recv and one send syscall per reply. Both arms always get the same loop."""
+    if lean:
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, RCVTIMEO_200MS)
+        lost: type[OSError] = BlockingIOError  # EAGAIN once SO_RCVTIMEO expires
+    else:
+        sock.settimeout(0.2)
+        lost = TimeoutError
     for _ in range(inflight):
         sock.send(payload)
     got = 0
@@ -42,14 +55,14 @@ def pingpong(sock: socket.socket, seconds: float, inflight: int, payload: bytes)
         try:
             sock.recv(4096)
             got += 1
-        except TimeoutError:
+        except lost:
             pass
         sock.send(payload)
     return got / seconds
 
 
 def measure(
-    bed: NodeBed, svc: Service, seconds: float, rounds: int, inflight: int, size: int
+    bed: NodeBed, svc: Service, seconds: float, rounds: int, inflight: int, size: int, lean: bool = False
 ) -> tuple[float, float, float]:
     """(direct, mesh, mesh/direct): medians over `rounds` short paired runs (direct then mesh, back to back, so
     both see the same load on this shared machine; the ratio is taken per pair). A fresh connected socket per
@@ -61,7 +74,7 @@ def measure(
         sock = udp_socket_in(client)
         try:
             sock.connect(dest)
-            return pingpong(sock, seconds, inflight, payload)
+            return pingpong(sock, seconds, inflight, payload, lean)
         finally:
             sock.close()
 
@@ -93,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=0.3, help="length of one run")
     p.add_argument("--rounds", type=int, default=11, help="paired rounds per figure")
     p.add_argument("--skip-knobs", action="store_true")
+    p.add_argument(
+        "--client",
+        choices=["lean", "poll"],
+        default="poll",
+        help="the client loop of both arms: Python's settimeout, which polls before each call (poll, as in every "
+        "recorded run) or a blocking socket with SO_RCVTIMEO (lean)",
+    )
     args = p.parse_args(argv)
     if not is_root():
         print("bench.xds_udp_path needs root (network namespaces, nftables)", file=sys.stderr)
@@ -130,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[tuple[str, int, int, float, float]] = []
 
         def row(label: str, inflight: int, size: int = 64) -> None:
-            d, m, ratio = measure(bed, svc, args.seconds, args.rounds, inflight, size)
+            d, m, ratio = measure(bed, svc, args.seconds, args.rounds, inflight, size, args.client == "lean")
             rows.append((label, inflight, size, d, m))
             print(f"| {label} | {inflight} | {size} | {d:.0f} | {m:.0f} | {ratio:.2f} |", flush=True)
 
@@ -146,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             program(0)
             row("1 arm, concurrency 1, 1200-byte datagrams", 1, 1200)
             knobs: list[tuple[str, Callable[[], None]]] = [
+                ("1 arm, GSO writer off", lambda: restart_sidecar(bed, ["--udp-gso", "off"])),
+                ("1 arm, defaults again", lambda: restart_sidecar(bed, [])),
+                ("1 arm, GSO writer off again", lambda: restart_sidecar(bed, ["--udp-gso", "off"])),
+                ("1 arm, defaults again", lambda: restart_sidecar(bed, [])),
                 ("1 arm, listener GRO off", lambda: restart_sidecar(bed, ["--udp-gro", "off"])),
                 ("1 arm, defaults again", lambda: restart_sidecar(bed, [])),
                 ("1 arm, upstream GRO off", lambda: restart_sidecar(bed, ["--udp-upstream-gro", "off"])),
@@ -157,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 sock_ready()
                 for inflight in (1, 32):
                     row(label, inflight)
-        print(f"\n(command: .venv/bin/python -m bench.xds_udp_path --seconds {args.seconds} --rounds {args.rounds})")
+        cmd = f"--seconds {args.seconds} --rounds {args.rounds} --client {args.client}"
+        print(f"\n(command: .venv/bin/python -m bench.xds_udp_path {cmd}{' --skip-knobs' * args.skip_knobs})")
     finally:
         lab.close()
     return 0

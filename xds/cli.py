@@ -93,6 +93,9 @@ def _serve(argv: list[str]) -> int:
     p.add_argument(
         "--udp-upstream-gro", choices=["on", "off"], help="GRO on udp_proxy's upstream sockets (default: Envoy's)"
     )
+    p.add_argument(
+        "--udp-gso", choices=["on", "off"], default="on", help="GSO batch writer on the UDP capture listeners (default on)"
+    )
     p.add_argument("--udp-idle-timeout", type=float, default=60.0, help="udp_proxy session idle timeout (seconds)")
     p.add_argument(
         "--certs-dir",
@@ -140,6 +143,7 @@ def _serve(argv: list[str]) -> int:
         udp_prefer_gro=args.udp_gro == "on",
         udp_session_idle_s=args.udp_idle_timeout,
         udp_upstream_prefer_gro=None if args.udp_upstream_gro is None else args.udp_upstream_gro == "on",
+        udp_gso_writer=args.udp_gso == "on",
     )
     keeper = None
     if not areas or "eastwest" in areas:

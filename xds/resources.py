@@ -55,6 +55,7 @@ class TranslateOptions:
     udp_session_idle_s: float = 60.0
     udp_prefer_gro: bool = True
     udp_upstream_prefer_gro: bool | None = None  # None: Envoy's default for udp_proxy upstream sockets
+    udp_gso_writer: bool = True  # replies to the pod through Envoy's GSO batch writer (bench/xds_udp_path.py)
     cluster_connect_timeout_s: float = 1.0
     # which builders run (names in aether.xds.translate.AREAS); empty = all of them
     areas: tuple[str, ...] = ()

@@ -28,6 +28,8 @@ DESTINATION_IP_INPUT: Final = (
     "type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.DestinationIPInput"
 )
 LISTENER_PREFIX: Final = "capture-udp:"
+GSO_WRITER: Final = "envoy.udp_packet_writer.gso"
+GSO_WRITER_CONFIG: Final = "type.googleapis.com/envoy.extensions.udp_packet_writer.v3.UdpGsoBatchWriterFactory"
 
 
 def listener_name(namespace: str, pod: str) -> str:
@@ -76,8 +78,15 @@ def capture_listener(name: str, netns: str, arms: Arms, options: TranslateOption
             }
         ],
     }
+    udp_config: ResourceDict = {}
     if options.udp_prefer_gro:
-        listener["udpListenerConfig"] = {"downstreamSocketConfig": {"preferGro": True}}
+        udp_config["downstreamSocketConfig"] = {"preferGro": True}
+    if options.udp_gso_writer:
+        # replies to the pod go through a batch writer: udp_proxy flushes it after each upstream read, so the
+        # replies read in one pass leave in one sendmsg (UDP_SEGMENT) instead of one each (bench/xds_udp_path.py)
+        udp_config["udpPacketPacketWriterConfig"] = {"name": GSO_WRITER, "typedConfig": {"@type": GSO_WRITER_CONFIG}}
+    if udp_config:
+        listener["udpListenerConfig"] = udp_config
     if options.udp_upstream_prefer_gro is not None:
         proxy = listener["listenerFilters"][0]["typedConfig"]
         proxy["upstreamSocketConfig"] = {"preferGro": options.udp_upstream_prefer_gro}
