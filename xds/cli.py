@@ -94,7 +94,10 @@ def _serve(argv: list[str]) -> int:
         "--udp-upstream-gro", choices=["on", "off"], help="GRO on udp_proxy's upstream sockets (default: Envoy's)"
     )
     p.add_argument(
-        "--udp-gso", choices=["on", "off"], default="on", help="GSO batch writer on the UDP capture listeners (default on)"
+        "--udp-gso",
+        choices=["on", "off"],
+        default="on",
+        help="GSO batch writer on the UDP capture listeners (default on)",
     )
     p.add_argument("--udp-idle-timeout", type=float, default=60.0, help="udp_proxy session idle timeout (seconds)")
     p.add_argument(
