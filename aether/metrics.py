@@ -5,7 +5,9 @@ Each area declares its own metrics here so names stay unique and documented in o
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -38,3 +40,58 @@ XDS_CONNECTED_STREAMS = Gauge(
     "Open delta-ADS streams",
     registry=REGISTRY,
 )
+
+# ---- the operator (`aether operator --metrics ADDR`) ---------------------------------------------------------
+OPERATOR_RECONCILE_PASSES = Counter(
+    "aether_operator_reconcile_passes",
+    "Reconcile passes run (one per debounced batch of changed keys, failed ones included)",
+    registry=REGISTRY,
+)
+OPERATOR_RECONCILE_DURATION = Histogram(
+    "aether_operator_reconcile_duration_seconds",
+    "Wall time of one reconcile pass: model update, computation and every write it made",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0),
+    registry=REGISTRY,
+)
+OPERATOR_RECONCILE_ERRORS = Counter(
+    "aether_operator_reconcile_errors",
+    "Reconcile passes that failed (the batch is retried), by kind: api_<HTTP status> or the exception's class",
+    ["kind"],
+    registry=REGISTRY,
+)
+OPERATOR_LAST_PASS = Gauge(
+    "aether_operator_last_reconcile_timestamp_seconds",
+    "Unix time the last reconcile pass ended (ok or failed)",
+    registry=REGISTRY,
+)
+OPERATOR_MESHNODE_WRITES = Counter(
+    "aether_operator_meshnode_writes",
+    "MeshNode writes by outcome: created, patched (status), unchanged (skipped: nothing to write), deleted, "
+    "conflict_retry (a 409/404 on the status patch, re-read and retried)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+OPERATOR_UDPROUTE_STATUS_WRITES = Counter(
+    "aether_operator_udproute_status_writes",
+    "UDPRoute status writes by outcome: patched, unchanged (skipped), conflict_retry (a 409, re-read and retried)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+OPERATOR_PENDING_KEYS = Gauge(
+    "aether_operator_pending_keys",
+    "Changed objects (kind, namespace, name) waiting for the next reconcile pass",
+    registry=REGISTRY,
+)
+OPERATOR_MESHNODES = Gauge(
+    "aether_operator_meshnodes",
+    "MeshNodes the operator owns (one per Node it has written one for)",
+    registry=REGISTRY,
+)
+
+
+def serve(host: str, port: int) -> WSGIServer:
+    """Serve REGISTRY at http://host:port/metrics from a daemon thread (`.server_port`; `.shutdown()` stops it)."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, host, registry=REGISTRY)
+    return server

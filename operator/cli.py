@@ -1,9 +1,12 @@
-"""`aether operator [--kubeconfig F] [--trust-domain D] [--verbose]`: the kopf operator, cluster-wide."""
+"""`aether operator [--kubeconfig F] [--trust-domain D] [--metrics HOST:PORT] [--liveness HOST:PORT] [--verbose]`:
+the kopf operator, cluster-wide. `--metrics` serves Prometheus metrics at /metrics, `--liveness` kopf's liveness
+endpoint at /healthz (both off by default)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
 import sys
@@ -11,8 +14,15 @@ import sys
 import kopf
 
 from aether.naming import DEFAULT_TRUST_DOMAIN
+from aether.xds.bootstrap import AddressError, parse_addr
 
 from .handlers import OperatorConfig, build_registry, quiet_kopf_loggers
+
+log = logging.getLogger("aether.operator")
+
+
+def _url(host: str, port: int, path: str) -> str:
+    return f"http://[{host}]:{port}{path}" if ":" in host else f"http://{host}:{port}{path}"
 
 
 async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: asyncio.Event | None = None) -> None:
@@ -20,34 +30,97 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: 
 
     kopf installs its own SIGTERM/SIGINT handlers when it runs in the main thread; a flag of ours set by a second
     handler would never be set (kopf's replaces it) and kopf would then wait 5 s for the task waiting on it."""
-    await kopf.operator(
-        registry=build_registry(config),
-        clusterwide=True,
-        standalone=True,
-        stop_flag=stop,
-        ready_flag=ready,
-    )
+    server = None
+    if config.metrics is not None:
+        from aether.metrics import serve
+
+        server = serve(*config.metrics)
+        log.info("metrics at %s", _url(config.metrics[0], server.server_port, "/metrics"))
+    liveness = _url(*config.liveness, "/healthz") if config.liveness is not None else None
+    if liveness is not None:
+        log.info("liveness at %s", liveness)
+    try:
+        await kopf.operator(
+            registry=build_registry(config),
+            clusterwide=True,
+            standalone=True,
+            stop_flag=stop,
+            ready_flag=ready,
+            liveness_endpoint=liveness,
+        )
+    finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
 
-def main(argv: list[str]) -> int:
+def _hostport(value: str) -> tuple[str, int]:
+    try:
+        parsed = parse_addr(value)
+    except AddressError:
+        parsed = value
+    if isinstance(parsed, str):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected host:port (e.g. 0.0.0.0:19091), port 1-65535")
+    return parsed
+
+
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="aether operator", description=__doc__)
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
     parser.add_argument("--trust-domain", default=DEFAULT_TRUST_DOMAIN)
     parser.add_argument("--debounce", type=float, default=0.1, help="seconds to coalesce bursts of changes")
+    parser.add_argument(
+        "--metrics", type=_hostport, metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics"
+    )
+    parser.add_argument(
+        "--liveness",
+        type=_hostport,
+        metavar="HOST:PORT",
+        help="serve kopf's liveness probe at http://HOST:PORT/healthz",
+    )
+    parser.add_argument(
+        "--stall-after",
+        type=float,
+        metavar="SECONDS",
+        default=300.0,
+        help="with --liveness: fail the probe when one reconcile pass runs longer than this (seconds, default 300)",
+    )
     parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    args = make_parser().parse_args(argv)
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
         print(f"aether operator: kubeconfig {args.kubeconfig!r} does not exist", file=sys.stderr)
         return 2
     if not args.kubeconfig and not os.environ.get("KUBERNETES_SERVICE_HOST"):
         print("aether operator: no --kubeconfig and not running in a cluster", file=sys.stderr)
         return 2
+    if args.stall_after <= 0:
+        print("aether operator: --stall-after must be positive", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(message)s"
     )
     quiet_kopf_loggers(args.verbose)
-    config = OperatorConfig(kubeconfig=args.kubeconfig, trust_domain=args.trust_domain, debounce=args.debounce)
-
-    asyncio.run(run(config))  # stops on SIGTERM/SIGINT (kopf's handlers)
-    logging.getLogger("aether.operator").info("aether operator stopped")
+    config = OperatorConfig(
+        kubeconfig=args.kubeconfig,
+        trust_domain=args.trust_domain,
+        debounce=args.debounce,
+        metrics=args.metrics,
+        liveness=args.liveness,
+        stall_after=args.stall_after,
+    )
+    try:
+        asyncio.run(run(config))  # stops on SIGTERM/SIGINT (kopf's handlers)
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+            raise
+        where = ", ".join(
+            f"{flag} {a[0]}:{a[1]}" for flag, a in (("--metrics", args.metrics), ("--liveness", args.liveness)) if a
+        )
+        print(f"aether operator: cannot listen ({where}): {exc}", file=sys.stderr)
+        return 1
+    log.info("aether operator stopped")
     return 0

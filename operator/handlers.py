@@ -41,6 +41,9 @@ class OperatorConfig:
     kubeconfig: str | None = None  # None: in-cluster service account
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     debounce: float = 0.1
+    metrics: tuple[str, int] | None = None  # serve aether.metrics.REGISTRY at http://host:port/metrics
+    liveness: tuple[str, int] | None = None  # kopf's liveness endpoint at http://host:port/healthz
+    stall_after: float = 300.0  # the probe fails when one reconcile pass has run longer than this (seconds)
     reconciler: list[Reconciler] = field(default_factory=list)  # filled at startup, for tests and probes
 
 
@@ -123,6 +126,23 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         state["task"] = asyncio.create_task(reconciler.run(), name="aether-reconciler")
         config.reconciler.append(reconciler)
 
+    @kopf.on.probe(registry=registry, id="reconciler")
+    async def probe(**_: Any) -> dict[str, Any]:
+        """Part of kopf's /healthz answer (only with a liveness endpoint). kopf serves it on the operator's own
+        event loop, so a blocked loop fails the probe by not answering; this adds a dead or stalled reconcile loop
+        (e.g. a write waiting forever on the API: the client sets no timeout)."""
+        reconciler: Reconciler | None = state.get("reconciler")
+        task: asyncio.Task[None] | None = state.get("task")
+        if reconciler is None:
+            return {"started": False}
+        if task is not None and task.done():
+            raise kopf.PermanentError("the reconcile loop has ended")
+        health = reconciler.health()
+        running = health["passRunningForSeconds"]
+        if running is not None and running > config.stall_after:
+            raise kopf.PermanentError(f"a reconcile pass has run for {running:.0f} s (limit {config.stall_after:g} s)")
+        return health
+
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         task: asyncio.Task[None] | None = state.pop("task", None)
@@ -135,7 +155,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
 
 def quiet_kopf_loggers(verbose: bool = False) -> None:
-    """kopf logs every handled event at INFO; at cluster scale that is noise."""
+    """kopf logs every handled event at INFO, aiohttp every liveness probe: at cluster scale that is noise."""
     if not verbose:
-        for name in ("kopf", "kopf.objects", "kopf.activities"):
+        for name in ("kopf", "kopf.objects", "kopf.activities", "aiohttp.access"):
             logging.getLogger(name).setLevel(logging.WARNING)

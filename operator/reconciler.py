@@ -7,10 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
-from aether.metrics import UDP_UNSUPPORTED
+from aether.metrics import (
+    OPERATOR_LAST_PASS,
+    OPERATOR_MESHNODE_WRITES,
+    OPERATOR_MESHNODES,
+    OPERATOR_PENDING_KEYS,
+    OPERATOR_RECONCILE_DURATION,
+    OPERATOR_RECONCILE_ERRORS,
+    OPERATOR_RECONCILE_PASSES,
+    OPERATOR_UDPROUTE_STATUS_WRITES,
+    UDP_UNSUPPORTED,
+)
 
 from .kubeapi import ApiException, KubeWriter, now
 from .nodestatus import same_owned, status_patch
@@ -23,6 +34,11 @@ from .routestatus import comparable, parents_status, transition_events
 log = logging.getLogger("aether.operator")
 Lookup = Callable[[Kind, tuple[str, str]], View | None]
 MeshNodeLookup = Callable[[str], dict[str, Any] | None]
+
+
+def error_kind(exc: BaseException) -> str:
+    """The `kind` label of aether_operator_reconcile_errors: api_<status> for API errors, else the class name."""
+    return f"api_{exc.status}" if isinstance(exc, ApiException) else type(exc).__name__
 
 
 class Reconciler:
@@ -47,9 +63,12 @@ class Reconciler:
         self.node_writes: list[str] = []
         self.route_writes: list[tuple[str, str]] = []
         self.idle = asyncio.Event()
+        self.pass_started: float | None = None  # time.monotonic() while a pass runs
+        self.last_pass: float | None = None  # time.monotonic() when the last pass ended
 
     def touch(self, kind: Kind, key: tuple[str, str]) -> None:
         self.pending[(kind, key)] = None
+        OPERATOR_PENDING_KEYS.set(len(self.pending))
         self.idle.clear()
         self.wake.set()
 
@@ -60,6 +79,9 @@ class Reconciler:
             await asyncio.sleep(self.debounce)
             self.wake.clear()
             batch, self.pending = self.pending, {}
+            OPERATOR_PENDING_KEYS.set(0)
+            self.pass_started = time.monotonic()
+            failed = False
             try:
                 for kind, key in batch:
                     self.model.apply(kind, key, self.lookup(kind, key))
@@ -67,17 +89,39 @@ class Reconciler:
                 await self.write(out)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as exc:
+                failed = True
+                OPERATOR_RECONCILE_ERRORS.labels(kind=error_kind(exc)).inc()
                 log.exception("reconcile failed; retrying the batch")
                 for item in batch:
                     self.pending[item] = None
+                OPERATOR_PENDING_KEYS.set(len(self.pending))
                 self.model.dirty_nodes |= set(self.model.nodes)
                 self.digests.clear()
                 self.wake.set()
+            self._pass_done(self.pass_started)
+            if failed:
                 await asyncio.sleep(1.0)
             self.cycles += 1
             if not self.pending:
                 self.idle.set()
+
+    def _pass_done(self, started: float) -> None:
+        self.pass_started, self.last_pass = None, time.monotonic()
+        OPERATOR_RECONCILE_PASSES.inc()
+        OPERATOR_RECONCILE_DURATION.observe(self.last_pass - started)
+        OPERATOR_LAST_PASS.set_to_current_time()
+        OPERATOR_MESHNODES.set(len(self.model.known_nodes))
+
+    def health(self) -> dict[str, Any]:
+        """What the liveness probe reports (cheap: no API call)."""
+        clock = time.monotonic()
+        return {
+            "passes": self.cycles,
+            "pendingKeys": len(self.pending),
+            "secondsSinceLastPass": None if self.last_pass is None else round(clock - self.last_pass, 3),
+            "passRunningForSeconds": None if self.pass_started is None else round(clock - self.pass_started, 3),
+        }
 
     async def write(self, out: Output) -> None:
         for route, backend, reason in sorted(out.new_discards):
@@ -91,6 +135,7 @@ class Reconciler:
     async def _node(self, name: str, desired: NodeDesired) -> None:
         want = desired.digest  # cheap: namespace result digests + this node's pods
         if self.digests.get(name) == want:
+            OPERATOR_MESHNODE_WRITES.labels(outcome="unchanged").inc()
             return
         owned = desired.owned
         async with self.sem:
@@ -104,16 +149,20 @@ class Reconciler:
                 if node is None:
                     return
                 current = self.writer.create_meshnode(name, node.uid)
+                OPERATOR_MESHNODE_WRITES.labels(outcome="created").inc()
             if same_owned(current.get("status"), owned):
+                OPERATOR_MESHNODE_WRITES.labels(outcome="unchanged").inc()
                 break
             rv = (current.get("metadata") or {}).get("resourceVersion")
             try:
                 self.writer.patch_meshnode_status(name, status_patch(owned, current.get("status"), rv, now()))
                 self.node_writes.append(name)
+                OPERATOR_MESHNODE_WRITES.labels(outcome="patched").inc()
                 break
             except ApiException as exc:
                 if exc.status not in (404, 409) or attempt == 5:
                     raise
+                OPERATOR_MESHNODE_WRITES.labels(outcome="conflict_retry").inc()
                 current = self.writer.get_meshnode(name)
         self.digests[name] = want
 
@@ -121,6 +170,7 @@ class Reconciler:
         self.digests.pop(name, None)
         async with self.sem:
             await asyncio.to_thread(self.writer.delete_meshnode, name)
+        OPERATOR_MESHNODE_WRITES.labels(outcome="deleted").inc()
 
     async def _route(self, key: tuple[str, str], verdicts: tuple[Verdict, ...]) -> None:
         view = self.lookup("route", key)
@@ -128,6 +178,7 @@ class Reconciler:
             return  # gone
         existing = list(view.status_parents)
         if comparable(parents_status(verdicts, existing, view.generation, now())) == comparable(existing):
+            OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="unchanged").inc()
             return  # what the index holds already says this: no GET, no PATCH
         async with self.sem:
             await asyncio.to_thread(self._write_route, key, verdicts)
@@ -144,17 +195,20 @@ class Reconciler:
             generation = raw_gen if isinstance(raw_gen, int) else 0
             parents = parents_status(verdicts, existing, generation, now())
             if comparable(parents) == comparable(existing):
+                OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="unchanged").inc()
                 return
             patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": {"parents": parents}}
             try:
                 self.writer.patch_route_status(key[0], key[1], patch)
             except ApiException as exc:
                 if exc.status == 409 and attempt < 5:
+                    OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="conflict_retry").inc()
                     continue
                 if exc.status == 404:
                     return
                 raise
             self.route_writes.append(key)
+            OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="patched").inc()
             for ev in transition_events(verdicts, existing):
                 try:
                     self.writer.post_event(route, ev.type, ev.reason, ev.message)
