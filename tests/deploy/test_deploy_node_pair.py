@@ -199,13 +199,25 @@ def test_missing_svids_fail_closed_and_leave_udp_serving(
         "    print('handshake failed', type(exc).__name__)\n"
     )
 
-    def inspect(admin: str) -> None:
+    def active_listeners(admin: str) -> list[str]:
         with urllib.request.urlopen(f"http://{admin}/config_dump?resource=dynamic_listeners", timeout=10) as r:
             dump = json.loads(r.read())
+        active = []
         for item in dump["configs"]:
             listener = (item.get("active_state") or {}).get("listener", {})
             addr = listener.get("address", {}).get("socket_address", {})
-            seen.setdefault("active", []).append(f"{addr.get('protocol', 'TCP')}:{addr.get('port_value')}")
+            active.append(f"{addr.get('protocol', 'TCP')}:{addr.get('port_value')}")
+        return active
+
+    def inspect(admin: str) -> None:
+        # Programmed=True is Envoy's ACK of the listeners; a listener may still be warming for a moment after it
+        # (seen once under load): wait, bounded, for both to be active before probing.
+        deadline = time.monotonic() + 30
+        while True:
+            seen["active"] = active_listeners(admin)
+            if {"UDP:18082", "TCP:18008"} <= set(seen["active"]) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         seen["tls"] = sh(sys.executable, "-c", tls_probe, netns=node.netns)
 
     result = _run_pair(daemonset, envoy_bin, tmp_path, True, status, inspect)
