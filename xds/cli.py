@@ -164,15 +164,18 @@ def _serve(argv: list[str]) -> int:
         return 1
     log.info("delta ADS on %s (port %s) for node %s", args.listen, port, args.node)
     if args.metrics:
-        from prometheus_client import start_http_server
-
-        from aether.metrics import REGISTRY
+        from aether.metrics import serve as serve_metrics
 
         maddr = parse_addr(args.metrics)
         if isinstance(maddr, str):
             print("aether xds: --metrics needs host:port", file=sys.stderr)
             return 2
-        start_http_server(maddr[1], maddr[0], registry=REGISTRY)
+        try:
+            serve_metrics(maddr[0], maddr[1])
+        except OSError as exc:
+            print(f"aether xds: cannot listen (--metrics {args.metrics}): {exc}", file=sys.stderr)
+            server.stop(0)
+            return 1
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
