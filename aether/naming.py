@@ -26,9 +26,15 @@ def h2_cluster(namespace: str, service: str) -> str:
     return f"h2:{namespace}/{service}"
 
 
-def quic_twin(namespace: str, service: str, source_sa: str) -> str:
-    """The per-source QUIC twin of a destination: `quic:<ns>/<svc>@<source sa>`."""
-    return f"quic:{namespace}/{service}@{source_sa}"
+def quic_twin(namespace: str, service: str, source_sa: str, source_namespace: str | None = None) -> str:
+    """The per-source QUIC twin of a destination: `quic:<ns>/<svc>@<source sa>` for a source ServiceAccount in the
+    destination's namespace, `quic:<ns>/<svc>@<source ns>/<source sa>` for one in another namespace.
+
+    One name per (source identity, destination): ServiceAccount names never hold a `/`, so the two spellings cannot
+    meet, and `default` in two namespaces gets two twins."""
+    if source_namespace is None or source_namespace == namespace:
+        return f"quic:{namespace}/{service}@{source_sa}"
+    return f"quic:{namespace}/{service}@{source_namespace}/{source_sa}"
 
 
 def spiffe_id(namespace: str, service_account: str, trust_domain: str = DEFAULT_TRUST_DOMAIN) -> str:

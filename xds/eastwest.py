@@ -13,14 +13,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from aether.naming import h2_cluster, quic_twin
+from aether.naming import h2_cluster
 from aether.netns.records import PodRecord
 from aether.operator.meshnode import MeshNode
 from aether.xds import eastwest_inbound as inbound
 from aether.xds import eastwest_outbound as outbound
 from aether.xds import identity_protos  # noqa: F401  (registers the selector and mapper messages for the codec)
-from aether.xds.eastwest_plan import EastWestOptions, destinations, identities, local_pods, twin_sources
-from aether.xds.identity import CertificateSource, bundle_secret_name, parse_spiffe_id
+from aether.xds.eastwest_plan import EastWestOptions, destinations, identities, local_pods
+from aether.xds.identity import CertificateSource, bundle_secret_name
 from aether.xds.identity_sds import secrets
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
 
@@ -57,7 +57,7 @@ def build(
     td, md = options.trust_domain, options.mesh_domain
     pods = local_pods(node, records, td, ew)
     dests = destinations(node, td)
-    sources = twin_sources(identities(pods))
+    sources = identities(pods)
     listeners: dict[str, dict[str, Any]] = {}
     clusters: dict[str, dict[str, Any]] = {}
     endpoints: dict[str, dict[str, Any]] = {}
@@ -72,7 +72,7 @@ def build(
         if not ew.quic:
             continue
         for sid in sources:
-            twin = quic_twin(d.namespace, d.service, parse_spiffe_id(sid).service_account)
+            twin = outbound.twin_name(d, sid)
             clusters[twin] = outbound.twin_resource(d, sid, td, md, ew)
             endpoints[twin] = outbound.load_assignment(twin, d)
     out: Resources = {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: endpoints}

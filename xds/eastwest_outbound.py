@@ -3,8 +3,8 @@ the pod's identity; one node-wide route table picking, per destination Host, the
 cluster; the h2 clusters, the twins and their load assignments.
 
 Twin selection: the route's `MatcherClusterSpecifier` reads the stamped identity (`FilterStateInput`) and maps
-each local SPIFFE ID to its twin `quic:<ns>/<svc>@<sa>`; no match (or QUIC off) goes to `h2:<ns>/<svc>`. The
-identity is stamped by a *network* filter on the new connection, so it exists before the route is resolved
+each local SPIFFE ID to its twin `quic:<ns>/<svc>@<sa>` (`@<sa-ns>/<sa>` for a source in another namespace); no
+match (or QUIC off) goes to `h2:<ns>/<svc>`. The identity is stamped by a *network* filter on the new connection, so it exists before the route is resolved
 (an HTTP set_filter_state would need `clear_route_cache`).
 """
 
@@ -99,13 +99,17 @@ def _action(cluster: str) -> dict[str, Any]:
     return {"action": {"name": "cluster", "typed_config": {"@type": CLUSTER_ACTION_TYPE, "cluster": cluster}}}
 
 
+def twin_name(dest: Destination, source: str) -> str:
+    """The twin of `dest` for the source SPIFFE ID `source` (aether.naming.quic_twin)."""
+    sid = parse_spiffe_id(source)
+    return quic_twin(dest.namespace, dest.service, sid.service_account, sid.namespace)
+
+
 def route_action(dest: Destination, sources: list[str], quic: bool) -> dict[str, Any]:
     h2 = h2_cluster(dest.namespace, dest.service)
     if not quic or not sources:
         return {"cluster": h2}
-    arms = {
-        sid: _action(quic_twin(dest.namespace, dest.service, parse_spiffe_id(sid).service_account)) for sid in sources
-    }
+    arms = {sid: _action(twin_name(dest, sid)) for sid in sources}
     return {
         "inline_cluster_specifier_plugin": {
             "extension": {
@@ -172,7 +176,7 @@ def h2_cluster_resource(
 def twin_resource(
     dest: Destination, source: str, trust_domain: str, mesh_domain: str, options: EastWestOptions
 ) -> dict[str, Any]:
-    name = quic_twin(dest.namespace, dest.service, parse_spiffe_id(source).service_account)
+    name = twin_name(dest, source)
     sni = quic_sni(dest.primary_port, dest.service_account, dest.namespace, mesh_domain)
     return {
         **_eds_cluster(name, options),

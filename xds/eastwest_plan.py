@@ -127,15 +127,3 @@ def local_pods(
 
 def identities(pods: list[LocalPod]) -> list[str]:
     return sorted({p.identity for p in pods})
-
-
-def twin_sources(sources: list[str]) -> list[str]:
-    """The identities that get QUIC twins: twins are named `quic:<ns>/<svc>@<sa>` (aether.naming.quic_twin), so
-    two local identities sharing a ServiceAccount name (in different namespaces) would need one twin for two
-    certificates. Those identities get no twin and no matcher arm: they go over h2, where the per-connection
-    selector presents each its own SVID. (The `twin-per-identity` gate is the net under this.)"""
-    by_sa: dict[str, int] = {}
-    for sid in sources:
-        sa = sid.rsplit("/", 1)[-1]
-        by_sa[sa] = by_sa.get(sa, 0) + 1
-    return [sid for sid in sources if by_sa[sid.rsplit("/", 1)[-1]] == 1]

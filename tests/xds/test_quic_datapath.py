@@ -49,7 +49,9 @@ pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 TD, MD = "cluster.local", "mesh.example"
 OPTS = TranslateOptions(mesh_domain=MD, trust_domain=TD)
 CLIENT = f"spiffe://{TD}/ns/default/sa/client"
-OTHER = f"spiffe://{TD}/ns/default/sa/other"
+# the other source: a ServiceAccount with the same name as CLIENT's, in another namespace (`default` in every
+# namespace is the common case): its own identity, so its own twin (quic:default/web@team-b/client)
+OTHER = f"spiffe://{TD}/ns/team-b/sa/client"
 WEB = f"spiffe://{TD}/ns/default/sa/web-sa"
 VIP = "10.96.0.20"
 VIP_UDP = "10.96.0.30"
@@ -76,7 +78,7 @@ class Mesh:
             "node-a",
             [
                 SamplePod("u-client", "client-0", self.client.ip, "client", self.client.path),
-                SamplePod("u-other", "other-0", self.other.ip, "other", self.other.path),
+                SamplePod("u-other", "other-0", self.other.ip, "client", self.other.path, namespace="team-b"),
             ],
             [
                 SampleDestination("default/web", "web-sa", (8080,), (self.web.ip,), vip=VIP),
@@ -92,7 +94,7 @@ class Mesh:
             "node-a",
             [
                 SamplePod("u-client", "client-0", self.client.ip, "client", self.client.path),
-                SamplePod("u-other", "other-0", self.other.ip, "other", self.other.path),
+                SamplePod("u-other", "other-0", self.other.ip, "client", self.other.path, namespace="team-b"),
             ],
             [SampleDestination("default/web", "web-sa", (8080,), (self.web.ip,), vip=VIP)],
         )
@@ -200,7 +202,7 @@ def test_h3_carries_each_source_identity(mesh: Mesh) -> None:
     # and the source proxy sent them on the twins
     twins = mesh.a.stats("quic_default")
     assert twins.get("cluster.quic_default/web@client.upstream_rq_200", 0) > 0, twins
-    assert twins.get("cluster.quic_default/web@other.upstream_rq_200", 0) > 0, twins
+    assert twins.get("cluster.quic_default/web@team-b/client.upstream_rq_200", 0) > 0, twins
 
 
 def test_h2_when_the_twin_is_absent(mesh: Mesh) -> None:

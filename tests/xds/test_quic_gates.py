@@ -103,29 +103,46 @@ def test_identity_gate_is_red_for_envoy_string() -> None:
     ]
 
 
-def test_twin_gate_is_red_when_two_identities_would_share_a_twin() -> None:
-    """Same ServiceAccount name in two namespaces: `quic:<ns>/<svc>@<sa>` names one twin for two sources. The
-    builder avoids it (those sources go over h2); the gate is red on the shape if anything produced it."""
+def test_same_named_service_accounts_in_two_namespaces_get_a_twin_each() -> None:
+    """`default` in team-a and in team-b are two identities: two twins (the source namespace is in the name when it
+    differs from the destination's), two matcher arms, each twin carrying its own SVID. The gate is red on the bad
+    shape (two identities mapped to one twin), made by hand."""
     node, records = sample_node(
         "node-a",
         [
             SamplePod("u1", "a-0", "10.200.1.2", "default", "/run/netns/s1", namespace="team-a"),
             SamplePod("u2", "b-0", "10.200.1.3", "default", "/run/netns/s2", namespace="team-b"),
             SamplePod("u3", "c-0", "10.200.1.4", "web-client", "/run/netns/s3", namespace="team-a"),
+            SamplePod("u4", "d-0", "10.200.1.5", "default", "/run/netns/s4", namespace="shop"),
         ],
         [SampleDestination("shop/web", "web", (8080,), ("10.200.2.7",))],
     )
     res = build(node, records, TranslateOptions())
     assert twin_per_identity(res) == []
-    assert sorted(n for n in res[CLUSTER] if n.startswith("quic:")) == ["quic:shop/web@web-client"]
+    twins = {n: c for n, c in res[CLUSTER].items() if n.startswith("quic:")}
+    assert sorted(twins) == [
+        "quic:shop/web@default",
+        "quic:shop/web@team-a/default",
+        "quic:shop/web@team-a/web-client",
+        "quic:shop/web@team-b/default",
+    ]
     (vh,) = res[ROUTE]["http-outbound"]["virtualHosts"]
     spec = vh["routes"][0]["route"]["inlineClusterSpecifierPlugin"]["extension"]["typedConfig"]["clusterMatcher"]
-    assert list(spec["matcherTree"]["exactMatchMap"]["map"]) == ["spiffe://cluster.local/ns/team-a/sa/web-client"]
-    # the bad shape, by hand: both default SAs mapped to one twin
     arms = spec["matcherTree"]["exactMatchMap"]["map"]
-    one = next(iter(arms.values()))
+    picked = {sid: arm["action"]["typedConfig"]["cluster"] for sid, arm in arms.items()}
+    assert picked == {
+        "spiffe://cluster.local/ns/shop/sa/default": "quic:shop/web@default",
+        "spiffe://cluster.local/ns/team-a/sa/default": "quic:shop/web@team-a/default",
+        "spiffe://cluster.local/ns/team-a/sa/web-client": "quic:shop/web@team-a/web-client",
+        "spiffe://cluster.local/ns/team-b/sa/default": "quic:shop/web@team-b/default",
+    }
+    for sid, twin in picked.items():  # each twin presents its own source's SVID, and only that one
+        tls = twins[twin]["transportSocket"]["typedConfig"]["upstreamTlsContext"]["commonTlsContext"]
+        assert [c["name"] for c in tls["tlsCertificateSdsSecretConfigs"]] == [f"svid:{sid}"], twin
+    # the bad shape, by hand: both default SAs mapped to one twin
+    one = arms["spiffe://cluster.local/ns/team-a/sa/web-client"]
     arms["spiffe://cluster.local/ns/team-a/sa/default"] = copy.deepcopy(one)
     arms["spiffe://cluster.local/ns/team-b/sa/default"] = copy.deepcopy(one)
     failures = twin_per_identity(res)
-    assert len(failures) == 2 and all("quic:shop/web@web-client" in f.reason for f in failures)
+    assert len(failures) == 2 and all("quic:shop/web@team-a/web-client" in f.reason for f in failures)
     assert parse_meshnode(node.wire()) == node
