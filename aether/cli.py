@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -17,6 +18,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "capture": ("aether.netns.capture_cli", "install or check the capture in a netns, outside the CNI runtime"),
     "demo": ("aether.e2e.demo", "the whole mesh locally: API test bed, operator, sidecar, real Envoy, netns pods"),
 }
+
+
+def command() -> list[str]:
+    """How another process runs this CLI: the console script beside the interpreter, else `python -m aether.cli`."""
+    script = Path(sys.executable).parent / "aether"
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "aether.cli"]
 
 
 def usage() -> str:

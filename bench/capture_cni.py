@@ -102,17 +102,17 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench.capture_cni needs root (network namespaces)", file=sys.stderr)
         return 2
-    # rmtree of the lean dir unlinks its `aether` symlink without following it
+    # rmtree of the shim dir unlinks the bundle's symlinks (interpreter, package) without following them
     with (
         Lab() as lab,
         tempfile.TemporaryDirectory(prefix="aether-bench-") as state,
-        tempfile.TemporaryDirectory(prefix="aether-shim-") as lean_dir,
+        tempfile.TemporaryDirectory(prefix="aether-shim-") as shim_dir,
     ):
         node = lab.add_node("n")
         print(f"creating {3 * args.pods} pod netns ...", flush=True)
         pods = [lab.add_pod(node, f"p{i}", f"10.201.{i // 250}.{i % 250 + 1}") for i in range(3 * args.pods)]
         script_pods, inproc_pods, lean_pods = pods[0::3], pods[1::3], pods[2::3]
-        shim = deployed_shim(lean_dir)
+        shim = deployed_shim(shim_dir)
 
         version_env = {"PATH": os.environ.get("PATH", ""), "CNI_COMMAND": "VERSION"}
         bare: list[float] = []

@@ -14,7 +14,7 @@ import sys
 import kopf
 
 from aether.naming import DEFAULT_TRUST_DOMAIN
-from aether.xds.bootstrap import AddressError, parse_addr
+from aether.xds.bootstrap import AddressError, parse_hostport
 
 from .handlers import OperatorConfig, build_registry, quiet_kopf_loggers
 
@@ -56,12 +56,9 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: 
 
 def _hostport(value: str) -> tuple[str, int]:
     try:
-        parsed = parse_addr(value)
-    except AddressError:
-        parsed = value
-    if isinstance(parsed, str):
-        raise argparse.ArgumentTypeError(f"{value!r}: expected host:port (e.g. 0.0.0.0:19091), port 1-65535")
-    return parsed
+        return parse_hostport(value)
+    except AddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def make_parser() -> argparse.ArgumentParser:

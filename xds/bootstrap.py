@@ -29,6 +29,17 @@ def parse_addr(addr: str) -> tuple[str, int] | str:
     return host.strip("[]"), int(port)
 
 
+def parse_hostport(addr: str) -> tuple[str, int]:
+    """`host:port` only (what a TCP listener such as `--metrics` needs); AddressError for anything else."""
+    try:
+        parsed = parse_addr(addr)
+    except AddressError:
+        parsed = addr
+    if isinstance(parsed, str):
+        raise AddressError(f"{addr!r}: expected host:port (e.g. 0.0.0.0:19091), port 1-65535")
+    return parsed
+
+
 def _address(addr: str) -> dict[str, Any]:
     parsed = parse_addr(addr)
     if isinstance(parsed, str):

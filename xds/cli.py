@@ -22,7 +22,7 @@ from typing import Any
 
 from aether.netns.records import load_records, state_dir
 from aether.operator.meshnode import MeshNodeFileError, load_meshnode_file
-from aether.xds.bootstrap import DEFAULT_XDS_ADDR, AddressError, ads_bootstrap, parse_addr
+from aether.xds.bootstrap import DEFAULT_XDS_ADDR, AddressError, ads_bootstrap, parse_addr, parse_hostport
 
 log = logging.getLogger("aether.xds")
 
@@ -40,6 +40,13 @@ def _addr(value: str) -> str:
     except AddressError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
     return value
+
+
+def _hostport(value: str) -> tuple[str, int]:
+    try:
+        return parse_hostport(value)
+    except AddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _render(argv: list[str]) -> int:
@@ -83,7 +90,7 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--listen", type=_addr, default=DEFAULT_XDS_ADDR, help="host:port or unix:PATH")
     p.add_argument("--records", help="pod records directory (default $AETHER_STATE_DIR or /run/aether/pods)")
     p.add_argument("--status-out", help="file mode: where the Programmed condition goes (default <state>.status.json)")
-    p.add_argument("--metrics", type=_addr, help="serve Prometheus metrics on host:port")
+    p.add_argument("--metrics", type=_hostport, help="serve Prometheus metrics on host:port")
     p.add_argument(
         "--areas", default="", help="comma-separated translation areas (default all: udp,tcp-floor,eastwest)"
     )
@@ -166,14 +173,10 @@ def _serve(argv: list[str]) -> int:
     if args.metrics:
         from aether.metrics import serve as serve_metrics
 
-        maddr = parse_addr(args.metrics)
-        if isinstance(maddr, str):
-            print("aether xds: --metrics needs host:port", file=sys.stderr)
-            return 2
         try:
-            serve_metrics(maddr[0], maddr[1])
+            serve_metrics(*args.metrics)
         except OSError as exc:
-            print(f"aether xds: cannot listen (--metrics {args.metrics}): {exc}", file=sys.stderr)
+            print(f"aether xds: cannot listen (--metrics {args.metrics[0]}:{args.metrics[1]}): {exc}", file=sys.stderr)
             server.stop(0)
             return 1
     stop = threading.Event()

@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
+from aether.cli import command
 from aether.operator.cli import run
 from aether.operator.handlers import OperatorConfig
 from aether.operator.kubeapi import api_client
@@ -111,20 +113,42 @@ class Cluster:
         return next((a for a in arms if a.get("service") == service), None)
 
     def wait(self, what: str, fn: Callable[[], T | None], timeout: float = WAIT) -> T:
-        """Poll fn until it returns something truthy; fail with the last value after timeout."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            try:
-                last = fn()
-            except (AssertionError, KeyError, TypeError, IndexError) as exc:
-                last = exc
-            else:
-                if last:
-                    result: T = last
-                    return result
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
+        return wait(what, fn, timeout)
+
+
+def wait(what: str, fn: Callable[[], T | None], timeout: float = WAIT) -> T:
+    """Poll fn until it returns something truthy; fail with the last value after timeout."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except (AssertionError, KeyError, TypeError, IndexError) as exc:
+            last = exc
+        else:
+            if last:
+                result: T = last
+                return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
+
+
+@contextlib.contextmanager
+def operator_subprocess(kubeconfig: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """`aether operator --kubeconfig F ARGS...` as a child process (stdout and stderr together, as text); killed on
+    exit if the caller has not stopped it."""
+    proc = subprocess.Popen(
+        [*command(), "operator", "--kubeconfig", kubeconfig, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
 
 
 def unique(prefix: str) -> str:

@@ -11,22 +11,17 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from aether.cli import command
 from aether.e2e import demo
 from aether.e2e.netlab import NETNS_DIR
 
 DEMO_TIMEOUT = 240
-
-
-def _aether() -> list[str]:
-    beside = Path(sys.executable).parent / "aether"
-    return [str(beside)] if beside.is_file() else [sys.executable, "-m", "aether.cli"]
 
 
 def _marked(mark: str) -> list[int]:
@@ -66,7 +61,7 @@ class Running:
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.mark = secrets.token_hex(8)
         self.proc = subprocess.Popen(
-            [*_aether(), "demo", *args],
+            [*command(), "demo", *args],
             env={**os.environ, **(env or {}), "AETHER_DEMO_MARK": self.mark},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

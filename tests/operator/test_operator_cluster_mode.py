@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from aether.cli import command
 from aether.operator.apitestbed import objects as o
 from aether.operator.apitestbed.harness import Cluster, InProcessOperator, unique
 
@@ -28,8 +28,7 @@ def test_sidecar_cluster_mode_reads_the_operators_meshnode_and_reports_programme
     k.apply(o.service(ns, "dns", "10.96.60.1", [("dns", 53, "UDP")]))
     k.apply(o.endpoint_slice(ns, "dns", [("dns", 5353, "UDP")], [("10.60.1.1", True, None)]))
     k.wait("the operator's arm", lambda: k.arm(node, f"{ns}/dns"))
-    script = Path(sys.executable).parent / "aether"
-    cmd = [str(script)] if script.exists() else [sys.executable, "-m", "aether.cli"]
+    cmd = command()
     env = {**os.environ, "AETHER_KUBECONFIG": k.kubeconfig, "AETHER_STATE_DIR": str(tmp_path / "pods")}
     proc = subprocess.Popen(
         [*cmd, "xds", "--node", node, "--listen", f"unix:{tmp_path / 'xds.sock'}"],

@@ -8,23 +8,21 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from aether.cli import command
 from aether.operator.apitestbed import TestBed
 from aether.operator.apitestbed import objects as o
-from aether.operator.apitestbed.harness import Cluster, InProcessOperator, unique
+from aether.operator.apitestbed.harness import Cluster, InProcessOperator, operator_subprocess, unique, wait
 from aether.operator.kubeapi import ApiException
 from aether.operator.reconciler import Reconciler
-
-from .test_operator_subprocess import aether_cmd
 
 pytestmark = pytest.mark.slow  # subprocesses and an operator of its own: a few seconds each
 
@@ -63,16 +61,6 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def wait_for(what: str, fn: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline, last = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
 @pytest.fixture
 def ports() -> tuple[int, int]:
     return free_port(), free_port()
@@ -81,34 +69,19 @@ def ports() -> tuple[int, int]:
 @pytest.fixture
 def operator_process(api: tuple[str, TestBed | None], ports: tuple[int, int]) -> Iterator[subprocess.Popen[str]]:
     metrics, liveness = ports
-    proc = subprocess.Popen(
-        [
-            *aether_cmd(),
-            "operator",
-            "--kubeconfig",
-            api[0],
-            "--metrics",
-            f"127.0.0.1:{metrics}",
-            "--liveness",
-            f"127.0.0.1:{liveness}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
+    with operator_subprocess(
+        api[0], "--metrics", f"127.0.0.1:{metrics}", "--liveness", f"127.0.0.1:{liveness}"
+    ) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
 
 
 def test_metrics_count_the_reconcile_and_the_writes_and_healthz_answers(
     api: tuple[str, TestBed | None], ports: tuple[int, int], operator_process: subprocess.Popen[str]
 ) -> None:
     metrics, healthz = f"http://127.0.0.1:{ports[0]}/metrics", f"http://127.0.0.1:{ports[1]}/healthz"
-    body = wait_for("/healthz 200", lambda: (r := get(healthz))[0] == 200 and r)[1]
+    body = wait(
+        "/healthz 200", lambda: next((text for status, text in [get(healthz)] if status == 200), None), timeout=60
+    )
     assert "reconciler" in json.loads(body)  # our kopf.on.probe's part
     before = scrape(metrics)
     assert ("aether_operator_pending_keys", ()) in before and ("aether_operator_meshnodes", ()) in before
@@ -131,7 +104,7 @@ def test_metrics_count_the_reconcile_and_the_writes_and_healthz_answers(
         )
         return after if done else None
 
-    after = wait_for("the route status write in /metrics", written, timeout=30)
+    after = wait("the route status write in /metrics", written, timeout=30)
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
@@ -163,7 +136,9 @@ def test_healthz_fails_while_a_pass_is_stalled_and_errors_are_counted(api: tuple
     op.config.liveness, op.config.stall_after = ("127.0.0.1", port), 0.5
     op.start()
     try:
-        rec: Reconciler = wait_for("the reconciler", lambda: op.config.reconciler and op.config.reconciler[0])
+        rec: Reconciler = wait(
+            "the reconciler", lambda: op.config.reconciler[0] if op.config.reconciler else None, timeout=60
+        )
         release, entered, fail_once = threading.Event(), threading.Event(), [True]
         create = rec.writer.create_meshnode
 
@@ -180,11 +155,11 @@ def test_healthz_fails_while_a_pass_is_stalled_and_errors_are_counted(api: tuple
         node = unique("stall-node")
         k.apply(o.node(node))
         assert entered.wait(60), "the retried pass never reached the create"
-        wait_for("/healthz 500", lambda: get(healthz)[0] == 500, timeout=30)
+        wait("/healthz 500", lambda: get(healthz)[0] == 500, timeout=30)
         assert REGISTRY.get_sample_value("aether_operator_reconcile_errors_total", {"kind": "api_500"}) == errors + 1
         release.set()
         k.wait("the MeshNode after the stall", lambda: k.meshnode(node))
-        wait_for("/healthz 200 again", lambda: get(healthz)[0] == 200, timeout=30)
+        wait("/healthz 200 again", lambda: get(healthz)[0] == 200, timeout=30)
         assert op.alive()
     finally:
         release.set()
@@ -205,7 +180,7 @@ def test_bad_addresses_exit_2_with_a_clear_message(
     api: tuple[str, TestBed | None], args: list[str], message: str
 ) -> None:
     r = subprocess.run(
-        [*aether_cmd(), "operator", "--kubeconfig", api[0], *args], capture_output=True, text=True, timeout=60
+        [*command(), "operator", "--kubeconfig", api[0], *args], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and message in r.stderr, r.stderr
 
@@ -217,7 +192,7 @@ def test_an_address_in_use_exits_1_naming_it(api: tuple[str, TestBed | None]) ->
         port = busy.getsockname()[1]
         for flag in ("--metrics", "--liveness"):
             r = subprocess.run(
-                [*aether_cmd(), "operator", "--kubeconfig", api[0], flag, f"127.0.0.1:{port}"],
+                [*command(), "operator", "--kubeconfig", api[0], flag, f"127.0.0.1:{port}"],
                 capture_output=True,
                 text=True,
                 timeout=60,

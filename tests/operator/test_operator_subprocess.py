@@ -5,36 +5,24 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from aether.cli import command
 from aether.operator.apitestbed import TestBed
 from aether.operator.apitestbed import objects as o
-from aether.operator.apitestbed.harness import Cluster, unique
+from aether.operator.apitestbed.harness import Cluster, operator_subprocess, unique
 
 pytestmark = pytest.mark.slow  # subprocesses: a few seconds each
 
 
-def aether_cmd() -> list[str]:
-    script = Path(sys.executable).parent / "aether"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "aether.cli"]
-
-
 @pytest.fixture
 def operator_process(api: tuple[str, TestBed | None]) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        [*aether_cmd(), "operator", "--kubeconfig", api[0]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
+    with operator_subprocess(api[0]) as proc:
         yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
 
 
 def test_operator_subprocess_converges_and_stops_cleanly(
@@ -78,7 +66,7 @@ def test_the_cli_leaves_signals_to_kopf(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_operator_cli_rejects_bad_input(tmp_path: Path) -> None:
     r = subprocess.run(
-        [*aether_cmd(), "operator", "--kubeconfig", str(tmp_path / "missing")],
+        [*command(), "operator", "--kubeconfig", str(tmp_path / "missing")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -89,7 +77,7 @@ def test_operator_cli_rejects_bad_input(tmp_path: Path) -> None:
 def test_dev_api_serves_and_writes_a_kubeconfig(tmp_path: Path) -> None:
     kubeconfig, audit = tmp_path / "kc", tmp_path / "audit.jsonl"
     proc = subprocess.Popen(
-        [*aether_cmd(), "dev-api", "--kubeconfig", str(kubeconfig), "--audit", str(audit)],
+        [*command(), "dev-api", "--kubeconfig", str(kubeconfig), "--audit", str(audit)],
         stdout=subprocess.PIPE,
         text=True,
     )
