@@ -22,10 +22,10 @@ import yaml
 
 from aether.e2e.envoy_admin import admin_get
 from aether.e2e.netlab import Lab, Node, Pod, wait_for
+from aether.e2e.probe import pod_socket
 from aether.envoybin import envoy_path
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
-from aether.netns.nsthread import run_in_netns
 from aether.netns.records import PodRecord, write_record
 from aether.operator.meshnode import Endpoint, MeshNode, MeshPod, ServiceArm
 from aether.xds.bootstrap import ads_bootstrap
@@ -33,13 +33,7 @@ from aether.xds.bootstrap import ads_bootstrap
 
 def udp_socket_in(netns_path: str, timeout: float = 1.0) -> socket.socket:
     """A UDP socket created inside the netns at `netns_path` (it stays there whoever uses it)."""
-
-    def make() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.settimeout(timeout)
-        return s
-
-    return run_in_netns(netns_path, make)
+    return pod_socket(netns_path, timeout)
 
 
 def ask(
