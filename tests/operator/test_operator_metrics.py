@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -97,12 +98,23 @@ def test_metrics_count_the_reconcile_and_the_writes_and_healthz_answers(
     k.wait("arm from the operator", lambda: k.arm(node, f"{ns}/dns"), timeout=60)
     k.wait("the route's status", lambda: ((k.route(ns, "r") or {}).get("status") or {}).get("parents"), timeout=60)
 
+    def operator_samples(samples: Samples) -> Samples:
+        return {k: v for k, v in samples.items() if k[0].startswith("aether_operator_")}
+
     def written() -> Samples | None:
+        """The route status write counted, a pass ended since `before`, and nothing moving for 0.5 s: writes are
+        counted while a pass runs and the pass when it ends, so a scrape can fall between the two."""
         after = scrape(metrics)
-        done = value(after, "aether_operator_udproute_status_writes_total", outcome="patched") > value(
+        moved = value(after, "aether_operator_udproute_status_writes_total", outcome="patched") > value(
             before, "aether_operator_udproute_status_writes_total", outcome="patched"
+        ) and value(after, "aether_operator_reconcile_passes_total") > value(
+            before, "aether_operator_reconcile_passes_total"
         )
-        return after if done else None
+        if not moved:
+            return None
+        time.sleep(0.5)
+        again = scrape(metrics)
+        return again if operator_samples(again) == operator_samples(after) else None
 
     after = wait("the route status write in /metrics", written, timeout=30)
 
