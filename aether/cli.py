@@ -8,22 +8,15 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("aether.operator.cli", "run the kopf operator (--kubeconfig F, in-cluster config otherwise)"),
-    "dev-api": ("aether.operator.devapi", "run the API test bed as a local server and write a kubeconfig"),
-    "xds": ("aether.xds.cli", "the node xDS sidecar; also `xds render` and `xds bootstrap`"),
+    "dev-api": ("aether.testing.devapi", "run the API test bed as a local server and write a kubeconfig"),
+    "xds": ("aether.xds.sidecar.cli", "the node xDS sidecar; also `xds render` and `xds bootstrap`"),
     "capture": ("aether.netns.capture_cli", "install or check the capture in a netns, outside the CNI runtime"),
     "demo": ("aether.e2e.demo", "the whole mesh locally: API test bed, operator, sidecar, real Envoy, netns pods"),
 }
-
-
-def command() -> list[str]:
-    """How another process runs this CLI: the console script beside the interpreter, else `python -m aether.cli`."""
-    script = Path(sys.executable).parent / "aether"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "aether.cli"]
 
 
 def usage() -> str:
@@ -45,13 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aether: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module_name, _ = SUBCOMMANDS[name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name == module_name:
-            print(f"aether {name}: not built yet ({module_name} does not exist)", file=sys.stderr)
-            return 3
-        raise
+    module = importlib.import_module(module_name)
     code: int = module.main(rest)
     return code
 

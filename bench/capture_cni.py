@@ -26,8 +26,8 @@ from functools import partial
 from pathlib import Path
 
 import aether
-from aether.e2e.netlab import Lab, Pod
 from aether.netns import cni
+from aether.testing.netlab import Lab, Pod
 
 CNI_BIN = str(Path(sys.executable).parent / "aether-cni")
 AETHER_PKG = Path(aether.__file__).parent  # the package directory (its netns/ is a link to the repository's)

@@ -20,11 +20,11 @@ import subprocess
 import sys
 import time
 
-from aether.e2e.netlab import Lab
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.install import check_capture, install_capture
 from aether.netns.nsthread import call_in_netns
-from aether.netns.tproxy_socket import recv_pktinfo, send_from, transparent_udp_socket
+from aether.testing.netlab import Lab
+from aether.testing.tproxy_socket import recv_pktinfo, send_from, transparent_udp_socket
 
 VIP = "10.96.7.7"
 POD_IP = "10.202.0.2"

@@ -20,8 +20,8 @@ import sys
 import time
 
 from aether.e2e.harness import BACKEND_PORT, Mesh
-from aether.e2e.netlab import is_root
-from aether.e2e.probe import ask, pod_socket, wait_answer
+from aether.testing.netlab import is_root
+from aether.testing.probe import ask, pod_socket, wait_answer
 
 
 def until_answered_by(sock: socket.socket, vip: str, backend: str, timeout: float = 30.0) -> float:

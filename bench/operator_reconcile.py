@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aether.operator.apitestbed import objects as o
 from aether.operator.reconcile.model import ClusterModel, Output
+from aether.testing.apitestbed import objects as o
 
 SERVICES_PER_NS, PODS_PER_NS, NODES_PER_NS = 10, 50, 10
 

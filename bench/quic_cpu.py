@@ -1,7 +1,7 @@
 """Proxy CPU per request, east-west HTTP/3 (QUIC twins) vs HTTP/2 (the h2 cluster), both proxies, same run.
 
 Harness: two node netns, each with its own real Envoy 1.40 (`--concurrency N`, default 1) served over delta ADS by
-`aether.xds.server`; pod client-0 on node A, pod web-0 on node B running a tiny HTTP/1.1 echo app; the capture
+`aether.xds.ads.server`; pod client-0 on node A, pod web-0 on node B running a tiny HTTP/1.1 echo app; the capture
 in client-0. The client (Python `http.client`, one keep-alive connection per client process) sends `--requests`
 GETs to `http://web.default.<mesh-domain>:18080/` through node A's outbound listener; node A sends them on the
 QUIC twin (h3) or, with QUIC off, the h2 cluster; node B's inbound terminates and forwards to the app.
@@ -41,12 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aether.e2e.netlab import Lab, Pod
 from aether.netns.contract import CaptureMode
 from aether.netns.install import install_capture
-from aether.xds.certs_ca import BuiltinCA
-from aether.xds.eastwest import EastWestOptions, build
-from aether.xds.eastwest_lab import (
+from aether.testing.eastwest_lab import (
     ECHO_APP,
     AdsHarness,
     EnvoyNode,
@@ -57,10 +54,13 @@ from aether.xds.eastwest_lab import (
     start_envoy,
     wait_until,
 )
-from aether.xds.eastwest_outbound import HTTP_OPTIONS
-from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node
-from aether.xds.identity_sds import secrets
+from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
+from aether.testing.netlab import Lab, Pod
+from aether.xds.identity.ca import BuiltinCA
+from aether.xds.identity.sds import secrets
 from aether.xds.resources import CLUSTER, LISTENER, TranslateOptions
+from aether.xds.translate.eastwest.build import EastWestOptions, build
+from aether.xds.translate.eastwest.outbound import HTTP_OPTIONS
 from bench.quic_cpu_variants import (
     Variant,
     buffer_quic_responses,

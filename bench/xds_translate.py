@@ -17,13 +17,13 @@ import sys
 import time
 from collections.abc import Callable
 
-from aether.operator.meshnode import MeshNode
-from aether.xds import codec
-from aether.xds.cache import Snapshot, make_snapshot
-from aether.xds.gates import run_gates
+from aether.api.meshnode import MeshNode
+from aether.testing.samples import node_with, records_for, udp_arm
+from aether.xds.ads.cache import Snapshot, make_snapshot
+from aether.xds.codec import protojson as codec
+from aether.xds.gates.core import run_gates
 from aether.xds.resources import CLUSTER, TranslateOptions
-from aether.xds.samples import node_with, records_for, udp_arm
-from aether.xds.translate import clear_memo, translate
+from aether.xds.translate.compose import clear_memo, translate
 
 L4 = TranslateOptions(areas=("udp", "tcp-floor"))
 PODS = 2

@@ -23,10 +23,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aether.e2e.netlab import Lab, is_root, wait_for
+from aether.api.meshnode import Endpoint, ServiceArm
 from aether.netns.contract import L4_OUTBOUND_PORT
-from aether.operator.meshnode import Endpoint, ServiceArm
-from aether.xds.testbed import NodeBed, Service, udp_socket_in, wait_reply
+from aether.testing.netlab import Lab, is_root, wait_for
+from aether.testing.nodebed import NodeBed, Service, udp_socket_in, wait_reply
 
 VIP = "10.96.50.1"
 PORT = 5353

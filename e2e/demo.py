@@ -21,13 +21,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
+from aether.api.naming import mesh_host, quic_twin, spiffe_id
 from aether.e2e.demo_report import IdentityRow, Row, identity_table, keep_instructions, table
 from aether.e2e.harness import Mesh, MeshPod
-from aether.e2e.netlab import is_root
 from aether.e2e.node_proxy import MeshNodeProxy
-from aether.e2e.probe import wait_answer, wait_http, who_answers
-from aether.naming import mesh_host, quic_twin, spiffe_id
 from aether.netns.contract import CaptureMode
+from aether.testing.netlab import is_root
+from aether.testing.probe import wait_answer, wait_http, who_answers
 
 NAMESPACE = "demo"
 NODE = "node-1"
@@ -69,7 +69,7 @@ def preflight() -> str | None:
     for tool in ("ip", "nft"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (apt-get install iproute2 nftables; `make demo` does it)"
-    from aether.envoybin import EnvoyNotFound, envoy_path
+    from aether.testing.envoybin import EnvoyNotFound, envoy_path
 
     try:
         envoy_path()

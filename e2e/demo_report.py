@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aether.e2e.probe import Answer, HttpAnswer
 from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.testing.probe import Answer, HttpAnswer
 
 
 @dataclass(frozen=True)

@@ -31,18 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aether.api.naming import spiffe_id
 from aether.e2e import cni_runtime
 from aether.e2e.kube import Kube, pod_uids, udp_arms
-from aether.e2e.netlab import Lab, Pod, wait_for
 from aether.e2e.node_proxy import MeshNodeProxy, admin_up, connected
-from aether.envoybin import envoy_path
-from aether.naming import spiffe_id
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
-from aether.operator.apitestbed import TestBed
-from aether.operator.apitestbed import start as start_testbed
-from aether.xds.certs_ca import BuiltinCA
-from aether.xds.certs_dir import write_bundle, write_identity
+from aether.testing.apitestbed import TestBed
+from aether.testing.apitestbed import start as start_testbed
+from aether.testing.envoybin import envoy_path
+from aether.testing.netlab import Lab, Pod, wait_for
+from aether.xds.identity.ca import BuiltinCA
+from aether.xds.identity.pemdir import write_bundle, write_identity
 
 BACKEND_PORT = 5353
 HTTP_APP_PORT = 8080  # the east-west builders' default application port
@@ -231,7 +231,7 @@ class Mesh:
         """A pod running a UDP echo server that answers `<its name>|<payload>` on BACKEND_PORT."""
         pod = self.add_pod(node, name)
         log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child process owns it)
-        argv = [sys.executable, "-m", "aether.e2e.echo", name, str(BACKEND_PORT)]
+        argv = [sys.executable, "-m", "aether.testing.udp_echo", name, str(BACKEND_PORT)]
         self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
         return pod
 
@@ -239,7 +239,7 @@ class Mesh:
         """A pod running an HTTP app on HTTP_APP_PORT that answers with its name and the XFCC it received."""
         pod = self.add_pod(node, name, sa=sa)
         log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child process owns it)
-        argv = [sys.executable, "-m", "aether.e2e.http_echo", name, str(HTTP_APP_PORT)]
+        argv = [sys.executable, "-m", "aether.testing.http_echo", name, str(HTTP_APP_PORT)]
         self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
         return pod
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import kubernetes
 
-from aether.operator.apitestbed import objects as o
-from aether.operator.kubeapi import api_client
-from aether.operator.meshnode import API_GROUP, API_VERSION, PLURAL
+from aether.api.client import api_client
+from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
 from aether.operator.reconcile.views import GATEWAY_GROUP
+from aether.testing.apitestbed import objects as o
 
 MERGE = "application/merge-patch+json"
 ApiException = kubernetes.client.exceptions.ApiException

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aether.e2e.envoy_admin import admin_get
-from aether.e2e.envoy_admin import stat as envoy_stat
-from aether.e2e.netlab import Node
+from aether.testing.envoy_admin import admin_get
+from aether.testing.envoy_admin import stat as envoy_stat
+from aether.testing.netlab import Node
 
 
 @dataclass

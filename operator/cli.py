@@ -13,10 +13,9 @@ import sys
 
 import kopf
 
-from aether.naming import DEFAULT_TRUST_DOMAIN
-from aether.xds.bootstrap import AddressError, parse_hostport
-
-from .handlers import OperatorConfig, build_registry, quiet_kopf_loggers
+from aether.api.addresses import AddressError, parse_hostport
+from aether.api.naming import DEFAULT_TRUST_DOMAIN
+from aether.operator.handlers import OperatorConfig, build_registry, quiet_kopf_loggers
 
 log = logging.getLogger("aether.operator")
 

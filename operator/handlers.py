@@ -14,13 +14,13 @@ from typing import Any
 
 import kopf
 
-from aether.naming import DEFAULT_TRUST_DOMAIN
-
-from .kubeapi import OPERATOR_USER_AGENT, KubeWriter, api_client
-from .meshnode import API_GROUP, API_VERSION, PLURAL
-from .reconcile import gateway, views
-from .reconcile.model import Kind, View
-from .reconciler import Reconciler
+from aether.api.client import OPERATOR_USER_AGENT, api_client
+from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
+from aether.api.naming import DEFAULT_TRUST_DOMAIN
+from aether.operator.kubeapi import KubeWriter
+from aether.operator.reconcile import gateway, views
+from aether.operator.reconcile.model import Kind, View
+from aether.operator.reconciler import Reconciler
 
 GATEWAY = "gateway.networking.k8s.io"
 

@@ -3,37 +3,15 @@ UDPRoute status, Events. Every write that merges lists owned by others carries a
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import kubernetes
 
-from .meshnode import API_GROUP, API_VERSION, KIND, PLURAL
+from aether.api.client import ApiException, now
+from aether.api.meshnode import API_GROUP, API_VERSION, KIND, PLURAL
 
 MERGE = "application/merge-patch+json"
 GATEWAY_GROUP, UDPROUTE_VERSION, UDPROUTES = "gateway.networking.k8s.io", "v1alpha2", "udproutes"
-ApiException = kubernetes.client.exceptions.ApiException
-
-
-OPERATOR_USER_AGENT = "aether-operator"  # kopf's own requests say "kopf/<version>"
-
-
-def api_client(kubeconfig: str | None, user_agent: str | None = None) -> kubernetes.client.ApiClient:
-    """A client for the kubeconfig file, or the in-cluster service account when None. The user agent names
-    the component in the API test bed's audit (what an RBAC test filters on)."""
-    cfg = kubernetes.client.Configuration()
-    if kubeconfig:
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
-    else:
-        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    client = kubernetes.client.ApiClient(cfg)
-    if user_agent:
-        client.user_agent = user_agent
-    return client
-
-
-def now() -> str:
-    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeWriter:

@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Any
 
-from .meshnode import MeshNodeStatus
+from aether.api.meshnode import MeshNodeStatus
 
 OPERATOR_CONDITIONS = frozenset({"Ready", "Degraded"})
 SIDECAR_QUIC_FIELDS = frozenset({"pairs", "dormantPairs", "pairCount", "dormantPairCount"})

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from aether.api.client import ApiException, now
 from aether.metrics import (
     OPERATOR_LAST_PASS,
     OPERATOR_MESHNODE_WRITES,
@@ -22,14 +23,13 @@ from aether.metrics import (
     OPERATOR_UDPROUTE_STATUS_WRITES,
     UDP_UNSUPPORTED,
 )
-
-from .kubeapi import ApiException, KubeWriter, now
-from .nodestatus import same_owned, status_patch
-from .reconcile.gateway import RouteView
-from .reconcile.model import ClusterModel, Kind, Output, View
-from .reconcile.nodes import NodeDesired
-from .reconcile.routes import Verdict
-from .routestatus import comparable, parents_status, transition_events
+from aether.operator.kubeapi import KubeWriter
+from aether.operator.nodestatus import same_owned, status_patch
+from aether.operator.reconcile.gateway import RouteView
+from aether.operator.reconcile.model import ClusterModel, Kind, Output, View
+from aether.operator.reconcile.nodes import NodeDesired
+from aether.operator.reconcile.routes import Verdict
+from aether.operator.routestatus import comparable, parents_status, transition_events
 
 log = logging.getLogger("aether.operator")
 Lookup = Callable[[Kind, tuple[str, str]], View | None]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .reconcile.routes import Verdict
+from aether.operator.reconcile.routes import Verdict
 
 CONTROLLER_NAME = "mesh.aether.dev/udproute-controller"
 SHAPE_CONDITION = "mesh.aether.dev/UnsupportedShape"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("netns", "operator", "xds", "e2e")
+FOLDERS = ("netns", "api", "operator", "xds", "testing", "e2e")
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def test_an_installed_wheel_carries_the_crds(tmp_path: Path) -> None:
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], check=True
     )
     out = subprocess.run(
-        [sys.executable, "-c", "from aether.operator.crdgen import crds_dir, stale; print(crds_dir()); print(stale())"],
+        [sys.executable, "-c", "from aether.api.crdgen import crds_dir, stale; print(crds_dir()); print(stale())"],
         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
         cwd=tmp_path,
         capture_output=True,

@@ -3,16 +3,16 @@
 `Resources` maps a type URL to `{resource name: proto3-JSON dict}`. A dict is the resource message itself
 (no top-level `"@type"`; its type is the key); every `Any` inside it carries `"@type"`. That form is what
 `aether xds render` prints, what golden tests compare, what `envoy --mode validate` tests put into a static
-bootstrap and what `aether.xds.codec` turns into ADS bytes.
+bootstrap and what `aether.xds.codec.protojson` turns into ADS bytes.
 
-Builder contract (every area's builder, e.g. `aether.xds.udp.build`, `aether.xds.tcp_floor.build`,
-`aether.xds.eastwest.build`):
+Builder contract (every area's builder, e.g. `aether.xds.translate.l4.udp.build`, `aether.xds.translate.l4.tcp.build`,
+`aether.xds.translate.eastwest.build.build`):
 
     def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources
 
 pure, deterministic (same input -> equal dicts), no I/O. `records` are the CNI pod records by pod uid.
-`aether.xds.translate.translate` merges the builders' results (a name produced twice for one type is an
-error) and the gates (`aether.xds.gates`) run on the merged result.
+`aether.xds.translate.compose.translate` merges the builders' results (a name produced twice for one type is an
+error) and the gates (`aether.xds.gates.core`) run on the merged result.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
-from aether.naming import DEFAULT_MESH_DOMAIN, DEFAULT_TRUST_DOMAIN
+from aether.api.naming import DEFAULT_MESH_DOMAIN, DEFAULT_TRUST_DOMAIN
 
 _PREFIX: Final = "type.googleapis.com/"
 LISTENER: Final = _PREFIX + "envoy.config.listener.v3.Listener"
@@ -57,7 +57,7 @@ class TranslateOptions:
     udp_upstream_prefer_gro: bool | None = None  # None: Envoy's default for udp_proxy upstream sockets
     udp_gso_writer: bool = True  # replies to the pod through Envoy's GSO batch writer (bench/xds_udp_path.py)
     cluster_connect_timeout_s: float = 1.0
-    # which builders run (names in aether.xds.translate.AREAS); empty = all of them
+    # which builders run (names in aether.xds.translate.compose.AREAS); empty = all of them
     areas: tuple[str, ...] = ()
 
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .views import GATEWAY_GROUP, MAX_BACKEND_REFS, MAX_PARENT_REFS, Raw, _d, _l, _meta, _port, _s
+from aether.operator.reconcile.views import (
+    GATEWAY_GROUP,
+    MAX_BACKEND_REFS,
+    MAX_PARENT_REFS,
+    Raw,
+    _d,
+    _l,
+    _meta,
+    _port,
+    _s,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,14 +11,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from aether.naming import DEFAULT_TRUST_DOMAIN
-from aether.operator.meshnode import MeshNodeStatus
-
-from .gateway import GrantView, RouteView, parse_grant, parse_route
-from .namespace import NamespaceResult, compute_namespace
-from .nodes import NodeDesired, dependency_set, meshed_pods
-from .routes import Verdict
-from .views import (
+from aether.api.meshnode import MeshNodeStatus
+from aether.api.naming import DEFAULT_TRUST_DOMAIN
+from aether.operator.reconcile.gateway import GrantView, RouteView, parse_grant, parse_route
+from aether.operator.reconcile.namespace import NamespaceResult, compute_namespace
+from aether.operator.reconcile.nodes import NodeDesired, dependency_set, meshed_pods
+from aether.operator.reconcile.routes import Verdict
+from aether.operator.reconcile.views import (
     NamespaceView,
     NodeView,
     PodView,

@@ -9,19 +9,25 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from aether.naming import ref, tcp_cluster, udp_cluster
-from aether.netns.contract import INBOUND_PORT
-from aether.operator.meshnode import (
+from aether.api.meshnode import (
     Endpoint,
     IneligibleDestination,
     QuicDestination,
     ServiceArm,
     UnsupportedShape,
 )
-
-from .routes import Verdict, attach_routes, endpoints_at, mesh_member, resolve_route_on, shapes_of
-from .views import ServiceView
-from .world import World
+from aether.api.naming import ref, tcp_cluster, udp_cluster
+from aether.netns.contract import INBOUND_PORT
+from aether.operator.reconcile.routes import (
+    Verdict,
+    attach_routes,
+    endpoints_at,
+    mesh_member,
+    resolve_route_on,
+    shapes_of,
+)
+from aether.operator.reconcile.views import ServiceView
+from aether.operator.reconcile.world import World
 
 MULTIPLE_UDP_PORTS, MULTIPLE_TCP_PORTS = "MultipleUDPPorts", "MultipleTCPPorts"
 INVALID_SERVICE, NO_CLUSTER_IP = "InvalidService", "NoClusterIP"

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from aether.naming import DEFAULT_TRUST_DOMAIN, spiffe_id
-from aether.operator.meshnode import Condition, L4Status, MeshNodeStatus, MeshPod, QuicStatus, Summary
-
-from .namespace import NamespaceResult
-from .views import NamespaceView, PodView
+from aether.api.meshnode import Condition, L4Status, MeshNodeStatus, MeshPod, QuicStatus, Summary
+from aether.api.naming import DEFAULT_TRUST_DOMAIN, spiffe_id
+from aether.operator.reconcile.namespace import NamespaceResult
+from aether.operator.reconcile.views import NamespaceView, PodView
 
 
 def dependency_set(

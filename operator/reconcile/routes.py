@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aether.naming import BLACKHOLE_CLUSTER, ref, udp_cluster
-from aether.operator.meshnode import Endpoint, ServiceArm, UnsupportedShape
-
-from .gateway import BackendRef, ParentRef, RouteView
-from .views import ServicePort, ServiceView
-from .world import World
+from aether.api.meshnode import Endpoint, ServiceArm, UnsupportedShape
+from aether.api.naming import BLACKHOLE_CLUSTER, ref, udp_cluster
+from aether.operator.reconcile.gateway import BackendRef, ParentRef, RouteView
+from aether.operator.reconcile.views import ServicePort, ServiceView
+from aether.operator.reconcile.world import World
 
 # Gateway API reasons (Accepted / ResolvedRefs) and ours for discarded backends.
 ACCEPTED, NO_MATCHING_PARENT, UNSUPPORTED_VALUE, CONFLICTED = (

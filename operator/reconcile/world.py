@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-from .gateway import GrantView, RouteView
-from .views import NamespaceView, PodView, ServiceView, SliceView
+from aether.operator.reconcile.gateway import GrantView, RouteView
+from aether.operator.reconcile.views import NamespaceView, PodView, ServiceView, SliceView
 
 
 class World(Protocol):

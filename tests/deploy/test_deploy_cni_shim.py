@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import aether
-from aether.e2e.netlab import Lab, sh
+from aether.testing.netlab import Lab, sh
 
 pytestmark = pytest.mark.privileged
 

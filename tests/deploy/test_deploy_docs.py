@@ -10,9 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from aether.api.meshnode import MeshNodeStatus
 from aether.metrics import REGISTRY
 from aether.netns.contract import PORT_ROLES
-from aether.operator.meshnode import MeshNodeStatus
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATIONS = (REPO / "docs" / "operations.md").read_text()

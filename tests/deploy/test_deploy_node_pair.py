@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from aether.e2e.netlab import Lab, sh
+from aether.testing.netlab import Lab, sh
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO / "deploy" / "node" / "envoy-bootstrap.json"

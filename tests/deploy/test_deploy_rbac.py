@@ -194,7 +194,7 @@ def _meshnode_written(store: Any) -> bool:
 def test_operator_calls_in_the_audit_log_are_allowed(
     rendered: list[dict[str, Any]], rbac_check: ModuleType, tmp_path: Path
 ) -> None:
-    from aether.operator import apitestbed
+    from aether.testing import apitestbed
 
     audit = tmp_path / "audit.jsonl"
     with apitestbed.start(audit_path=audit) as started:
@@ -255,7 +255,7 @@ def _programmed(store: Any) -> bool:
 def test_node_sidecar_calls_in_the_audit_log_are_allowed(
     rendered: list[dict[str, Any]], rbac_check: ModuleType, tmp_path: Path
 ) -> None:
-    from aether.operator import apitestbed
+    from aether.testing import apitestbed
 
     def seed(store: Any) -> None:
         rt = store.lookup("mesh.aether.dev", "v1alpha1", "meshnodes")

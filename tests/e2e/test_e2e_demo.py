@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from aether.cli import command
 from aether.e2e import demo
-from aether.e2e.netlab import NETNS_DIR
+from aether.testing.commands import command
+from aether.testing.netlab import NETNS_DIR
 
 DEMO_TIMEOUT = 240
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aether.e2e.demo_report import IdentityRow, Row, identity_table, keep_instructions, table
-from aether.e2e.probe import Answer, HttpAnswer
+from aether.testing.probe import Answer, HttpAnswer
 
 VIP = "10.96.77.10"
 

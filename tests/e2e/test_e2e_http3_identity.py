@@ -14,9 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from aether.api.naming import mesh_host, quic_twin, spiffe_id
 from aether.e2e.harness import Mesh
-from aether.e2e.probe import HttpAnswer, http_get, wait_http
-from aether.naming import mesh_host, quic_twin, spiffe_id
+from aether.testing.probe import HttpAnswer, http_get, wait_http
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 

@@ -17,8 +17,8 @@ import pytest
 
 from aether.e2e.harness import Mesh, MeshPod
 from aether.e2e.kube import udp_arms
-from aether.e2e.probe import who_answers
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
+from aether.testing.probe import who_answers
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from aether.e2e.netlab import Lab, leftover_netns, sh
+from aether.testing.netlab import Lab, leftover_netns, sh
 
 pytestmark = pytest.mark.privileged
 
@@ -54,7 +54,7 @@ def test_a_session_that_leaks_a_netns_fails(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_leaky="""
 import atexit
-from aether.e2e.netlab import Lab
+from aether.testing.netlab import Lab
 
 def test_leaks():
     lab = Lab()

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from aether.e2e.netlab import Lab, Pod, sh
 from aether.netns import cni, cni_request
 from aether.netns import install as inst
 from aether.netns import rules as nftrules
@@ -23,6 +22,7 @@ from aether.netns.cni_request import CniError, Command, parse_request
 from aether.netns.contract import CAPTURE_ROUTE_TABLE, CaptureMode
 from aether.netns.install import check_capture
 from aether.netns.records import load_records, read_record
+from aether.testing.netlab import Lab, Pod, sh
 
 CNI_BIN = str(Path(sys.executable).parent / "aether-cni")
 UID = "6f1c0c7e-1111-4e5b-9d1a-000000000001"

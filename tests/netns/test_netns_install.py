@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from aether.e2e.netlab import Lab, sh
 from aether.netns import install as inst
 from aether.netns import rtnl
 from aether.netns import rules as nftrules
 from aether.netns.contract import CAPTURE_DIVERT_FWMARK, CAPTURE_ROUTE_TABLE, CaptureMode, Transport
 from aether.netns.install import CaptureDrift, CaptureError, check_capture, install_capture, remove_capture
+from aether.testing.netlab import Lab, sh
 
 pytestmark = pytest.mark.privileged
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from aether.e2e.netlab import Lab, Pod
 from aether.netns import install as inst
 from aether.netns import rules as nftrules
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture, remove_capture
-from aether.netns.phase0 import BrokenRig, run_rig
+from aether.testing.netlab import Lab, Pod
+from aether.testing.phase0 import BrokenRig, run_rig
 
 pytestmark = pytest.mark.privileged
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from aether.e2e.netlab import Lab
 from aether.netns import rtnl
 from aether.netns.contract import CAPTURE_DIVERT_FWMARK, CAPTURE_ROUTE_TABLE
 from aether.netns.install import DIVERT_RULE, LOCAL_ROUTE, install_capture
+from aether.testing.netlab import Lab
 
 
 def test_rule_body_round_trips() -> None:

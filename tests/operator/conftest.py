@@ -1,5 +1,5 @@
 """API-contract fixtures: the API test bed (or a real cluster when AETHER_KUBECONFIG is set: then no emulator is
-started), the real operator in-process, and the client helper (aether.operator.apitestbed.harness)."""
+started), the real operator in-process, and the client helper (aether.testing.apitestbed.harness)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from aether.operator.apitestbed import TestBed, start
-from aether.operator.apitestbed.harness import Cluster, InProcessOperator
+from aether.testing.apitestbed import TestBed, start
+from aether.testing.apitestbed.harness import Cluster, InProcessOperator
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aether.operator.apitestbed import objects as o
-from aether.operator.apitestbed.harness import Cluster, InProcessOperator, unique
-from aether.operator.kubeapi import ApiException
+from aether.api.client import ApiException
+from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.harness import Cluster, InProcessOperator, unique
 
 UDP = [("dns", 53, "UDP")]
 SL = [("dns", 5353, "UDP")]

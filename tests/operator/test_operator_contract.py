@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from aether.metrics import REGISTRY
-from aether.operator.apitestbed import objects as o
-from aether.operator.apitestbed.harness import Cluster, InProcessOperator, unique
 from aether.operator.routestatus import CONTROLLER_NAME, SHAPE_CONDITION
+from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.harness import Cluster, InProcessOperator, unique
 
 UDP = [("dns", 53, "UDP")]
 SL = [("dns", 5353, "UDP")]

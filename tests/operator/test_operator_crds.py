@@ -7,12 +7,12 @@ from typing import Any
 
 import yaml
 
-from aether.operator import crdgen
-from aether.operator.meshnode import MeshNodeStatus
+from aether.api import crdgen
+from aether.api.meshnode import MeshNodeStatus
 
 
 def test_crds_are_not_stale() -> None:
-    assert crdgen.stale() == [], "crds/ is stale: run `.venv/bin/python -m aether.operator.crdgen`"
+    assert crdgen.stale() == [], "crds/ is stale: run `.venv/bin/python -m aether.api.crdgen`"
 
 
 def test_stale_check_sees_a_changed_model_negative_control(tmp_path: Path) -> None:

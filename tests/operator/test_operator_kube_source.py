@@ -1,4 +1,4 @@
-"""xds cluster mode (aether.xds.kube_source) on the API test bed: MeshNode snapshots in, sidecar status out."""
+"""xds cluster mode (aether.xds.sidecar.kube_source) on the API test bed: MeshNode snapshots in, sidecar status out."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from aether.operator.apitestbed import TestBed
-from aether.operator.apitestbed.harness import Cluster, unique
-from aether.operator.meshnode import Condition, QuicPair
-from aether.xds.kube_source import source, status_sink
-from aether.xds.sources import StateUpdate
+from aether.api.meshnode import Condition, QuicPair
+from aether.testing.apitestbed import TestBed
+from aether.testing.apitestbed.harness import Cluster, unique
+from aether.xds.sidecar.kube_source import source, status_sink
+from aether.xds.sidecar.sources import StateUpdate
 
 MN = ("mesh.aether.dev/v1alpha1", "MeshNode")
 MERGE = "application/merge-patch+json"
@@ -101,7 +101,7 @@ def test_status_sink_merges_conditions_and_pairs_without_touching_operator_field
 def test_source_reports_an_unreachable_api_and_keeps_trying(tmp_path: Any) -> None:
     import socket
 
-    from aether.operator.apitestbed import write_kubeconfig
+    from aether.testing.apitestbed import write_kubeconfig
 
     with socket.socket() as s:  # a port with nothing listening
         s.bind(("127.0.0.1", 0))

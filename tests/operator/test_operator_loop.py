@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from aether.operator.apitestbed import objects as o
-from aether.operator.kubeapi import ApiException
+from aether.api.client import ApiException
 from aether.operator.reconcile.model import PARSERS, Kind, View
 from aether.operator.reconciler import Reconciler
+from aether.testing.apitestbed import objects as o
 
 pytestmark = pytest.mark.asyncio
 

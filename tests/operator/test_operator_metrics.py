@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from aether.cli import command
-from aether.operator.apitestbed import TestBed
-from aether.operator.apitestbed import objects as o
-from aether.operator.apitestbed.harness import Cluster, InProcessOperator, operator_subprocess, unique, wait
-from aether.operator.kubeapi import ApiException
+from aether.api.client import ApiException
 from aether.operator.reconciler import Reconciler
+from aether.testing.apitestbed import TestBed
+from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.harness import Cluster, InProcessOperator, operator_subprocess, unique, wait
+from aether.testing.commands import command
 
 pytestmark = pytest.mark.slow  # subprocesses and an operator of its own: a few seconds each
 

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from aether.operator.apitestbed import objects as o
-from aether.operator.apitestbed import start
-from aether.operator.apitestbed.harness import Cluster, InProcessOperator
-from aether.operator.crdgen import meshnode_crd
+from aether.api.crdgen import meshnode_crd
+from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed import start
+from aether.testing.apitestbed.harness import Cluster, InProcessOperator
 
 
 @pytest.mark.skipif(bool(os.environ.get("AETHER_KUBECONFIG")), reason="needs a cluster without Gateway API CRDs")

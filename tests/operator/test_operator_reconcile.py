@@ -7,10 +7,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aether.operator.apitestbed import objects as o
-from aether.operator.meshnode import MeshNodeStatus, ServiceArm
+from aether.api.meshnode import MeshNodeStatus, ServiceArm
 from aether.operator.reconcile.model import ClusterModel, Output
 from aether.operator.reconcile.routes import Verdict
+from aether.testing.apitestbed import objects as o
 
 UDP = [("dns", 53, "UDP")]
 SLICE_UDP = [("dns", 5353, "UDP")]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from aether.cli import command
-from aether.operator.apitestbed import TestBed
-from aether.operator.apitestbed import objects as o
-from aether.operator.apitestbed.harness import Cluster, operator_subprocess, unique
+from aether.testing.apitestbed import TestBed
+from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.harness import Cluster, operator_subprocess, unique
+from aether.testing.commands import command
 
 pytestmark = pytest.mark.slow  # subprocesses: a few seconds each
 

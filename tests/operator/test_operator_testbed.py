@@ -14,9 +14,9 @@ import kubernetes
 import pytest
 import yaml
 
-from aether.operator.apitestbed import TestBed, start
-from aether.operator.apitestbed import objects as o
-from aether.operator.kubeapi import api_client
+from aether.api.client import api_client
+from aether.testing.apitestbed import TestBed, start
+from aether.testing.apitestbed import objects as o
 
 MERGE, JSONPATCH = "application/merge-patch+json", "application/json-patch+json"
 G, V, P = "mesh.aether.dev", "v1alpha1", "meshnodes"

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from aether.xds.certs_ca import BuiltinCA
-from aether.xds.certs_dir import DirectorySource, write_bundle, write_identity
-from aether.xds.identity import IdentityError, bundle_secret_name, parse_spiffe_id
-from aether.xds.identity_sds import secret_resources, secret_version, secrets
+from aether.xds.identity.ca import BuiltinCA
+from aether.xds.identity.pemdir import DirectorySource, write_bundle, write_identity
+from aether.xds.identity.sds import secret_resources, secret_version, secrets
+from aether.xds.identity.svid import IdentityError, bundle_secret_name, parse_spiffe_id
 from aether.xds.resources import SECRET
 
 CLIENT = "spiffe://cluster.local/ns/default/sa/client"
@@ -133,7 +133,7 @@ def test_directory_source_refuses_misplaced_or_mismatched_files(tmp_path: Path) 
 def test_tls_context_and_selector_names_never_collide() -> None:
     """On Envoy 1.40.0 a selector asking for a name a listener already subscribed never got it (docs/identity.md);
     test_h2_when_the_twin_is_absent is the data-path side of this."""
-    from aether.xds.identity import selector_secret_name, svid_secret_name
+    from aether.xds.identity.svid import selector_secret_name, svid_secret_name
 
     assert svid_secret_name(CLIENT) != selector_secret_name(CLIENT)
     assert selector_secret_name(CLIENT) == CLIENT  # the stamped identity is the SPIFFE ID itself

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aether.xds.certs_ca import BuiltinCA
-from aether.xds.certs_dir import DirectorySource, write_bundle, write_identity
-from aether.xds.eastwest import EastWestOptions, build
-from aether.xds.eastwest_sample import two_sources_one_destination
-from aether.xds.identity_shell import SecretKeeper, make_source
+from aether.testing.eastwest_sample import two_sources_one_destination
+from aether.xds.identity.ca import BuiltinCA
+from aether.xds.identity.pemdir import DirectorySource, write_bundle, write_identity
 from aether.xds.resources import LISTENER, SECRET, TranslateOptions
+from aether.xds.sidecar.secrets import SecretKeeper, make_source
+from aether.xds.translate.eastwest.build import EastWestOptions, build
 
 OPTS = TranslateOptions()
 CLIENT = "spiffe://cluster.local/ns/default/sa/client"

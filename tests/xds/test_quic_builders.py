@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from aether.xds.eastwest import EastWestOptions, build, required_secrets
-from aether.xds.eastwest_sample import two_sources_one_destination
+from aether.testing.eastwest_sample import two_sources_one_destination
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
+from aether.xds.translate.eastwest.build import EastWestOptions, build, required_secrets
 
 OPTS = TranslateOptions(mesh_domain="mesh.example", trust_domain="cluster.local")
 CLIENT = "spiffe://cluster.local/ns/default/sa/client"
@@ -187,9 +187,9 @@ def test_pods_without_a_record_get_nothing_and_required_secrets_are_the_local_id
 def test_every_resource_and_secret_encodes_for_ads() -> None:
     """The codec packs everything we build, including the two messages xds-protos lacks (the on_demand_secret
     selector and the filter_state_override mapper) and QuicDownstreamTransport.enable_resumption."""
-    from aether.xds.certs_ca import BuiltinCA
-    from aether.xds.codec import decode_json, encode
-    from aether.xds.identity_sds import secrets
+    from aether.xds.codec.protojson import decode_json, encode
+    from aether.xds.identity.ca import BuiltinCA
+    from aether.xds.identity.sds import secrets
     from aether.xds.resources import merge
 
     res = merge(_build(access_log_path="/dev/null"), secrets(BuiltinCA(), [CLIENT, OTHER]))
@@ -207,9 +207,9 @@ def test_every_resource_and_secret_encodes_for_ads() -> None:
 def test_secrets_for_names_every_secret_the_resources_reference() -> None:
     import json
 
-    from aether.xds.certs_ca import BuiltinCA
-    from aether.xds.eastwest import secrets_for
+    from aether.xds.identity.ca import BuiltinCA
     from aether.xds.resources import SECRET
+    from aether.xds.translate.eastwest.build import secrets_for
 
     node, records = two_sources_one_destination()
     res = build(node, records, OPTS)
@@ -222,8 +222,8 @@ def test_secrets_for_names_every_secret_the_resources_reference() -> None:
 
 
 def test_app_ports_come_from_destinations_naming_the_pod_then_options_then_the_default() -> None:
-    from aether.xds.eastwest_plan import local_pods
-    from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node
+    from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
+    from aether.xds.translate.eastwest.plan import local_pods
 
     pods = [
         SamplePod("u1", "web-0", "10.200.1.2", "web", "/run/netns/w"),

@@ -1,6 +1,6 @@
 """East-west HTTP/3 with per-source mTLS identity on the real data path.
 
-Two node netns, each with its own real Envoy 1.40 served over delta ADS by `aether.xds.server`; pods behind veths;
+Two node netns, each with its own real Envoy 1.40 served over delta ADS by `aether.xds.ads.server`; pods behind veths;
 the capture installed in the source pods; an echo app in the destination pod that returns the XFCC header it got.
 Node A: pods client-0 (SA client) and other-0 (SA other). Node B: pod web-0 (SA web-sa) behind Service default/web.
 """
@@ -19,14 +19,10 @@ from typing import Any
 
 import pytest
 
-from aether.e2e.netlab import Lab, Pod
+from aether.api.meshnode import Endpoint, ServiceArm
 from aether.netns.contract import CaptureMode
 from aether.netns.install import install_capture
-from aether.operator.meshnode import Endpoint, ServiceArm
-from aether.xds import udp
-from aether.xds.certs_ca import BuiltinCA
-from aether.xds.eastwest import EastWestOptions, build
-from aether.xds.eastwest_lab import (
+from aether.testing.eastwest_lab import (
     AdsHarness,
     EnvoyNode,
     client_result,
@@ -38,11 +34,15 @@ from aether.xds.eastwest_lab import (
     wait_until,
     xfcc_uri,
 )
-from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node
-from aether.xds.gates_quic import run_quic_gates
-from aether.xds.identity import Svid, selector_secret_name, svid_secret_name
-from aether.xds.identity_sds import secrets, svid_secret
+from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
+from aether.testing.netlab import Lab, Pod
+from aether.xds.gates.quic import run_quic_gates
+from aether.xds.identity.ca import BuiltinCA
+from aether.xds.identity.sds import secrets, svid_secret
+from aether.xds.identity.svid import Svid, selector_secret_name, svid_secret_name
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, Resources, TranslateOptions, merge
+from aether.xds.translate.eastwest.build import EastWestOptions, build
+from aether.xds.translate.l4 import udp
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -89,7 +89,7 @@ class Mesh:
         return build(node, records, OPTS, ew)
 
     def resources_a_with_udp(self) -> Resources:
-        """Node A plus the plaintext UDP class (aether.xds.udp): VIP_UDP:18082 -> web-0's app port 8080."""
+        """Node A plus the plaintext UDP class (aether.xds.translate.l4.udp): VIP_UDP:18082 -> web-0's app port 8080."""
         node, records = sample_node(
             "node-a",
             [

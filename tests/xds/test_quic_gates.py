@@ -5,10 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from aether.operator.meshnode import parse_meshnode
-from aether.xds.eastwest import EastWestOptions, build
-from aether.xds.eastwest_sample import SampleDestination, SamplePod, sample_node, two_sources_one_destination
-from aether.xds.gates_quic import (
+from aether.api.meshnode import parse_meshnode
+from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node, two_sources_one_destination
+from aether.xds.gates.quic import (
     classes_separated,
     identity_hashable,
     quic_no_resumption,
@@ -16,6 +15,7 @@ from aether.xds.gates_quic import (
     twin_per_identity,
 )
 from aether.xds.resources import CLUSTER, LISTENER, ROUTE, Resources, TranslateOptions
+from aether.xds.translate.eastwest.build import EastWestOptions, build
 
 
 def _res(**kw: Any) -> Resources:

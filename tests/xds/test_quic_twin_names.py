@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aether.naming import quic_twin
+from aether.api.naming import quic_twin
 
 # Kubernetes names: DNS-1123 labels (namespaces) and subdomains (ServiceAccounts): never a `/` or `@`
 LABEL = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?", fullmatch=True)

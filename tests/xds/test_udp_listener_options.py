@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from aether.xds.bootstrap import static_bootstrap
+from aether.testing.samples import node_with, records_for
 from aether.xds.resources import LISTENER, ResourceDict, Resources, TranslateOptions
-from aether.xds.samples import node_with, records_for
-from aether.xds.translate import translate
-from aether.xds.udp import GSO_WRITER, GSO_WRITER_CONFIG
+from aether.xds.sidecar.bootstrap import static_bootstrap
+from aether.xds.translate.compose import translate
+from aether.xds.translate.l4.udp import GSO_WRITER, GSO_WRITER_CONFIG
 
 WRITER = {"name": GSO_WRITER, "typedConfig": {"@type": GSO_WRITER_CONFIG}}
 

@@ -6,7 +6,7 @@ import pytest
 from envoy.config.listener.v3 import listener_pb2
 from envoy.extensions.transport_sockets.quic.v3 import quic_transport_pb2
 
-from aether.xds import codec
+from aether.xds.codec import protojson as codec
 from aether.xds.resources import CLUSTER, LISTENER
 
 QUIC_DOWNSTREAM = "type.googleapis.com/envoy.extensions.transport_sockets.quic.v3.QuicDownstreamTransport"
@@ -72,9 +72,9 @@ def test_types_only_named_inside_an_any_resolve() -> None:
 
 
 def test_fast_path_matches_parsedict_on_every_shape_we_render() -> None:
-    """The fast filler (aether.xds.fastcodec) must give the same messages as json_format.ParseDict."""
-    from aether.xds.samples import node_with, records_for
-    from aether.xds.translate import translate
+    """The fast filler (aether.xds.codec.fastfill) must give the same messages as json_format.ParseDict."""
+    from aether.testing.samples import node_with, records_for
+    from aether.xds.translate.compose import translate
 
     node = node_with(40, 3)
     node.status.tcp.services = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aether.xds.delta import ABSENT, TypeState
+from aether.xds.ads.delta import ABSENT, TypeState
 
 
 def test_first_empty_request_is_wildcard_and_initial_versions_suppress_resends() -> None:

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from aether.e2e.netlab import Lab, wait_for
 from aether.netns.contract import CaptureMode
-from aether.xds.testbed import NodeBed, ask, udp_socket_in, wait_reply
+from aether.testing.netlab import Lab, wait_for
+from aether.testing.nodebed import NodeBed, ask, udp_socket_in, wait_reply
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 

@@ -18,17 +18,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from aether.e2e.envoy_admin import admin_get as unix_http_get
-from aether.e2e.netlab import wait_for
+from aether.api.meshnode import MeshNode
 from aether.netns.records import PodRecord
-from aether.operator.meshnode import MeshNode
-from aether.xds import codec
-from aether.xds.bootstrap import ads_bootstrap, static_bootstrap
-from aether.xds.cache import Snapshot, SnapshotCache, make_snapshot
+from aether.testing.envoy_admin import admin_get as unix_http_get
+from aether.testing.netlab import wait_for
+from aether.testing.samples import node_with, records_for
+from aether.xds.ads.cache import Snapshot, SnapshotCache, make_snapshot
+from aether.xds.ads.server import DeltaAdsServer, Events, serve
+from aether.xds.codec import protojson as codec
 from aether.xds.resources import CLUSTER, LISTENER, Resources, TranslateOptions
-from aether.xds.samples import node_with, records_for
-from aether.xds.server import DeltaAdsServer, Events, serve
-from aether.xds.translate import translate as translate_all
+from aether.xds.sidecar.bootstrap import ads_bootstrap, static_bootstrap
+from aether.xds.translate.compose import translate as translate_all
 
 pytestmark = pytest.mark.envoy
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 
-from aether.naming import BLACKHOLE_CLUSTER
+from aether.api.meshnode import MeshNode, ServiceArm
+from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.records import PodRecord
-from aether.operator.meshnode import MeshNode, ServiceArm
-from aether.xds.gates import arms_resolve, netns_exist, run_gates, unique_binds, unique_vips
+from aether.testing.samples import node_with, records_for
+from aether.xds.gates.core import arms_resolve, netns_exist, run_gates, unique_binds, unique_vips
 from aether.xds.resources import CLUSTER, LISTENER, Resources, TranslateOptions
-from aether.xds.samples import node_with, records_for
-from aether.xds.translate import translate as translate_all
+from aether.xds.translate.compose import translate as translate_all
 
 L4 = TranslateOptions(areas=("udp", "tcp-floor"))
 

@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from aether.naming import BLACKHOLE_CLUSTER
-from aether.operator.meshnode import Endpoint, MeshNode
-from aether.xds.cache import Snapshot, _type_mix, make_snapshot
+from aether.api.meshnode import Endpoint, MeshNode
+from aether.api.naming import BLACKHOLE_CLUSTER
+from aether.testing.samples import node_with, records_for, udp_arm
+from aether.xds.ads.cache import Snapshot, _type_mix, make_snapshot
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, Resources, TranslateOptions, merge
-from aether.xds.samples import node_with, records_for, udp_arm
-from aether.xds.translate import clear_memo, translate
+from aether.xds.translate.compose import clear_memo, translate
 
 L4 = TranslateOptions(areas=("udp", "tcp-floor"))
 
@@ -160,7 +160,8 @@ def test_a_matcher_merged_from_cached_entries_is_byte_identical(monkeypatch: pyt
     """fastcodec merges a matcher's arms as cached wire entries: the same bytes as filling them one by one, also
     after an arm is added (cached entries reused) and for the blackhole-only matcher; the same message as
     json_format.ParseDict (whose bytes differ in map order: it packs Anys without deterministic serialization)."""
-    from aether.xds import codec, fastcodec
+    from aether.xds.codec import fastfill as fastcodec
+    from aether.xds.codec import protojson as codec
 
     merged: dict[tuple[int, str], bytes] = {}
     for n in (0, 1, 300, 301):

@@ -12,14 +12,14 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from google.rpc import status_pb2  # type: ignore[import-untyped]
 
+from aether.api.meshnode import MeshNode
 from aether.netns.records import PodRecord
-from aether.operator.meshnode import MeshNode
-from aether.xds.cache import SnapshotCache, make_snapshot
+from aether.testing.samples import node_with, records_for
+from aether.xds.ads.cache import SnapshotCache, make_snapshot
+from aether.xds.ads.server import DeltaAdsServer, Events, serve
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, Resources, TranslateOptions
-from aether.xds.samples import node_with, records_for
-from aether.xds.server import DeltaAdsServer, Events, serve
-from aether.xds.sidecar import Sidecar
-from aether.xds.translate import translate as translate_all
+from aether.xds.sidecar.loop import Sidecar
+from aether.xds.translate.compose import translate as translate_all
 
 NODE = "node-a"
 

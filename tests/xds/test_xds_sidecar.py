@@ -8,13 +8,13 @@ from pathlib import Path
 
 import yaml
 
+from aether.api.meshnode import Condition
 from aether.metrics import XDS_GATE_REFUSALS
-from aether.operator.meshnode import Condition
-from aether.xds.cache import SnapshotCache
+from aether.testing.samples import node_with, records_for
+from aether.xds.ads.cache import SnapshotCache
 from aether.xds.resources import TranslateOptions
-from aether.xds.samples import node_with, records_for
-from aether.xds.sidecar import Sidecar
-from aether.xds.sources import FileSource, FileStatusSink, read_status_file
+from aether.xds.sidecar.loop import Sidecar
+from aether.xds.sidecar.sources import FileSource, FileStatusSink, read_status_file
 
 L4 = TranslateOptions(areas=("udp", "tcp-floor"))
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aether.xds.cache import SnapshotCache
-from aether.xds.certs_ca import BuiltinCA
-from aether.xds.eastwest_sample import two_sources_one_destination
-from aether.xds.identity_shell import SecretKeeper
+from aether.testing.eastwest_sample import two_sources_one_destination
+from aether.xds.ads.cache import SnapshotCache
+from aether.xds.identity.ca import BuiltinCA
 from aether.xds.resources import SECRET, TranslateOptions
-from aether.xds.sidecar import Sidecar
+from aether.xds.sidecar.loop import Sidecar
+from aether.xds.sidecar.secrets import SecretKeeper
 
 EW = TranslateOptions()  # every area, east-west included
 

@@ -7,14 +7,14 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from aether.naming import BLACKHOLE_CLUSTER
+from aether.api.meshnode import MeshNode, load_meshnode_file
+from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.records import PodRecord
-from aether.operator.meshnode import MeshNode, load_meshnode_file
-from aether.xds import codec
+from aether.testing.samples import node_with, records_for
+from aether.xds.codec import protojson as codec
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, Resources, TranslateOptions, version_of
-from aether.xds.samples import node_with, records_for
-from aether.xds.translate import translate as translate_all
-from aether.xds.udp import DESTINATION_IP_INPUT, UDP_PROXY_CONFIG, UDP_ROUTE
+from aether.xds.translate.compose import translate as translate_all
+from aether.xds.translate.l4.udp import DESTINATION_IP_INPUT, UDP_PROXY_CONFIG, UDP_ROUTE
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "golden-sample.json"

@@ -1,0 +1,31 @@
+"""API client helpers shared by the operator and the sidecar: the client for a kubeconfig (or in-cluster), the
+API's error type, timestamps as the API spells them, and the user agents that name each component in audit logs."""
+
+from __future__ import annotations
+
+import datetime
+
+import kubernetes
+
+ApiException = kubernetes.client.exceptions.ApiException
+
+
+OPERATOR_USER_AGENT = "aether-operator"  # kopf's own requests say "kopf/<version>"
+
+
+def api_client(kubeconfig: str | None, user_agent: str | None = None) -> kubernetes.client.ApiClient:
+    """A client for the kubeconfig file, or the in-cluster service account when None. The user agent names
+    the component in the API test bed's audit (what an RBAC test filters on)."""
+    cfg = kubernetes.client.Configuration()
+    if kubeconfig:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
+    else:
+        kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    client = kubernetes.client.ApiClient(cfg)
+    if user_agent:
+        client.user_agent = user_agent
+    return client
+
+
+def now() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

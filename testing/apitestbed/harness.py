@@ -1,0 +1,154 @@
+"""Harness for API-contract tests and the demo: the real operator in-process (kopf.operator as an asyncio task
+on its own loop thread) and a thin client over any API server (the test bed or a real cluster) that applies
+objects and polls until the API shows what is expected."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
+
+from aether.api.client import api_client
+from aether.operator.cli import run
+from aether.operator.handlers import OperatorConfig
+from aether.testing.apitestbed import TestBed
+from aether.testing.commands import command
+
+T = TypeVar("T")
+MERGE = "application/merge-patch+json"
+WAIT = float(os.environ.get("AETHER_TEST_WAIT", "30"))
+
+
+class InProcessOperator:
+    def __init__(self, kubeconfig: str) -> None:
+        self.config = OperatorConfig(kubeconfig=kubeconfig, debounce=0.05)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="aether-operator-under-test", daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            self._started.set()
+            await run(self.config, self._stop)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # surfaced by the tests through .alive()
+            self.error = exc
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait(30)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+
+class Cluster:
+    """A thin client over any API server (the test bed or a real cluster)."""
+
+    def __init__(self, kubeconfig: str, bed: TestBed | None) -> None:
+        self.kubeconfig, self.bed = kubeconfig, bed
+        self.dyn = DynamicClient(api_client(kubeconfig))  # type: ignore[no-untyped-call]
+        self._res: dict[tuple[str, str], Any] = {}
+
+    def res(self, api_version: str, kind: str) -> Any:
+        key = (api_version, kind)
+        if key not in self._res:
+            self._res[key] = self.dyn.resources.get(api_version=api_version, kind=kind)
+        return self._res[key]
+
+    def apply(self, obj: dict[str, Any], status: dict[str, Any] | None = None) -> Any:
+        """Create, or merge-patch when it exists; then set status through /status when given."""
+        r = self.res(obj["apiVersion"], obj["kind"])
+        ns = obj["metadata"].get("namespace")
+        try:
+            out = r.create(body=obj, namespace=ns)
+        except ConflictError:
+            out = r.patch(body=obj, name=obj["metadata"]["name"], namespace=ns, content_type=MERGE)
+        if status is not None:
+            out = r.subresources["status"].patch(
+                body=status, name=obj["metadata"]["name"], namespace=ns, content_type=MERGE
+            )
+        return out
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
+        with contextlib.suppress(NotFoundError):
+            self.res(api_version, kind).delete(name=name, namespace=namespace)
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        try:
+            out: dict[str, Any] = self.res(api_version, kind).get(name=name, namespace=namespace).to_dict()
+            return out
+        except NotFoundError:
+            return None
+
+    def meshnode(self, name: str) -> dict[str, Any] | None:
+        return self.get("mesh.aether.dev/v1alpha1", "MeshNode", name)
+
+    def route(self, ns: str, name: str) -> dict[str, Any] | None:
+        return self.get("gateway.networking.k8s.io/v1alpha2", "UDPRoute", name, ns)
+
+    def arm(self, node: str, service: str) -> dict[str, Any] | None:
+        mn = self.meshnode(node) or {}
+        arms = ((mn.get("status") or {}).get("udp") or {}).get("services") or []
+        return next((a for a in arms if a.get("service") == service), None)
+
+    def wait(self, what: str, fn: Callable[[], T | None], timeout: float = WAIT) -> T:
+        return wait(what, fn, timeout)
+
+
+def wait(what: str, fn: Callable[[], T | None], timeout: float = WAIT) -> T:
+    """Poll fn until it returns something truthy; fail with the last value after timeout."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except (AssertionError, KeyError, TypeError, IndexError) as exc:
+            last = exc
+        else:
+            if last:
+                result: T = last
+                return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
+
+
+@contextlib.contextmanager
+def operator_subprocess(kubeconfig: str, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """`aether operator --kubeconfig F ARGS...` as a child process (stdout and stderr together, as text); killed on
+    exit if the caller has not stopped it."""
+    proc = subprocess.Popen(
+        [*command(), "operator", "--kubeconfig", kubeconfig, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"

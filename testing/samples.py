@@ -1,0 +1,36 @@
+"""Sample desired states for tests, benchmarks and the demo: MeshNodes with N UDP services and their records."""
+
+from __future__ import annotations
+
+from aether.api.meshnode import Endpoint, MeshNode, MeshPod, ServiceArm
+from aether.netns.records import PodRecord
+
+
+def vip(i: int) -> str:
+    return f"10.96.{i // 250}.{i % 250 + 1}"
+
+
+def udp_arm(i: int, endpoint_ip: str | None = None, port: int = 5353, namespace: str = "default") -> ServiceArm:
+    return ServiceArm(
+        service=f"{namespace}/svc-{i}",
+        vip=vip(i),
+        cluster=f"udp:{namespace}/svc-{i}",
+        backend=f"{namespace}/svc-{i}",
+        endpoints=[Endpoint(ip=endpoint_ip or f"10.200.{i // 250}.{i % 250 + 1}", port=port)],
+    )
+
+
+def node_with(n_services: int, n_pods: int = 2, name: str = "node-a") -> MeshNode:
+    """A MeshNode with `n_services` UDP services (one endpoint each) and `n_pods` local pods."""
+    node = MeshNode.model_validate({"metadata": {"name": name}})
+    node.status.pods = [MeshPod(uid=f"u{i}", namespace="default", name=f"client-{i}") for i in range(n_pods)]
+    node.status.udp.services = [udp_arm(i) for i in range(n_services)]
+    return node
+
+
+def records_for(node: MeshNode, netns_prefix: str = "/run/netns/test") -> dict[str, PodRecord]:
+    """A record per pod, netns path `<prefix>-<pod name>`."""
+    return {
+        p.uid: PodRecord(uid=p.uid, namespace=p.namespace, name=p.name, netns=f"{netns_prefix}-{p.name}")
+        for p in node.status.pods
+    }

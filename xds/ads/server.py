@@ -1,0 +1,226 @@
+"""The delta-ADS gRPC server (grpcio): type-agnostic, one diff state per stream and type.
+
+It serves whatever type URLs the node's snapshot holds (LDS/CDS/EDS today; RDS and SDS when other builders add
+them). Policy lives outside: `Events` hears ACKs, NACKs (with Envoy's `error_detail`) and connects; `OnDemand`
+may add explicitly requested names to the snapshot before they are answered as removed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+
+from aether.metrics import XDS_CONNECTED_STREAMS, XDS_NACKS, XDS_PUSHED_RESOURCES
+from aether.xds.ads.cache import Snapshot, SnapshotCache
+from aether.xds.ads.delta import TypeState
+from aether.xds.codec.protojson import to_any
+from aether.xds.resources import short_type
+
+log = logging.getLogger("aether.xds.ads.server")
+
+OnDemand = Callable[[str, str, set[str]], None]
+"""on_demand(node, type_url, names): names explicitly subscribed that the snapshot lacks. It may install a
+snapshot holding them (synchronously) before they are answered; names still missing are answered as removed."""
+
+
+class Events:
+    """Stream events for the sidecar's policy (Programmed condition, rollback). Default: log only."""
+
+    def on_connect(self, node: str, stream_id: int) -> None:
+        log.info("stream %d connected: node %s", stream_id, node)
+
+    def on_disconnect(self, node: str, stream_id: int) -> None:
+        log.info("stream %d closed: node %s", stream_id, node)
+
+    def on_ack(self, node: str, type_url: str, snapshot_version: str) -> None:
+        pass
+
+    def on_nack(self, node: str, type_url: str, snapshot_version: str, error_detail: str) -> None:
+        log.warning("NACK node=%s type=%s version=%s: %s", node, short_type(type_url), snapshot_version, error_detail)
+
+
+@dataclass(frozen=True)
+class SentRecord:
+    """What one response carried (kept in `DeltaAdsServer.sent` for tests and debugging)."""
+
+    stream_id: int
+    node: str
+    type_url: str
+    nonce: str
+    snapshot_version: str
+    resources: tuple[str, ...]
+    removed: tuple[str, ...]
+
+
+@dataclass
+class _Stream:
+    id: int
+    node: str = ""
+    types: dict[str, TypeState] = field(default_factory=dict)
+    nonces: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+
+
+class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignore[misc]
+    def __init__(
+        self,
+        cache: SnapshotCache,
+        events: Events | None = None,
+        on_demand: OnDemand | None = None,
+        sent_log_size: int = 10_000,
+    ) -> None:
+        self.cache = cache
+        self.events = events or Events()
+        self.on_demand = on_demand
+        self.sent: deque[SentRecord] = deque(maxlen=sent_log_size)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # -- gRPC ------------------------------------------------------------------------------------
+    def StreamAggregatedResources(self, request_iterator: Any, context: Any) -> Any:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "aether serves delta ADS only (api_type: DELTA_GRPC)")
+
+    def DeltaAggregatedResources(
+        self, request_iterator: Iterator[discovery_pb2.DeltaDiscoveryRequest], context: Any
+    ) -> Iterator[discovery_pb2.DeltaDiscoveryResponse]:
+        with self._lock:
+            stream = _Stream(id=next(self._ids))
+        inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+
+        def read() -> None:
+            try:
+                for req in request_iterator:
+                    inbox.put(("req", req))
+            except Exception as exc:  # the stream broke: the client went away
+                log.debug("stream %d read ended: %s", stream.id, exc)
+            finally:
+                inbox.put(("eof", None))
+
+        threading.Thread(target=read, name=f"ads-read-{stream.id}", daemon=True).start()
+        cancel_watch: Callable[[], None] | None = None
+        XDS_CONNECTED_STREAMS.inc()
+        try:
+            while True:
+                try:
+                    kind, item = inbox.get(timeout=1.0)
+                except queue.Empty:
+                    if not context.is_active():
+                        return
+                    continue
+                if kind == "eof":
+                    return
+                if kind == "req":
+                    req: discovery_pb2.DeltaDiscoveryRequest = item
+                    if not stream.node:
+                        stream.node = req.node.id or "unknown"
+                        cancel_watch = self.cache.watch(stream.node, lambda: inbox.put(("snap", None)))
+                        self.events.on_connect(stream.node, stream.id)
+                    yield from self._on_request(stream, req)
+                elif kind == "snap":
+                    snap = self.cache.get(stream.node)
+                    if snap is not None:
+                        for type_url in snap.types():
+                            yield from self._respond(stream, type_url, snap)
+                        # types the client holds that the snapshot dropped entirely
+                        for type_url in sorted(set(stream.types) - set(snap.versions)):
+                            yield from self._respond(stream, type_url, snap)
+        finally:
+            XDS_CONNECTED_STREAMS.dec()
+            if cancel_watch is not None:
+                cancel_watch()
+            if stream.node:
+                self.events.on_disconnect(stream.node, stream.id)
+
+    # -- protocol --------------------------------------------------------------------------------
+    def _on_request(
+        self, stream: _Stream, req: discovery_pb2.DeltaDiscoveryRequest
+    ) -> Iterator[discovery_pb2.DeltaDiscoveryResponse]:
+        ts = stream.types.setdefault(req.type_url, TypeState())
+        if req.response_nonce:
+            if req.HasField("error_detail"):
+                sent = ts.nack(req.response_nonce)
+                XDS_NACKS.labels(type_url=req.type_url).inc()
+                version = sent.snapshot_version if sent else ""
+                self.events.on_nack(stream.node, req.type_url, version, req.error_detail.message)
+                # no re-diff here: re-sending would repeat the rejected content; a new snapshot (the sidecar
+                # rolls back) or a new subscription triggers the next response
+                if not req.resource_names_subscribe and not req.resource_names_unsubscribe:
+                    return
+            else:
+                sent = ts.ack(req.response_nonce)
+                if sent is not None:
+                    self.events.on_ack(stream.node, req.type_url, sent.snapshot_version)
+        new = ts.apply_request(
+            req.resource_names_subscribe, req.resource_names_unsubscribe, dict(req.initial_resource_versions)
+        )
+        snap = self.cache.get(stream.node)
+        if new and self.on_demand is not None:
+            missing = {n for n in new if snap is None or n not in snap.versions.get(req.type_url, {})}
+            if missing:
+                self.on_demand(stream.node, req.type_url, missing)
+                snap = self.cache.get(stream.node)
+        if snap is None:
+            return  # nothing to serve yet: the first snapshot will answer
+        yield from self._respond(stream, req.type_url, snap)
+
+    def _respond(
+        self, stream: _Stream, type_url: str, snap: Snapshot
+    ) -> Iterator[discovery_pb2.DeltaDiscoveryResponse]:
+        ts = stream.types.get(type_url)
+        if ts is None or not ts.started:
+            return
+        versions = snap.versions.get(type_url, {})
+        send, removed = ts.diff(versions)
+        if not send and not removed and ts.answered:
+            return
+        nonce = f"{stream.id}-{next(stream.nonces)}"
+        encoded = snap.encoded.get(type_url, {})
+        resp = discovery_pb2.DeltaDiscoveryResponse(
+            system_version_info=snap.version,
+            type_url=type_url,
+            nonce=nonce,
+            removed_resources=removed,
+            resources=[
+                discovery_pb2.Resource(name=n, version=versions[n], resource=to_any(type_url, encoded[n])) for n in send
+            ],
+        )
+        resp.control_plane.CopyFrom(base_pb2.ControlPlane(identifier="aether-xds"))
+        ts.record_sent(nonce, snap.version, {n: versions[n] for n in send}, removed)
+        record = SentRecord(stream.id, stream.node, type_url, nonce, snap.version, tuple(send), tuple(removed))
+        self.sent.append(record)
+        if send:
+            XDS_PUSHED_RESOURCES.labels(type_url=type_url).inc(len(send))
+        log.info(
+            "sent stream=%d node=%s type=%s version=%s resources=%d removed=%d",
+            stream.id,
+            stream.node,
+            short_type(type_url),
+            snap.version,
+            len(send),
+            len(removed),
+        )
+        yield resp
+
+
+def serve(servicer: DeltaAdsServer, listen: str, max_workers: int = 32) -> tuple[grpc.Server, int]:
+    """Start a grpc server on `host:port` or `unix:PATH`; returns (server, bound port; 0 for unix)."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ads"),
+        options=[("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 64 << 20)],
+    )
+    ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port(listen)
+    if port == 0 and not listen.startswith("unix:"):
+        raise OSError(f"cannot listen on {listen}")
+    server.start()
+    return server, port

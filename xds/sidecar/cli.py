@@ -1,0 +1,198 @@
+"""`aether xds`: the node sidecar, `aether xds render` and `aether xds bootstrap`.
+
+    aether xds --node N [--state FILE | --kubeconfig F] [--listen ADDR] [--records DIR] [--status-out FILE]
+               [--metrics ADDR]
+    aether xds render --state FILE [--records DIR]
+    aether xds bootstrap --node N [--xds ADDR] [--admin ADDR]
+
+ADDR is host:port or unix:PATH (default 127.0.0.1:18000). Without --state the sidecar watches MeshNode N in
+the cluster through `aether.xds.sidecar.kube_source` (imported only then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from aether.api.addresses import AddressError, parse_addr, parse_hostport
+from aether.api.meshnode import MeshNodeFileError, load_meshnode_file
+from aether.netns.records import load_records, state_dir
+from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
+
+log = logging.getLogger("aether.xds")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _addr(value: str) -> str:
+    try:
+        parse_addr(value)
+    except AddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return value
+
+
+def _hostport(value: str) -> tuple[str, int]:
+    try:
+        return parse_hostport(value)
+    except AddressError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _render(argv: list[str]) -> int:
+    p = _Parser(prog="aether xds render", description="print the Envoy resources the sidecar would serve, as JSON")
+    p.add_argument("--state", required=True, help="MeshNode file (YAML or JSON)")
+    p.add_argument("--records", help=f"pod records directory (default ${'{'}AETHER_STATE_DIR{'}'} or {state_dir()})")
+    args = p.parse_args(argv)
+    from aether.xds.gates.core import run_gates
+    from aether.xds.translate.compose import translate
+
+    try:
+        node = load_meshnode_file(args.state)
+    except MeshNodeFileError as exc:
+        print(f"aether xds render: {exc}", file=sys.stderr)
+        return 1
+    resources = translate(node, load_records(args.records))
+    json.dump(resources, sys.stdout, indent=2, sort_keys=True)
+    print()
+    failures = run_gates(node, resources)
+    for failure in failures:
+        print(f"aether xds render: gate refused: {failure}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _bootstrap(argv: list[str]) -> int:
+    p = _Parser(prog="aether xds bootstrap", description="print the Envoy bootstrap pointing delta ADS at the sidecar")
+    p.add_argument("--node", required=True)
+    p.add_argument("--xds", type=_addr, default=DEFAULT_XDS_ADDR, help="host:port or unix:PATH")
+    p.add_argument("--admin", type=_addr, default="127.0.0.1:19000", help="Envoy admin host:port")
+    args = p.parse_args(argv)
+    json.dump(ads_bootstrap(args.node, args.xds, args.admin), sys.stdout, indent=2)
+    print()
+    return 0
+
+
+def _serve(argv: list[str]) -> int:
+    p = _Parser(prog="aether xds", description="the node xDS sidecar (delta ADS for the node's Envoy)")
+    p.add_argument("--node", required=True, help="node name: the MeshNode and Envoy's node id")
+    p.add_argument("--state", help="MeshNode file (re-read on change); the cluster's MeshNode when absent")
+    p.add_argument("--kubeconfig", help="cluster mode (no --state): kubeconfig file (in-cluster config otherwise)")
+    p.add_argument("--listen", type=_addr, default=DEFAULT_XDS_ADDR, help="host:port or unix:PATH")
+    p.add_argument("--records", help="pod records directory (default $AETHER_STATE_DIR or /run/aether/pods)")
+    p.add_argument("--status-out", help="file mode: where the Programmed condition goes (default <state>.status.json)")
+    p.add_argument("--metrics", type=_hostport, help="serve Prometheus metrics on host:port")
+    p.add_argument(
+        "--areas", default="", help="comma-separated translation areas (default all: udp,tcp-floor,eastwest)"
+    )
+    p.add_argument(
+        "--udp-gro", choices=["on", "off"], default="on", help="GRO on the UDP capture listeners' sockets (default on)"
+    )
+    p.add_argument(
+        "--udp-upstream-gro", choices=["on", "off"], help="GRO on udp_proxy's upstream sockets (default: Envoy's)"
+    )
+    p.add_argument(
+        "--udp-gso",
+        choices=["on", "off"],
+        default="on",
+        help="GSO batch writer on the UDP capture listeners (default on)",
+    )
+    p.add_argument("--udp-idle-timeout", type=float, default=60.0, help="udp_proxy session idle timeout (seconds)")
+    p.add_argument(
+        "--certs-dir",
+        help="east-west: a PEM directory per identity (docs/identity.md); without it a built-in CA "
+        "(tests and the demo only: nodes do not share it)",
+    )
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    from aether.xds.translate.compose import AREAS
+
+    areas = tuple(a for a in args.areas.split(",") if a)
+    if set(areas) - set(AREAS):
+        p.error(f"--areas: unknown {sorted(set(areas) - set(AREAS))}; known: {','.join(AREAS)}")
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from aether.xds.ads.cache import SnapshotCache
+    from aether.xds.ads.server import DeltaAdsServer, serve
+    from aether.xds.resources import TranslateOptions
+    from aether.xds.sidecar.loop import Sidecar
+    from aether.xds.sidecar.sources import FileSource, FileStatusSink, StateSource, StatusSink, default_status_path
+
+    source: StateSource
+    sink: StatusSink
+    if args.state:
+        source = FileSource(args.state)
+        sink = FileStatusSink(args.status_out or default_status_path(args.state))
+    else:
+        try:
+            kube = importlib.import_module("aether.xds.sidecar.kube_source")
+        except ModuleNotFoundError as exc:
+            if exc.name != "aether.xds.sidecar.kube_source":
+                raise
+            print(
+                "aether xds: no --state given and cluster mode is not built yet (aether.xds.sidecar.kube_source)",
+                file=sys.stderr,
+            )
+            return 3
+        source = kube.source(args.node, args.kubeconfig)
+        sink = kube.status_sink(args.node, args.kubeconfig)
+
+    cache = SnapshotCache()
+    options = TranslateOptions(
+        areas=areas,
+        udp_prefer_gro=args.udp_gro == "on",
+        udp_session_idle_s=args.udp_idle_timeout,
+        udp_upstream_prefer_gro=None if args.udp_upstream_gro is None else args.udp_upstream_gro == "on",
+        udp_gso_writer=args.udp_gso == "on",
+    )
+    keeper = None
+    if not areas or "eastwest" in areas:
+        from aether.xds.sidecar.secrets import SecretKeeper, make_source
+
+        if not args.certs_dir:
+            log.warning("east-west identities from a built-in CA: for tests and the demo only (use --certs-dir)")
+        keeper = SecretKeeper(make_source(args.certs_dir, options))
+    sidecar = Sidecar(args.node, cache, sink, args.records, options, secrets=keeper)
+    servicer = DeltaAdsServer(cache, events=sidecar)
+    try:
+        server, port = serve(servicer, args.listen)
+    except (OSError, RuntimeError) as exc:
+        print(f"aether xds: cannot listen on {args.listen}: {exc}", file=sys.stderr)
+        return 1
+    log.info("delta ADS on %s (port %s) for node %s", args.listen, port, args.node)
+    if args.metrics:
+        from aether.metrics import serve as serve_metrics
+
+        try:
+            serve_metrics(*args.metrics)
+        except OSError as exc:
+            print(f"aether xds: cannot listen (--metrics {args.metrics[0]}:{args.metrics[1]}): {exc}", file=sys.stderr)
+            server.stop(0)
+            return 1
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        sidecar.run(source, stop)
+    finally:
+        server.stop(grace=1).wait(2)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "render":
+        return _render(argv[1:])
+    if argv and argv[0] == "bootstrap":
+        return _bootstrap(argv[1:])
+    return _serve(argv)

@@ -1,0 +1,198 @@
+"""The sidecar's control loop: desired state + pod records -> translate -> gates -> snapshot, and the
+`Programmed` condition (the only condition the sidecar owns).
+
+Programmed: Unknown/Pending once a state is served, True/Accepted when Envoy ACKs it, False with a reason when
+the state file is invalid (InvalidState), a gate refuses it (GateRefused), it does not encode (EncodeFailed) or
+Envoy NACKs it (Rejected, with Envoy's error_detail). In every False case the last good state keeps serving:
+a NACKed snapshot is rolled back in the cache and not served again until the desired state changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+from aether.api.meshnode import Condition, MeshNode
+from aether.metrics import XDS_GATE_REFUSALS
+from aether.netns.records import PodRecord, load_records
+from aether.xds.ads.cache import SnapshotCache, make_snapshot
+from aether.xds.ads.server import Events
+from aether.xds.codec.protojson import CodecError
+from aether.xds.gates.core import PathExists, run_gates
+from aether.xds.resources import TranslateOptions, count, short_type
+from aether.xds.sidecar.secrets import SecretKeeper
+from aether.xds.sidecar.sources import StateSource, StatusSink
+from aether.xds.translate.compose import translate
+
+log = logging.getLogger("aether.xds.sidecar.loop")
+PROGRAMMED = "Programmed"
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Sidecar(Events):
+    def __init__(
+        self,
+        node_name: str,
+        cache: SnapshotCache,
+        sink: StatusSink | None = None,
+        records_dir: str | os.PathLike[str] | None = None,
+        options: TranslateOptions | None = None,
+        path_exists: PathExists = os.path.exists,
+        secrets: SecretKeeper | None = None,
+    ) -> None:
+        self.node_name = node_name
+        self.cache = cache
+        self.sink = sink
+        self.records_dir = records_dir
+        self.options = options or TranslateOptions()
+        self.path_exists = path_exists
+        self.secrets = secrets  # east-west: SDS secrets for what translate references, and the east-west gates
+        self._lock = threading.RLock()
+        self.desired: MeshNode | None = None
+        self.records: dict[str, PodRecord] = {}
+        self.served_version: str | None = None
+        self.acked_version: str | None = None
+        self.rejected: set[str] = set()
+        self.condition: Condition | None = None
+
+    # -- condition ---------------------------------------------------------------------------------
+    def _set(self, status: str, reason: str, message: str) -> None:
+        prev = self.condition
+        if prev and (prev.status, prev.reason, prev.message) == (status, reason, message):
+            return
+        when = prev.last_transition_time if prev and prev.status == status else _now()
+        self.condition = Condition(
+            type=PROGRAMMED, status=status, reason=reason, message=message, last_transition_time=when
+        )
+        level = logging.INFO if status != "False" else logging.WARNING
+        log.log(level, "Programmed=%s %s: %s", status, reason, message)
+        if self.sink is not None:
+            try:
+                self.sink.publish(self.node_name, [self.condition])
+            except Exception:
+                log.exception("cannot publish the Programmed condition")
+
+    # -- inputs --------------------------------------------------------------------------------------
+    def on_state(self, node: MeshNode | None, error: str | None = None) -> None:
+        with self._lock:
+            if node is None:
+                kept = f"; serving version {self.served_version}" if self.served_version else ""
+                self._set("False", "InvalidState", f"{error}{kept} (the last good state)")
+                return
+            if node.metadata.name != self.node_name:
+                self._set("False", "InvalidState", f"state is for node {node.metadata.name!r}, not {self.node_name!r}")
+                return
+            self.desired = node
+            self.rejected.clear()  # a new desired state may fix what was rejected
+            self._reconcile()
+
+    def on_records(self, records: Mapping[str, PodRecord]) -> None:
+        with self._lock:
+            if dict(records) == self.records:
+                return
+            self.records = dict(records)
+            self._reconcile()
+
+    def poll_records(self) -> None:
+        self.on_records(load_records(self.records_dir))
+
+    def poll_secrets(self) -> None:
+        """Re-read the certificate source: a rotated SVID is a new Secret version (content hash), pushed alone."""
+        if self.secrets is None:
+            return
+        with self._lock:
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        if self.desired is None:
+            return
+        resources = translate(self.desired, self.records, self.options)
+        failures = run_gates(self.desired, resources, self.path_exists)
+        if not failures and self.secrets is not None:
+            resources, failures = self.secrets.finish(self.desired, self.records, self.options, resources)
+        if failures:
+            for failure in failures:
+                XDS_GATE_REFUSALS.labels(gate=failure.gate).inc()
+            kept = f"; serving version {self.served_version}" if self.served_version else "; nothing served yet"
+            self._set("False", "GateRefused", "; ".join(str(f) for f in failures) + kept)
+            return
+        try:
+            snap = make_snapshot(resources, previous=self.cache.get(self.node_name))
+        except CodecError as exc:
+            self._set("False", "EncodeFailed", str(exc))
+            return
+        if snap.version in self.rejected:
+            return  # already NACKed: the condition says why; wait for a new desired state
+        self.cache.set_snapshot(self.node_name, snap)
+        stale = self.condition is None or self.condition.status == "False"
+        if snap.version != self.served_version or stale:
+            self.served_version = snap.version
+            if snap.version == self.acked_version:  # e.g. back to the state Envoy holds after a rejected one
+                self._set("True", "Accepted", f"Envoy accepted version {snap.version}")
+            else:
+                self._set("Unknown", "Pending", f"serving version {snap.version} {count(resources)}; waiting for Envoy")
+
+    # -- Envoy's answers (server Events) ---------------------------------------------------------------
+    def on_ack(self, node: str, type_url: str, snapshot_version: str) -> None:
+        with self._lock:
+            # only a served state waiting for Envoy turns True: after a NACK the rolled-back state is ACKed, but
+            # the desired state is still not programmed (False/Rejected stays until a new desired state)
+            if node == self.node_name:
+                self.acked_version = snapshot_version
+            pending = self.condition is not None and self.condition.reason == "Pending"
+            if node == self.node_name and snapshot_version == self.served_version and pending:
+                self._set("True", "Accepted", f"Envoy accepted version {snapshot_version}")
+
+    def on_nack(self, node: str, type_url: str, snapshot_version: str, error_detail: str) -> None:
+        super().on_nack(node, type_url, snapshot_version, error_detail)
+        with self._lock:
+            if node != self.node_name:
+                return
+            self.rejected.add(snapshot_version)
+            restored = self.cache.rollback(node, snapshot_version)
+            if restored is not None:
+                self.served_version = restored.version
+                kept = f"serving version {restored.version} (the last good state)"
+            else:
+                kept = f"no earlier state to fall back to; serving version {self.served_version}"
+            self._set(
+                "False",
+                "Rejected",
+                f"Envoy rejected {short_type(type_url)} of version {snapshot_version}: {error_detail}; {kept}",
+            )
+
+    # -- loop ----------------------------------------------------------------------------------------
+    def run(
+        self,
+        source: StateSource,
+        stop: threading.Event,
+        records_interval: float = 0.2,
+        secrets_interval: float = 5.0,
+    ) -> None:
+        def records_loop() -> None:
+            last_secrets = 0.0
+            while not stop.is_set():
+                try:
+                    self.poll_records()
+                except Exception:
+                    log.exception("reading pod records failed")
+                if self.secrets is not None and time.monotonic() - last_secrets >= secrets_interval:
+                    last_secrets = time.monotonic()
+                    try:
+                        self.poll_secrets()
+                    except Exception:
+                        log.exception("refreshing certificates failed")
+                stop.wait(records_interval)
+
+        t = threading.Thread(target=records_loop, name="records", daemon=True)
+        t.start()
+        for update in source.updates(stop):
+            self.on_state(update.node, update.error)
+        t.join(timeout=2)

@@ -1,0 +1,94 @@
+"""Where the desired state comes from (`StateSource`) and where the `Programmed` condition goes (`StatusSink`).
+
+File mode: `FileSource` re-reads a MeshNode file when it changes; a bad file keeps the last good state (the
+sidecar says why in its log and in the condition). `FileStatusSink` writes a MeshNode-shaped JSON holding
+`status.conditions`. Cluster mode: `aether.xds.sidecar.kube_source` (the operator engineer's) provides
+`source(node) -> StateSource` and `status_sink(node) -> StatusSink` with the same protocols.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from aether.api.meshnode import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    Condition,
+    MeshNode,
+    MeshNodeFileError,
+    load_meshnode_file,
+)
+from aether.atomicfile import write_text_atomic
+
+
+@dataclass(frozen=True)
+class StateUpdate:
+    """A new desired state, or why the source could not produce one (`node` None, `error` set)."""
+
+    node: MeshNode | None
+    error: str | None = None
+
+
+class StateSource(Protocol):
+    def updates(self, stop: threading.Event) -> Iterator[StateUpdate]:
+        """Yield an update at start and whenever the state changes, until `stop` is set."""
+        ...
+
+
+class StatusSink(Protocol):
+    def publish(self, node_name: str, conditions: list[Condition]) -> None: ...
+
+
+class FileSource:
+    def __init__(self, path: str | os.PathLike[str], interval: float = 0.2) -> None:
+        self.path = Path(path)
+        self.interval = interval
+
+    def _fingerprint(self) -> str | None:
+        try:
+            return hashlib.blake2b(self.path.read_bytes(), digest_size=16).hexdigest()
+        except OSError:
+            return None
+
+    def updates(self, stop: threading.Event) -> Iterator[StateUpdate]:
+        last: str | None = "unset"
+        while not stop.is_set():
+            fp = self._fingerprint()
+            if fp != last:
+                last = fp
+                try:
+                    yield StateUpdate(load_meshnode_file(self.path))
+                except MeshNodeFileError as exc:
+                    yield StateUpdate(None, str(exc))
+            stop.wait(self.interval)
+
+
+def default_status_path(state: str | os.PathLike[str]) -> Path:
+    return Path(f"{state}.status.json")
+
+
+class FileStatusSink:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def publish(self, node_name: str, conditions: list[Condition]) -> None:
+        doc = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": KIND,
+            "metadata": {"name": node_name},
+            "status": {"conditions": [c.wire() for c in conditions]},
+        }
+        write_text_atomic(self.path, json.dumps(doc, indent=2))
+
+
+def read_status_file(path: str | os.PathLike[str]) -> list[Condition]:
+    doc = json.loads(Path(path).read_text())
+    return [Condition.model_validate(c) for c in doc.get("status", {}).get("conditions", [])]

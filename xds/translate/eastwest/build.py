@@ -1,0 +1,98 @@
+"""The east-west builder: inbound h2 + QUIC per local pod, outbound HTTP per local pod, h2 clusters and QUIC twins.
+
+`build(node, records, options)` follows the builder contract of `aether.xds.resources` (pure, deterministic).
+Secrets are not built here (they need a certificate source, which reads files): `required_secrets` names what
+these resources reference, and `aether.xds.identity.sds.secrets(source, ids)` builds them.
+
+Twins are built for every (local identity x destination) when QUIC is on: demand-scoping is a later issue.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from aether.api.meshnode import MeshNode
+from aether.api.naming import h2_cluster
+from aether.netns.records import PodRecord
+from aether.xds.codec import extra_protos as identity_protos  # noqa: F401  (registers the selector and mapper messages for the codec)
+from aether.xds.identity.sds import secrets
+from aether.xds.identity.svid import CertificateSource, bundle_secret_name
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
+from aether.xds.translate.eastwest import inbound, outbound
+from aether.xds.translate.eastwest.plan import EastWestOptions, destinations, identities, local_pods
+
+__all__ = ["EastWestOptions", "build", "camel", "required_secrets", "secrets_for"]
+
+_SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
+
+
+def _camel_key(key: str) -> str:
+    if not _SNAKE.match(key):
+        return key  # data keys (SPIFFE IDs, extension names, "@type") stay as they are
+    head, *rest = key.split("_")
+    return head + "".join(p.capitalize() for p in rest)
+
+
+def camel(obj: Any) -> Any:
+    """The builders write proto field names; resources are served in proto3-JSON's lowerCamelCase (the form the
+    other builders and the gates read)."""
+    if isinstance(obj, dict):
+        return {_camel_key(k): camel(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [camel(v) for v in obj]
+    return obj
+
+
+def build(
+    node: MeshNode,
+    records: Mapping[str, PodRecord],
+    options: TranslateOptions,
+    ew: EastWestOptions | None = None,
+) -> Resources:
+    # `TranslateOptions` may carry an `eastwest: EastWestOptions` field (how the sidecar would set these knobs)
+    ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
+    td, md = options.trust_domain, options.mesh_domain
+    pods = local_pods(node, records, td, ew)
+    dests = destinations(node, td)
+    sources = identities(pods)
+    listeners: dict[str, dict[str, Any]] = {}
+    clusters: dict[str, dict[str, Any]] = {}
+    endpoints: dict[str, dict[str, Any]] = {}
+    for pod in pods:
+        listeners.update(inbound.listeners(pod, td, md, ew))
+        clusters.update(inbound.app_clusters(pod, ew))
+        listeners[outbound.listener_name(pod)] = outbound.listener(pod, ew)
+    for d in dests:
+        name = h2_cluster(d.namespace, d.service)
+        clusters[name] = outbound.h2_cluster_resource(d, td, md, ew)
+        endpoints[name] = outbound.load_assignment(name, d)
+        if not ew.quic:
+            continue
+        for sid in sources:
+            twin = outbound.twin_name(d, sid)
+            clusters[twin] = outbound.twin_resource(d, sid, td, md, ew)
+            endpoints[twin] = outbound.load_assignment(twin, d)
+    out: Resources = {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: endpoints}
+    if pods:
+        out[ROUTE] = {ew.http_outbound_route: outbound.route_config(dests, sources, md, ew)}
+    converted: Resources = camel(out)
+    return converted
+
+
+def required_secrets(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> list[str]:
+    """The SPIFFE IDs whose SVIDs the built resources reference (the local pods'); the bundle comes with them."""
+    return identities(local_pods(node, records, options.trust_domain, EastWestOptions()))
+
+
+def bundle_name(options: TranslateOptions) -> str:
+    return bundle_secret_name(options.trust_domain)
+
+
+def secrets_for(
+    node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions, source: CertificateSource
+) -> Resources:
+    """The SDS secrets `build`'s resources reference, from `source` (reads files for a DirectorySource: call it in
+    the shell, merge the result with the translation, and keep the last good secrets on IdentityError)."""
+    return secrets(source, required_secrets(node, records, options))

@@ -1,0 +1,162 @@
+"""Inbound, per local pod, bound into its netns on `<podIP>:18008`: TCP h2 mTLS and UDP QUIC mTLS (pure dicts).
+
+Both listeners carry the same DownstreamTlsContext (`eastwest_tls.downstream_tls`) and the same filter chains:
+one chain per application port matched by the SNI `<port>.<sa>.<ns>.<mesh-domain>`, and a catch-all chain to the
+primary port. The HCM sets XFCC from the verified client certificate (`SANITIZE_SET`, URI): the app sees the
+source's SPIFFE ID and nothing a client wrote itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from aether.api.naming import quic_sni
+from aether.netns.contract import INBOUND_PORT
+from aether.xds.translate.eastwest.plan import EastWestOptions, LocalPod
+from aether.xds.translate.eastwest.tls import downstream_tls, quic_downstream_socket, tcp_downstream_socket
+
+HCM_NAME: Final = "envoy.filters.network.http_connection_manager"
+HCM_TYPE: Final = (
+    "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+)
+ROUTER: Final[dict[str, Any]] = {
+    "name": "envoy.filters.http.router",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+}
+TLS_INSPECTOR: Final[dict[str, Any]] = {
+    "name": "envoy.filters.listener.tls_inspector",
+    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"},
+}
+ACCESS_LOG_FORMAT: Final = (
+    "%PROTOCOL% %RESPONSE_CODE% %RESPONSE_FLAGS% %REQ(:AUTHORITY)% peer=%DOWNSTREAM_PEER_URI_SAN% "
+    "serial=%DOWNSTREAM_PEER_SERIAL% "
+    "sni=%REQUESTED_SERVER_NAME% upstream=%UPSTREAM_CLUSTER%\n"
+)
+
+
+def tcp_listener_name(pod: LocalPod) -> str:
+    return f"inbound-h2:{pod.namespace}/{pod.name}"
+
+
+def quic_listener_name(pod: LocalPod) -> str:
+    return f"inbound-h3:{pod.namespace}/{pod.name}"
+
+
+def app_cluster_name(pod: LocalPod, port: int) -> str:
+    return f"inbound:{pod.namespace}/{pod.name}:{port}"
+
+
+def access_logs(path: str | None) -> list[dict[str, Any]]:
+    if path is None:
+        return []
+    return [
+        {
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                "path": path,
+                "log_format": {"text_format_source": {"inline_string": ACCESS_LOG_FORMAT}},
+            },
+        }
+    ]
+
+
+def _hcm(pod: LocalPod, port: int, codec: str, options: EastWestOptions) -> dict[str, Any]:
+    cluster = app_cluster_name(pod, port)
+    return {
+        "name": HCM_NAME,
+        "typed_config": {
+            "@type": HCM_TYPE,
+            "stat_prefix": f"inbound_{codec.lower()}",
+            "codec_type": codec,
+            "forward_client_cert_details": "SANITIZE_SET",
+            "set_current_client_cert_details": {"uri": True},
+            "route_config": {
+                "name": cluster,
+                "virtual_hosts": [
+                    {
+                        "name": "app",
+                        "domains": ["*"],
+                        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster}}],
+                    }
+                ],
+            },
+            "http_filters": [ROUTER],
+            "access_log": access_logs(options.access_log_path),
+        },
+    }
+
+
+def _chains(
+    pod: LocalPod, codec: str, socket: dict[str, Any], mesh_domain: str, options: EastWestOptions
+) -> list[dict[str, Any]]:
+    chains = [
+        {
+            "name": f"port-{port}",
+            "filter_chain_match": {"server_names": [quic_sni(port, pod.service_account, pod.namespace, mesh_domain)]},
+            "filters": [_hcm(pod, port, codec, options)],
+            "transport_socket": socket,
+        }
+        for port in pod.app_ports
+    ]
+    chains.append(
+        {"name": "primary", "filters": [_hcm(pod, pod.app_ports[0], codec, options)], "transport_socket": socket}
+    )
+    return chains
+
+
+def _address(pod: LocalPod, protocol: str) -> dict[str, Any]:
+    return {
+        "socket_address": {
+            "protocol": protocol,
+            "address": pod.ip,
+            "port_value": INBOUND_PORT,
+            "network_namespace_filepath": pod.netns,
+        }
+    }
+
+
+def listeners(
+    pod: LocalPod, trust_domain: str, mesh_domain: str, options: EastWestOptions
+) -> dict[str, dict[str, Any]]:
+    cs = dict(options.config_source) if options.config_source else None
+    ctx = downstream_tls(pod.identity, trust_domain, cs)
+    tcp: dict[str, Any] = {
+        "name": tcp_listener_name(pod),
+        "address": _address(pod, "TCP"),
+        "listener_filters": [TLS_INSPECTOR],
+        "filter_chains": _chains(pod, "HTTP2", tcp_downstream_socket(ctx), mesh_domain, options),
+    }
+    quic: dict[str, Any] = {
+        "name": quic_listener_name(pod),
+        "address": _address(pod, "UDP"),
+        "udp_listener_config": {
+            "quic_options": {},
+            "downstream_socket_config": {"prefer_gro": options.prefer_gro},
+        },
+        "filter_chains": _chains(pod, "HTTP3", quic_downstream_socket(ctx), mesh_domain, options),
+    }
+    return {tcp["name"]: tcp, quic["name"]: quic}
+
+
+def app_clusters(pod: LocalPod, options: EastWestOptions) -> dict[str, dict[str, Any]]:
+    """One static cluster per application port: the pod's own IP and port, reached from the node."""
+    out: dict[str, dict[str, Any]] = {}
+    for port in pod.app_ports:
+        name = app_cluster_name(pod, port)
+        out[name] = {
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": f"{options.connect_timeout_s}s",
+            "load_assignment": {
+                "cluster_name": name,
+                "endpoints": [
+                    {
+                        "lb_endpoints": [
+                            {"endpoint": {"address": {"socket_address": {"address": pod.ip, "port_value": port}}}}
+                        ]
+                    }
+                ],
+            },
+        }
+    return out

@@ -1,0 +1,202 @@
+"""Outbound HTTP (pure dicts): per local pod a transparent TCP listener on 0.0.0.0:18080 in its netns that stamps
+the pod's identity; one node-wide route table picking, per destination Host, the source's QUIC twin or the h2
+cluster; the h2 clusters, the twins and their load assignments.
+
+Twin selection: the route's `MatcherClusterSpecifier` reads the stamped identity (`FilterStateInput`) and maps
+each local SPIFFE ID to its twin `quic:<ns>/<svc>@<sa>` (`@<sa-ns>/<sa>` for a source in another namespace); no
+match (or QUIC off) goes to `h2:<ns>/<svc>`. The identity is stamped by a *network* filter on the new connection, so it exists before the route is resolved
+(an HTTP set_filter_state would need `clear_route_cache`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from aether.api.naming import h2_cluster, mesh_host, quic_sni, quic_twin
+from aether.netns.contract import HTTP_OUTBOUND_PORT
+from aether.xds.identity.sds import ADS
+from aether.xds.identity.svid import parse_spiffe_id
+from aether.xds.translate.eastwest.inbound import HCM_NAME, HCM_TYPE, ROUTER, access_logs
+from aether.xds.translate.eastwest.plan import Destination, EastWestOptions, LocalPod
+from aether.xds.translate.eastwest.tls import IDENTITY_KEY, h2_upstream_socket, quic_upstream_socket
+
+_T: Final = "type.googleapis.com/"
+SET_FILTER_STATE: Final = "envoy.filters.network.set_filter_state"
+SET_FILTER_STATE_TYPE: Final = _T + "envoy.extensions.filters.network.set_filter_state.v3.Config"
+ON_DEMAND_TYPE: Final = _T + "envoy.extensions.filters.http.on_demand.v3.OnDemand"
+MATCHER_SPECIFIER: Final = "envoy.router.cluster_specifier_plugin.matcher"
+MATCHER_SPECIFIER_TYPE: Final = _T + "envoy.extensions.router.cluster_specifiers.matcher.v3.MatcherClusterSpecifier"
+CLUSTER_ACTION_TYPE: Final = _T + "envoy.extensions.router.cluster_specifiers.matcher.v3.ClusterAction"
+FILTER_STATE_INPUT_TYPE: Final = _T + "envoy.extensions.matching.common_inputs.network.v3.FilterStateInput"
+HTTP_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def listener_name(pod: LocalPod) -> str:
+    return f"http-outbound:{pod.namespace}/{pod.name}"
+
+
+def _cs(options: EastWestOptions) -> dict[str, Any]:
+    return dict(options.config_source) if options.config_source else dict(ADS)
+
+
+def _tls_cs(options: EastWestOptions) -> dict[str, Any] | None:
+    return dict(options.config_source) if options.config_source else None
+
+
+def stamp_identity(identity: str, factory: str) -> dict[str, Any]:
+    return {
+        "name": SET_FILTER_STATE,
+        "typed_config": {
+            "@type": SET_FILTER_STATE_TYPE,
+            "on_new_connection": [
+                {
+                    "object_key": IDENTITY_KEY,
+                    "factory_key": factory,
+                    "format_string": {"text_format_source": {"inline_string": identity}},
+                    "shared_with_upstream": "ONCE",
+                }
+            ],
+        },
+    }
+
+
+def listener(pod: LocalPod, options: EastWestOptions) -> dict[str, Any]:
+    on_demand: dict[str, Any] = {"@type": ON_DEMAND_TYPE}
+    if options.config_source is None or "ads" in options.config_source:
+        on_demand["odcds"] = {"source": _cs(options), "timeout": f"{options.odcds_timeout_s}s"}
+    hcm = {
+        "@type": HCM_TYPE,
+        "stat_prefix": "http_outbound",
+        "codec_type": "AUTO",
+        "strip_any_host_port": True,
+        "rds": {"route_config_name": options.http_outbound_route, "config_source": _cs(options)},
+        "http_filters": [{"name": "envoy.filters.http.on_demand", "typed_config": on_demand}, ROUTER],
+        "access_log": access_logs(options.access_log_path),
+    }
+    return {
+        "name": listener_name(pod),
+        "address": {
+            "socket_address": {
+                "address": "0.0.0.0",
+                "port_value": HTTP_OUTBOUND_PORT,
+                "network_namespace_filepath": pod.netns,
+            }
+        },
+        "transparent": True,
+        "filter_chains": [
+            {
+                "name": "http-outbound",
+                "filters": [
+                    stamp_identity(pod.identity, options.identity_factory),
+                    {"name": HCM_NAME, "typed_config": hcm},
+                ],
+            }
+        ],
+    }
+
+
+def _action(cluster: str) -> dict[str, Any]:
+    return {"action": {"name": "cluster", "typed_config": {"@type": CLUSTER_ACTION_TYPE, "cluster": cluster}}}
+
+
+def twin_name(dest: Destination, source: str) -> str:
+    """The twin of `dest` for the source SPIFFE ID `source` (aether.api.naming.quic_twin)."""
+    sid = parse_spiffe_id(source)
+    return quic_twin(dest.namespace, dest.service, sid.service_account, sid.namespace)
+
+
+def route_action(dest: Destination, sources: list[str], quic: bool) -> dict[str, Any]:
+    h2 = h2_cluster(dest.namespace, dest.service)
+    if not quic or not sources:
+        return {"cluster": h2}
+    arms = {sid: _action(twin_name(dest, sid)) for sid in sources}
+    return {
+        "inline_cluster_specifier_plugin": {
+            "extension": {
+                "name": MATCHER_SPECIFIER,
+                "typed_config": {
+                    "@type": MATCHER_SPECIFIER_TYPE,
+                    "cluster_matcher": {
+                        "matcher_tree": {
+                            "input": {
+                                "name": "source-identity",
+                                "typed_config": {"@type": FILTER_STATE_INPUT_TYPE, "key": IDENTITY_KEY},
+                            },
+                            "exact_match_map": {"map": arms},
+                        },
+                        "on_no_match": _action(h2),
+                    },
+                },
+            }
+        }
+    }
+
+
+def route_config(
+    dests: list[Destination], sources: list[str], mesh_domain: str, options: EastWestOptions
+) -> dict[str, Any]:
+    vhosts = []
+    for d in dests:
+        domains = [f"{d.service}.{d.namespace}", mesh_host(d.namespace, d.service, mesh_domain)]
+        if d.vip:
+            domains.append(d.vip)
+        vhosts.append(
+            {
+                "name": f"{d.namespace}/{d.service}",
+                "domains": domains,
+                "routes": [{"match": {"prefix": "/"}, "route": route_action(d, sources, options.quic)}],
+            }
+        )
+    return {"name": options.http_outbound_route, "validate_clusters": False, "virtual_hosts": vhosts}
+
+
+def _eds_cluster(name: str, options: EastWestOptions) -> dict[str, Any]:
+    return {
+        "name": name,
+        "type": "EDS",
+        "eds_cluster_config": {"service_name": name, "eds_config": _cs(options)},
+        "connect_timeout": f"{options.connect_timeout_s}s",
+    }
+
+
+def h2_cluster_resource(
+    dest: Destination, trust_domain: str, mesh_domain: str, options: EastWestOptions
+) -> dict[str, Any]:
+    name = h2_cluster(dest.namespace, dest.service)
+    sni = quic_sni(dest.primary_port, dest.service_account, dest.namespace, mesh_domain)
+    return {
+        **_eds_cluster(name, options),
+        "transport_socket": h2_upstream_socket(sni, dest.identity, trust_domain, _tls_cs(options)),
+        "typed_extension_protocol_options": {
+            HTTP_OPTIONS: {"@type": _T + HTTP_OPTIONS, "explicit_http_config": {"http2_protocol_options": {}}}
+        },
+    }
+
+
+def twin_resource(
+    dest: Destination, source: str, trust_domain: str, mesh_domain: str, options: EastWestOptions
+) -> dict[str, Any]:
+    name = twin_name(dest, source)
+    sni = quic_sni(dest.primary_port, dest.service_account, dest.namespace, mesh_domain)
+    return {
+        **_eds_cluster(name, options),
+        "connection_pool_per_downstream_connection": False,
+        "transport_socket": quic_upstream_socket(sni, source, dest.identity, trust_domain, _tls_cs(options)),
+        "typed_extension_protocol_options": {
+            HTTP_OPTIONS: {"@type": _T + HTTP_OPTIONS, "explicit_http_config": {"http3_protocol_options": {}}}
+        },
+    }
+
+
+def load_assignment(name: str, dest: Destination) -> dict[str, Any]:
+    return {
+        "cluster_name": name,
+        "endpoints": [
+            {
+                "lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}}}
+                    for ip, port in dest.endpoints
+                ]
+            }
+        ],
+    }

@@ -1,0 +1,81 @@
+"""Pieces the L4 builders (UDP and the raw TCP floor) share: local pods, EDS clusters, load assignments.
+
+Builders memoize their resource dicts on the inputs that shape them (functools.lru_cache), so an unchanged
+resource is the *same object* from one translation to the next and the snapshot skips re-versioning and
+re-encoding it (bench/xds_translate.py). Resource dicts are therefore shared: treat them as immutable
+(copy.deepcopy before editing one, as tests that build bad inputs do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+
+from aether.api.meshnode import MeshNode, MeshPod, ServiceArm
+from aether.netns.records import PodRecord
+from aether.xds.resources import ResourceDict, TranslateOptions
+
+Arms = tuple[tuple[str, str], ...]  # ((vip, cluster), ...) in matcher order
+EndpointKey = tuple[tuple[str, int], ...]
+
+
+def local_pods(node: MeshNode, records: Mapping[str, PodRecord]) -> list[tuple[MeshPod, PodRecord]]:
+    """Pods the MeshNode lists AND the CNI has a record for (both are needed to bind listeners), sorted."""
+    out = [(pod, records[pod.uid]) for pod in node.status.pods if pod.uid in records]
+    return sorted(out, key=lambda pr: (pr[0].namespace, pr[0].name, pr[0].uid))
+
+
+def seconds(value: float) -> str:
+    """proto3-JSON Duration."""
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return f"{text}s"
+
+
+def eds_cluster(name: str, options: TranslateOptions) -> ResourceDict:
+    """An EDS cluster whose load assignment has its own EDS name (the cluster name)."""
+    return eds_cluster_for(name, options.cluster_connect_timeout_s)
+
+
+@lru_cache(maxsize=1 << 16)
+def eds_cluster_for(name: str, connect_timeout_s: float) -> ResourceDict:
+    return {
+        "name": name,
+        "type": "EDS",
+        "edsClusterConfig": {"edsConfig": {"ads": {}, "resourceApiVersion": "V3"}, "serviceName": name},
+        "connectTimeout": seconds(connect_timeout_s),
+    }
+
+
+@lru_cache(maxsize=1 << 16)
+def load_assignment(name: str, endpoints: EndpointKey) -> ResourceDict:
+    cla: ResourceDict = {"clusterName": name}
+    if endpoints:
+        cla["endpoints"] = [
+            {
+                "lbEndpoints": [
+                    {"endpoint": {"address": {"socketAddress": {"address": ip, "portValue": port}}}}
+                    for ip, port in endpoints
+                ]
+            }
+        ]
+    return cla
+
+
+def endpoints_by_cluster(arms: Iterable[ServiceArm], skip: str) -> dict[str, EndpointKey]:
+    """Each cluster the arms name (several VIPs may name one backend's cluster) -> its sorted unique endpoints."""
+    groups: dict[str, set[tuple[str, int]]] = {}
+    for arm in arms:
+        if arm.cluster != skip:
+            group = groups.setdefault(arm.cluster, set())
+            for ep in arm.endpoints:
+                group.add((ep.ip, ep.port))
+    return {name: tuple(eps) if len(eps) < 2 else tuple(sorted(eps)) for name, eps in groups.items()}
+
+
+def arms_key(arms: Iterable[ServiceArm]) -> Arms:
+    """The matcher's content: (vip, cluster) per arm, sorted by VIP then service."""
+    return tuple((a.vip, a.cluster) for a in sorted(arms, key=lambda a: (a.vip, a.service)))
+
+
+def stat_name(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "_-" else "_" for ch in text)

@@ -1,0 +1,80 @@
+"""The raw TCP floor on TCP 18082: one transparent listener per local pod, a filter chain per VIP.
+
+Each arm of `status.tcp.services` becomes a filter chain matching the original destination (`prefix_ranges`
+VIP/32, kept by the mark-and-divert capture) whose `tcp_proxy` goes to the arm's `tcp:<ns>/<svc>` EDS cluster.
+A pod gets the listener only when the node has TCP arms (Envoy rejects a listener without filter chains);
+a connection to an unknown VIP matches no chain and is closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Final
+
+from aether.api.meshnode import MeshNode
+from aether.api.naming import BLACKHOLE_CLUSTER
+from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.netns.records import PodRecord
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, TranslateOptions
+from aether.xds.translate.l4.common import (
+    Arms,
+    arms_key,
+    eds_cluster,
+    endpoints_by_cluster,
+    load_assignment,
+    local_pods,
+    stat_name,
+)
+
+TCP_PROXY_FILTER: Final = "envoy.filters.network.tcp_proxy"
+TCP_PROXY_CONFIG: Final = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
+LISTENER_PREFIX: Final = "capture-tcp:"
+
+
+def listener_name(namespace: str, pod: str) -> str:
+    return f"{LISTENER_PREFIX}{namespace}/{pod}"
+
+
+def _chain(vip: str, cluster: str, stat_prefix: str) -> ResourceDict:
+    return {
+        "name": f"{vip}/{cluster}",
+        "filterChainMatch": {"prefixRanges": [{"addressPrefix": vip, "prefixLen": 32}]},
+        "filters": [
+            {
+                "name": TCP_PROXY_FILTER,
+                "typedConfig": {"@type": TCP_PROXY_CONFIG, "statPrefix": stat_prefix, "cluster": cluster},
+            }
+        ],
+    }
+
+
+@lru_cache(maxsize=4096)
+def capture_listener(name: str, netns: str, arms: Arms, stat_prefix: str) -> ResourceDict:
+    return {
+        "name": name,
+        "address": {
+            "socketAddress": {"address": "0.0.0.0", "portValue": L4_OUTBOUND_PORT, "networkNamespaceFilepath": netns}
+        },
+        "transparent": True,
+        "filterChains": [_chain(vip, cluster, stat_prefix) for vip, cluster in arms],
+    }
+
+
+def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
+    """The TCP-floor builder (contract in aether.xds.resources)."""
+    arms = node.status.tcp.services
+    listeners: dict[str, ResourceDict] = {}
+    if arms:
+        key = arms_key(arms)
+        for pod, record in local_pods(node, records):
+            name = listener_name(pod.namespace, pod.name)
+            listeners[name] = capture_listener(
+                name, record.netns, key, stat_name(f"tcp_capture_{pod.namespace}_{pod.name}")
+            )
+    clusters: dict[str, ResourceDict] = {}
+    assignments: dict[str, ResourceDict] = {}
+    for cluster, endpoints in sorted(endpoints_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):
+        clusters[cluster] = eds_cluster(cluster, options)
+        assignments[cluster] = load_assignment(cluster, endpoints)
+    return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: assignments}

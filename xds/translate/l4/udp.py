@@ -1,0 +1,126 @@
+"""Per-service plaintext UDP (R1): one transparent UDP listener per local pod, a destination-IP matcher.
+
+For each local pod (MeshNode lists it and the CNI wrote its record) one listener on UDP 0.0.0.0:18082 bound
+into the pod netns (`network_namespace_filepath`, `transparent: true`), whose `udp_proxy` matcher maps every
+arm's VIP (`DestinationIPInput`, exact) to the arm's `udp:<ns>/<svc>` cluster, `on_no_match` -> blackhole.
+One EDS cluster per UDP service (EDS name = cluster name) with endpoints at the backend's application port.
+Listener count scales with local pods, never with services.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Final
+
+from aether.api.meshnode import MeshNode
+from aether.api.naming import BLACKHOLE_CLUSTER
+from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.netns.records import PodRecord
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions
+from aether.xds.translate.l4.common import Arms, local_pods, seconds, stat_name
+from aether.xds.translate.l4.memo import DigestMemo
+
+UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
+UDP_PROXY_CONFIG: Final = "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.UdpProxyConfig"
+UDP_ROUTE: Final = "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.Route"
+DESTINATION_IP_INPUT: Final = (
+    "type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.DestinationIPInput"
+)
+LISTENER_PREFIX: Final = "capture-udp:"
+GSO_WRITER: Final = "envoy.udp_packet_writer.gso"
+GSO_WRITER_CONFIG: Final = "type.googleapis.com/envoy.extensions.udp_packet_writer.v3.UdpGsoBatchWriterFactory"
+
+
+def listener_name(namespace: str, pod: str) -> str:
+    return f"{LISTENER_PREFIX}{namespace}/{pod}"
+
+
+@lru_cache(maxsize=1 << 16)
+def _route(cluster: str) -> ResourceDict:
+    return Shared(action={"name": "route", "typedConfig": {"@type": UDP_ROUTE, "cluster": cluster}})
+
+
+@lru_cache(maxsize=1024)
+def matcher(arms: Arms) -> ResourceDict:
+    """VIP -> cluster, exact on the datagram's destination IP; everything else to the blackhole."""
+    out: ResourceDict = Shared(onNoMatch=_route(BLACKHOLE_CLUSTER))
+    if arms:
+        out["matcherTree"] = {
+            "input": {"name": "destination-ip", "typedConfig": {"@type": DESTINATION_IP_INPUT}},
+            "exactMatchMap": {"map": {vip: _route(cluster) for vip, cluster in arms}},
+        }
+    return out
+
+
+@lru_cache(maxsize=4096)
+def capture_listener(name: str, netns: str, arms: Arms, options: TranslateOptions, stat_prefix: str) -> ResourceDict:
+    listener: ResourceDict = {
+        "name": name,
+        "address": {
+            "socketAddress": {
+                "protocol": "UDP",
+                "address": "0.0.0.0",
+                "portValue": L4_OUTBOUND_PORT,
+                "networkNamespaceFilepath": netns,
+            }
+        },
+        "transparent": True,
+        "listenerFilters": [
+            {
+                "name": UDP_PROXY_FILTER,
+                "typedConfig": {
+                    "@type": UDP_PROXY_CONFIG,
+                    "statPrefix": stat_prefix,
+                    "idleTimeout": seconds(options.udp_session_idle_s),
+                    "matcher": matcher(arms),
+                },
+            }
+        ],
+    }
+    udp_config: ResourceDict = {}
+    if options.udp_prefer_gro:
+        udp_config["downstreamSocketConfig"] = {"preferGro": True}
+    if options.udp_gso_writer:
+        # replies to the pod go through a batch writer: udp_proxy flushes it after each upstream read, so the
+        # replies read in one pass leave in one sendmsg (UDP_SEGMENT) instead of one each (bench/xds_udp_path.py)
+        udp_config["udpPacketPacketWriterConfig"] = {"name": GSO_WRITER, "typedConfig": {"@type": GSO_WRITER_CONFIG}}
+    if udp_config:
+        listener["udpListenerConfig"] = udp_config
+    if options.udp_upstream_prefer_gro is not None:
+        proxy = listener["listenerFilters"][0]["typedConfig"]
+        proxy["upstreamSocketConfig"] = {"preferGro": options.udp_upstream_prefer_gro}
+    return listener
+
+
+@lru_cache(maxsize=64)
+def blackhole_cluster(options: TranslateOptions) -> ResourceDict:
+    return {
+        "name": BLACKHOLE_CLUSTER,
+        "type": "STATIC",
+        "connectTimeout": seconds(options.cluster_connect_timeout_s),
+        "loadAssignment": {"clusterName": BLACKHOLE_CLUSTER},
+    }
+
+
+MEMO = DigestMemo()
+
+
+def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
+    """The UDP builder (contract in aether.xds.resources). Incremental: diffs the arms against the node's last
+    translation (`aether.xds.translate.l4.memo`), so one changed service costs what it changed plus one read of the arms."""
+    timeout = options.cluster_connect_timeout_s
+    dig = MEMO.digest(node.metadata.name, "udp", node.status.udp.services, BLACKHOLE_CLUSTER, timeout)
+    key = dig.key
+    listeners: dict[str, ResourceDict] = {}
+    for pod, record in local_pods(node, records):
+        name = listener_name(pod.namespace, pod.name)
+        stat = stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
+        memo_key = (name, record.netns, stat, options)
+        listener = dig.listeners.get(memo_key)
+        if listener is None:
+            listener = dig.remember(memo_key, capture_listener(name, record.netns, key, options, stat))
+        listeners[name] = listener
+    clusters: dict[str, ResourceDict] = {BLACKHOLE_CLUSTER: blackhole_cluster(options)}
+    clusters.update(dig.clusters)  # arm order: deterministic for one input
+    return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: dict(dig.assignments)}
