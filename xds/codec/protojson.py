@@ -19,10 +19,10 @@ from typing import Any, Final
 
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, json_format, message, message_factory
 
-from aether.xds.codec import fastfill as fastcodec
-
-# Importing the modules registers their descriptors in the default pool (the source of the private copy).
-from aether.xds.codec import protos as _protos  # noqa: F401
+from aether.xds.codec import (
+    fastfill,
+    protos,  # noqa: F401  (importing it registers the descriptors in the default pool, the private copy's source)
+)
 from aether.xds.resources import ResourceDict
 
 _FDP = descriptor_pb2.FieldDescriptorProto
@@ -152,10 +152,10 @@ _resolve: Callable[[str], Any] | None = None
 def _fast(msg: message.Message, resource: ResourceDict) -> bool:
     global _resolve
     if _resolve is None:
-        _resolve = fastcodec.message_class_resolver(pool())
+        _resolve = fastfill.message_class_resolver(pool())
     try:
-        fastcodec.fill(msg, resource, _resolve)
-    except (fastcodec.Unsupported, TypeError, ValueError, KeyError, AttributeError):
+        fastfill.fill(msg, resource, _resolve)
+    except (fastfill.Unsupported, TypeError, ValueError, KeyError, AttributeError):
         msg.Clear()
         return False
     return True

@@ -17,4 +17,4 @@ from envoy.service.discovery.v3 import ads_pb2, discovery_pb2  # noqa: F401
 
 # Message types xds-protos lacks (the h2 certificate selector and its mapper), registered from descriptors
 # written by hand: importing them here makes the codec independent of whether eastwest was imported first.
-from aether.xds.codec import extra_protos as identity_protos  # noqa: F401
+from aether.xds.codec import extra_protos  # noqa: F401

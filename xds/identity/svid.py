@@ -1,8 +1,8 @@
 """Workload identity: SVIDs, the trust bundle, and the interface every certificate source implements.
 
-Pure values and names only. The two sources live in `certs_ca.py` (a built-in CA, for tests and the demo) and
-`certs_dir.py` (a directory of PEM files per identity, what SPIRE's and cert-manager's helpers write); the SDS
-Secret resources built from either live in `identity_sds.py`.
+Pure values and names only. The two sources live in `ca.py` (a built-in CA, for tests and the demo) and
+`pemdir.py` (a directory of PEM files per identity, what SPIRE's and cert-manager's helpers write); the SDS
+Secret resources built from either live in `sds.py`.
 
 Naming (what Envoy and the sidecar agree on). Each SVID is served under two secret names:
 - `<spiffe id>` (`spiffe://<td>/ns/<ns>/sa/<sa>`): the source identity the outbound listener stamps into filter

@@ -13,8 +13,7 @@ from typing import TypeAlias
 from aether.api.meshnode import MeshNode
 from aether.netns.records import PodRecord
 from aether.xds.resources import KNOWN_TYPES, Resources, TranslateOptions, merge
-from aether.xds.translate.l4 import tcp as tcp_floor
-from aether.xds.translate.l4 import udp
+from aether.xds.translate.l4 import tcp, udp
 
 Builder: TypeAlias = Callable[[MeshNode, Mapping[str, PodRecord], TranslateOptions], Resources]
 
@@ -32,7 +31,7 @@ def builders(areas: tuple[str, ...] = ()) -> list[Builder]:
     if "udp" in wanted:
         out.append(udp.build)
     if "tcp-floor" in wanted:
-        out.append(tcp_floor.build)
+        out.append(tcp.build)
     if "eastwest" in wanted:
         try:
             eastwest = importlib.import_module("aether.xds.translate.eastwest.build")
@@ -54,22 +53,22 @@ def translate(node: MeshNode, records: Mapping[str, PodRecord], options: Transla
 
 def clear_memo() -> None:
     """Forget the builders' memoized dicts (benchmarks measure cold translations with it)."""
-    from aether.xds.codec import fastfill as fastcodec
-    from aether.xds.gates import core as gates
-    from aether.xds.translate.l4 import common as l4
+    from aether.xds.codec import fastfill
+    from aether.xds.gates import core
+    from aether.xds.translate.l4 import common
 
     for fn in (
-        l4.eds_cluster_for,
-        l4.load_assignment,
+        common.eds_cluster_for,
+        common.load_assignment,
         udp._route,
         udp.matcher,
         udp.capture_listener,
         udp.blackhole_cluster,
-        tcp_floor.capture_listener,
+        tcp.capture_listener,
     ):
         fn.cache_clear()
     udp.MEMO.clear()
-    gates._walked.clear()
-    gates._walked_shared.clear()
-    fastcodec._shared.clear()
-    fastcodec._entries.clear()
+    core._walked.clear()
+    core._walked_shared.clear()
+    fastfill._shared.clear()
+    fastfill._entries.clear()

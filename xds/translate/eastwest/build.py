@@ -16,7 +16,7 @@ from typing import Any
 from aether.api.meshnode import MeshNode
 from aether.api.naming import h2_cluster
 from aether.netns.records import PodRecord
-from aether.xds.codec import extra_protos as identity_protos  # noqa: F401  (registers the selector and mapper messages for the codec)
+from aether.xds.codec import extra_protos  # noqa: F401  (registers the selector and mapper messages for the codec)
 from aether.xds.identity.sds import secrets
 from aether.xds.identity.svid import CertificateSource, bundle_secret_name
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions

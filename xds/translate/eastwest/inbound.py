@@ -1,6 +1,6 @@
 """Inbound, per local pod, bound into its netns on `<podIP>:18008`: TCP h2 mTLS and UDP QUIC mTLS (pure dicts).
 
-Both listeners carry the same DownstreamTlsContext (`eastwest_tls.downstream_tls`) and the same filter chains:
+Both listeners carry the same DownstreamTlsContext (`tls.downstream_tls`) and the same filter chains:
 one chain per application port matched by the SNI `<port>.<sa>.<ns>.<mesh-domain>`, and a catch-all chain to the
 primary port. The HCM sets XFCC from the verified client certificate (`SANITIZE_SET`, URI): the app sees the
 source's SPIFFE ID and nothing a client wrote itself.

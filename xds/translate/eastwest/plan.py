@@ -34,7 +34,7 @@ class EastWestOptions:
     connect_timeout_s: float = 2.0
     # Where SDS secrets, EDS and RDS come from: ADS unless a test points them elsewhere.
     config_source: Mapping[str, Any] | None = None
-    # Only the negative control of the identity-leak gate changes this; gates_quic rejects anything else.
+    # Only the negative control of the identity-leak gate changes this; aether.xds.gates.quic rejects anything else.
     identity_factory: str = "envoy.hashable_string"
     http_outbound_route: str = "http-outbound"
 
