@@ -55,7 +55,10 @@ class TranslateOptions:
     udp_session_idle_s: float = 60.0
     udp_prefer_gro: bool = True
     udp_upstream_prefer_gro: bool | None = None  # None: Envoy's default for udp_proxy upstream sockets
-    udp_gso_writer: bool = True  # replies to the pod through Envoy's GSO batch writer (bench/xds_udp_path.py)
+    # replies to the pod through Envoy's GSO batch writer: off, because it drops every reply over 1,452 bytes
+    udp_gso_writer: bool = False
+    udp_max_rx_datagram_size: int = 65_535  # both sides of udp_proxy; Envoy's own default (1,500) drops larger
+    udp_max_sessions: int = 100_000  # concurrent udp_proxy sessions per Service (the cluster's max_connections)
     cluster_connect_timeout_s: float = 1.0
     # which builders run (names in aether.xds.translate.compose.AREAS); empty = all of them
     areas: tuple[str, ...] = ()

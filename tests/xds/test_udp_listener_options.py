@@ -1,5 +1,6 @@
-"""The UDP capture listener's socket options (GRO, the GSO batch writer): what each option emits, and that the
-real Envoy 1.40 accepts every combination (`envoy --mode validate`)."""
+"""The UDP capture listener's socket options (receive sizes, GRO, the GSO batch writer) and the udp clusters' circuit
+breakers: what each option emits, and that the real Envoy 1.40 accepts every combination (`envoy --mode validate`).
+That every size and flow count passes on the real data path is tests/xds/test_udp_real_clients.py."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from aether.testing.samples import node_with, records_for
-from aether.xds.resources import LISTENER, ResourceDict, Resources, TranslateOptions
+from aether.xds.resources import CLUSTER, LISTENER, ResourceDict, Resources, TranslateOptions
 from aether.xds.sidecar.bootstrap import static_bootstrap
 from aether.xds.translate.compose import translate
 from aether.xds.translate.l4.udp import GSO_WRITER, GSO_WRITER_CONFIG
@@ -40,27 +41,60 @@ def _validate(envoy_bin: Path, tmp_path: Path, resources: Resources) -> subproce
     )
 
 
-def test_defaults_emit_gro_and_the_gso_writer() -> None:
+RX = {"maxRxDatagramSize": 65_535}
+
+
+def _proxy(listener: ResourceDict) -> ResourceDict:
+    proxy: ResourceDict = listener["listenerFilters"][0]["typedConfig"]
+    return proxy
+
+
+def test_defaults_set_receive_sizes_on_both_sides_gro_and_no_gso_writer() -> None:
+    """Every datagram size passes by default: 64 KiB receive buffers on the listener and on udp_proxy's upstream
+    sockets, and Envoy's default writer (the GSO batch writer drops replies over 1,452 bytes)."""
     listener = _listener(TranslateOptions(areas=("udp",)))
+    assert listener["udpListenerConfig"] == {"downstreamSocketConfig": {**RX, "preferGro": True}}
+    assert _proxy(listener)["upstreamSocketConfig"] == RX
+
+
+def test_gso_writer_is_opt_in() -> None:
+    listener = _listener(TranslateOptions(areas=("udp",), udp_gso_writer=True))
     assert listener["udpListenerConfig"] == {
-        "downstreamSocketConfig": {"preferGro": True},
+        "downstreamSocketConfig": {**RX, "preferGro": True},
         "udpPacketPacketWriterConfig": WRITER,
     }
 
 
-def test_gso_writer_off_leaves_envoys_default_writer() -> None:
-    listener = _listener(TranslateOptions(areas=("udp",), udp_gso_writer=False))
-    assert listener["udpListenerConfig"] == {"downstreamSocketConfig": {"preferGro": True}}
+def test_gro_off_keeps_the_receive_size() -> None:
+    """With GRO off Envoy reads one datagram per buffer of max_rx_datagram_size: it must stay 64 KiB."""
+    listener = _listener(TranslateOptions(areas=("udp",), udp_prefer_gro=False, udp_upstream_prefer_gro=False))
+    assert listener["udpListenerConfig"] == {"downstreamSocketConfig": RX}
+    assert _proxy(listener)["upstreamSocketConfig"] == {**RX, "preferGro": False}
 
 
-def test_gso_writer_without_gro() -> None:
-    listener = _listener(TranslateOptions(areas=("udp",), udp_prefer_gro=False))
-    assert listener["udpListenerConfig"] == {"udpPacketPacketWriterConfig": WRITER}
+def test_listener_stats_are_per_pod() -> None:
+    listener = _listener(TranslateOptions(areas=("udp",)))
+    assert listener["statPrefix"] == _proxy(listener)["statPrefix"]
+    assert listener["statPrefix"].startswith("udp_capture_")
 
 
-def test_both_off_has_no_udp_listener_config() -> None:
-    listener = _listener(TranslateOptions(areas=("udp",), udp_prefer_gro=False, udp_gso_writer=False))
-    assert "udpListenerConfig" not in listener
+def test_udp_clusters_are_sized_for_sessions_tcp_clusters_untouched() -> None:
+    node = node_with(2, 1)
+    res = translate(node, records_for(node, "/run/netns"), TranslateOptions(areas=("udp", "tcp-floor")))
+    clusters = res[CLUSTER]
+    udp = [c for n, c in clusters.items() if n.startswith("udp:")]
+    assert udp and all(
+        c["circuitBreakers"]
+        == {"thresholds": [{"priority": "DEFAULT", "maxConnections": 100_000, "trackRemaining": True}]}
+        for c in udp
+    )
+    assert all("circuitBreakers" not in c for n, c in clusters.items() if not n.startswith("udp:"))
+    small = translate(node, records_for(node, "/run/netns"), TranslateOptions(areas=("udp",), udp_max_sessions=7))
+    assert {
+        c["circuitBreakers"]["thresholds"][0]["maxConnections"]
+        for n, c in small[CLUSTER].items()
+        if n.startswith("udp:")
+    } == {7}
 
 
 @pytest.mark.envoy
@@ -79,7 +113,8 @@ def test_envoy_validates_each_combination(envoy_bin: Path, tmp_path: Path, gro: 
 def test_validate_rejects_a_misspelled_writer(envoy_bin: Path, tmp_path: Path) -> None:
     """Negative control: the writer's typed config is checked (an unknown type fails validation)."""
     node = node_with(1, 1)
-    resources = translate(node, records_for(node, str(tmp_path / "netns")), TranslateOptions(areas=("udp",)))
+    options = TranslateOptions(areas=("udp",), udp_gso_writer=True)
+    resources = translate(node, records_for(node, str(tmp_path / "netns")), options)
     (name,) = (k for k in resources[LISTENER] if k.startswith("capture-udp:"))
     listener = json.loads(json.dumps(resources[LISTENER][name]))
     listener["udpListenerConfig"]["udpPacketPacketWriterConfig"]["typedConfig"]["@type"] += "Typo"

@@ -18,6 +18,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from aether.api.addresses import AddressError, parse_addr, parse_hostport
@@ -48,6 +49,19 @@ def _hostport(value: str) -> tuple[str, int]:
         return parse_hostport(value)
     except AddressError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r}: not a number") from None
+        if number <= 0:
+            raise argparse.ArgumentTypeError(f"{value!r}: must be greater than 0")
+        return number
+
+    return parse
 
 
 def _render(argv: list[str]) -> int:
@@ -104,10 +118,17 @@ def _serve(argv: list[str]) -> int:
     p.add_argument(
         "--udp-gso",
         choices=["on", "off"],
-        default="on",
-        help="GSO batch writer on the UDP capture listeners (default on)",
+        default="off",
+        help="GSO batch writer on the UDP capture listeners (default off: it drops every reply over 1,452 bytes)",
     )
-    p.add_argument("--udp-idle-timeout", type=float, default=60.0, help="udp_proxy session idle timeout (seconds)")
+    p.add_argument("--udp-idle-timeout", type=_positive(float), default=60.0, help="udp_proxy session idle timeout (s)")
+    p.add_argument(
+        "--udp-max-sessions",
+        type=_positive(int),
+        default=100_000,
+        help="concurrent UDP flows (client address and port) per Service before new ones are refused "
+        "(the udp clusters' max_connections; default 100000)",
+    )
     p.add_argument(
         "--certs-dir",
         help="east-west: a PEM directory per identity (docs/identity.md); without it a built-in CA "
@@ -135,16 +156,7 @@ def _serve(argv: list[str]) -> int:
         source = FileSource(args.state)
         sink = FileStatusSink(args.status_out or default_status_path(args.state))
     else:
-        try:
-            kube = importlib.import_module("aether.xds.sidecar.kube_source")
-        except ModuleNotFoundError as exc:
-            if exc.name != "aether.xds.sidecar.kube_source":
-                raise
-            print(
-                "aether xds: no --state given and cluster mode is not built yet (aether.xds.sidecar.kube_source)",
-                file=sys.stderr,
-            )
-            return 3
+        kube = importlib.import_module("aether.xds.sidecar.kube_source")
         source = kube.source(args.node, args.kubeconfig)
         sink = kube.status_sink(args.node, args.kubeconfig)
 
@@ -155,7 +167,10 @@ def _serve(argv: list[str]) -> int:
         udp_session_idle_s=args.udp_idle_timeout,
         udp_upstream_prefer_gro=None if args.udp_upstream_gro is None else args.udp_upstream_gro == "on",
         udp_gso_writer=args.udp_gso == "on",
+        udp_max_sessions=args.udp_max_sessions,
     )
+    if options.udp_gso_writer:
+        log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")
     keeper = None
     if not areas or "eastwest" in areas:
         from aether.xds.sidecar.secrets import SecretKeeper, make_source

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
+from typing import NamedTuple
 
 from aether.api.meshnode import MeshNode, MeshPod, ServiceArm
 from aether.netns.records import PodRecord
@@ -31,19 +32,36 @@ def seconds(value: float) -> str:
     return f"{text}s"
 
 
+class ClusterShape(NamedTuple):
+    """What an L4 EDS cluster carries besides its name (hashable: the constructors below are memoized on it).
+
+    `max_connections`: the DEFAULT-priority circuit breaker. udp_proxy counts every session (one client
+    address and port) as an upstream connection, so for UDP this is the number of concurrent flows per
+    Service; None leaves Envoy's default (1,024)."""
+
+    connect_timeout_s: float
+    max_connections: int | None = None
+
+
 def eds_cluster(name: str, options: TranslateOptions) -> ResourceDict:
     """An EDS cluster whose load assignment has its own EDS name (the cluster name)."""
-    return eds_cluster_for(name, options.cluster_connect_timeout_s)
+    return eds_cluster_for(name, ClusterShape(options.cluster_connect_timeout_s))
 
 
 @lru_cache(maxsize=1 << 16)
-def eds_cluster_for(name: str, connect_timeout_s: float) -> ResourceDict:
-    return {
+def eds_cluster_for(name: str, shape: ClusterShape) -> ResourceDict:
+    cluster: ResourceDict = {
         "name": name,
         "type": "EDS",
         "edsClusterConfig": {"edsConfig": {"ads": {}, "resourceApiVersion": "V3"}, "serviceName": name},
-        "connectTimeout": seconds(connect_timeout_s),
+        "connectTimeout": seconds(shape.connect_timeout_s),
     }
+    if shape.max_connections is not None:
+        # track_remaining: the `remaining_cx` gauge shows how close a Service is to refusing new flows
+        cluster["circuitBreakers"] = {
+            "thresholds": [{"priority": "DEFAULT", "maxConnections": shape.max_connections, "trackRemaining": True}]
+        }
+    return cluster
 
 
 @lru_cache(maxsize=1 << 16)

@@ -27,7 +27,7 @@ from typing import Final
 
 from aether.api.meshnode import ServiceArm
 from aether.xds.resources import ResourceDict
-from aether.xds.translate.l4.common import Arms, EndpointKey, eds_cluster_for, load_assignment
+from aether.xds.translate.l4.common import Arms, ClusterShape, EndpointKey, eds_cluster_for, load_assignment
 
 ArmId = tuple[str, str, str]  # (vip, service, cluster)
 ArmEndpoints = tuple[str, int] | EndpointKey  # (ip, port) for the common one-endpoint arm
@@ -68,7 +68,7 @@ class ArmsDigest:
     """What one translation derived from the arms (`skip`: the cluster that gets no EDS resources)."""
 
     skip: str
-    timeout: float
+    shape: ClusterShape
     ids: list[ArmId]
     eps: list[ArmEndpoints]
     key: Arms  # the matcher's content: (vip, cluster) sorted by VIP then service
@@ -86,7 +86,7 @@ class ArmsDigest:
         return listener
 
 
-def digest(ids: list[ArmId], eps: list[ArmEndpoints], skip: str, timeout: float) -> ArmsDigest:
+def digest(ids: list[ArmId], eps: list[ArmEndpoints], skip: str, shape: ClusterShape) -> ArmsDigest:
     """A digest from scratch (what the cold path and a structural change do)."""
     members_l: dict[str, list[int]] = {}
     for i, (_, _, cluster) in enumerate(ids):
@@ -98,16 +98,16 @@ def digest(ids: list[ArmId], eps: list[ArmEndpoints], skip: str, timeout: float)
                 group.append(i)
     members = {c: tuple(idx) for c, idx in members_l.items()}
     key = tuple((vip, cluster) for vip, _, cluster in sorted(ids))
-    clusters = {c: eds_cluster_for(c, timeout) for c in members}
+    clusters = {c: eds_cluster_for(c, shape) for c in members}
     assignments = {c: load_assignment(c, _union(eps, idx)) for c, idx in members.items()}
-    return ArmsDigest(skip, timeout, ids, eps, key, members, clusters, assignments)
+    return ArmsDigest(skip, shape, ids, eps, key, members, clusters, assignments)
 
 
-def update(prev: ArmsDigest, ids: list[ArmId], eps: list[ArmEndpoints], skip: str, timeout: float) -> ArmsDigest:
+def update(prev: ArmsDigest, ids: list[ArmId], eps: list[ArmEndpoints], skip: str, shape: ClusterShape) -> ArmsDigest:
     """The digest of (ids, eps), reusing `prev` for everything that did not change."""
-    if prev.skip != skip or prev.timeout != timeout or prev.ids != ids:
-        fresh = digest(ids, eps, skip, timeout)
-        if fresh.key == prev.key and prev.skip == skip and prev.timeout == timeout:
+    if prev.skip != skip or prev.shape != shape or prev.ids != ids:
+        fresh = digest(ids, eps, skip, shape)
+        if fresh.key == prev.key and prev.skip == skip and prev.shape == shape:
             return replace(fresh, key=prev.key, listeners=prev.listeners)
         return fresh
     changed = list(compress(range(len(eps)), map(ne, eps, prev.eps)))
@@ -126,10 +126,10 @@ class DigestMemo:
     def __init__(self) -> None:
         self._last: dict[tuple[str, str], ArmsDigest] = {}
 
-    def digest(self, node: str, area: str, arms: Iterable[ServiceArm], skip: str, timeout: float) -> ArmsDigest:
+    def digest(self, node: str, area: str, arms: Iterable[ServiceArm], skip: str, shape: ClusterShape) -> ArmsDigest:
         ids, eps = read_arms(arms)
         prev = self._last.get((node, area))
-        out = digest(ids, eps, skip, timeout) if prev is None else update(prev, ids, eps, skip, timeout)
+        out = digest(ids, eps, skip, shape) if prev is None else update(prev, ids, eps, skip, shape)
         if len(self._last) >= _MAX_NODES and (node, area) not in self._last:
             self._last.clear()
         self._last[(node, area)] = out

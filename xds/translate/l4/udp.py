@@ -5,6 +5,14 @@ into the pod netns (`network_namespace_filepath`, `transparent: true`), whose `u
 arm's VIP (`DestinationIPInput`, exact) to the arm's `udp:<ns>/<svc>` cluster, `on_no_match` -> blackhole.
 One EDS cluster per UDP service (EDS name = cluster name) with endpoints at the backend's application port.
 Listener count scales with local pods, never with services.
+
+Every datagram a UDP socket can carry (to 65,507 bytes) passes both ways: both the capture listener and
+udp_proxy's upstream sockets set `max_rx_datagram_size` (Envoy's default, 1,500, drops anything larger as soon
+as GRO is off), and replies leave through Envoy's default writer. The GSO batch writer is opt-in only: it is
+QUIC's writer and refuses any reply over 1,452 bytes with EMSGSIZE, so a DNS answer of 1.5-4 KB would be lost,
+not truncated (docs/performance.md). Each udp_proxy session (one client address and port) counts as an
+upstream connection against the cluster's circuit breaker, so the udp clusters size `max_connections` for
+sessions (`udp_max_sessions`, default 100,000) instead of Envoy's 1,024.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions
-from aether.xds.translate.l4.common import Arms, local_pods, seconds, stat_name
+from aether.xds.translate.l4.common import Arms, ClusterShape, local_pods, seconds, stat_name
 from aether.xds.translate.l4.memo import DigestMemo
 
 UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
@@ -30,6 +38,8 @@ DESTINATION_IP_INPUT: Final = (
 LISTENER_PREFIX: Final = "capture-udp:"
 GSO_WRITER: Final = "envoy.udp_packet_writer.gso"
 GSO_WRITER_CONFIG: Final = "type.googleapis.com/envoy.extensions.udp_packet_writer.v3.UdpGsoBatchWriterFactory"
+# the receive buffer per datagram on both sides: the largest UDP payload (65,507 on IPv4, 65,527 on IPv6) fits
+MAX_RX_DATAGRAM_SIZE: Final = 65_535
 
 
 def listener_name(namespace: str, pod: str) -> str:
@@ -57,6 +67,7 @@ def matcher(arms: Arms) -> ResourceDict:
 def capture_listener(name: str, netns: str, arms: Arms, options: TranslateOptions, stat_prefix: str) -> ResourceDict:
     listener: ResourceDict = {
         "name": name,
+        "statPrefix": stat_prefix,  # listener.<pod>.* rather than one listener.0.0.0.0_18082.* for every pod
         "address": {
             "socketAddress": {
                 "protocol": "UDP",
@@ -78,18 +89,19 @@ def capture_listener(name: str, netns: str, arms: Arms, options: TranslateOption
             }
         ],
     }
-    udp_config: ResourceDict = {}
+    downstream: ResourceDict = {"maxRxDatagramSize": options.udp_max_rx_datagram_size}
     if options.udp_prefer_gro:
-        udp_config["downstreamSocketConfig"] = {"preferGro": True}
+        downstream["preferGro"] = True
+    udp_config: ResourceDict = {"downstreamSocketConfig": downstream}
     if options.udp_gso_writer:
-        # replies to the pod go through a batch writer: udp_proxy flushes it after each upstream read, so the
-        # replies read in one pass leave in one sendmsg (UDP_SEGMENT) instead of one each (bench/xds_udp_path.py)
+        # opt-in (see the module docstring): replies read in one pass leave in one sendmsg (UDP_SEGMENT), but
+        # any reply over 1,452 bytes is dropped
         udp_config["udpPacketPacketWriterConfig"] = {"name": GSO_WRITER, "typedConfig": {"@type": GSO_WRITER_CONFIG}}
-    if udp_config:
-        listener["udpListenerConfig"] = udp_config
+    listener["udpListenerConfig"] = udp_config
+    upstream: ResourceDict = {"maxRxDatagramSize": options.udp_max_rx_datagram_size}
     if options.udp_upstream_prefer_gro is not None:
-        proxy = listener["listenerFilters"][0]["typedConfig"]
-        proxy["upstreamSocketConfig"] = {"preferGro": options.udp_upstream_prefer_gro}
+        upstream["preferGro"] = options.udp_upstream_prefer_gro
+    listener["listenerFilters"][0]["typedConfig"]["upstreamSocketConfig"] = upstream
     return listener
 
 
@@ -109,8 +121,8 @@ MEMO = DigestMemo()
 def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
     """The UDP builder (contract in aether.xds.resources). Incremental: diffs the arms against the node's last
     translation (`aether.xds.translate.l4.memo`), so one changed service costs what it changed plus one read of the arms."""
-    timeout = options.cluster_connect_timeout_s
-    dig = MEMO.digest(node.metadata.name, "udp", node.status.udp.services, BLACKHOLE_CLUSTER, timeout)
+    shape = ClusterShape(options.cluster_connect_timeout_s, options.udp_max_sessions)
+    dig = MEMO.digest(node.metadata.name, "udp", node.status.udp.services, BLACKHOLE_CLUSTER, shape)
     key = dig.key
     listeners: dict[str, ResourceDict] = {}
     for pod, record in local_pods(node, records):
