@@ -8,15 +8,21 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup system-packages demo test lint unit bench clean
 
+# Debian packages: the kernel tools, and the real UDP programs the data-path tests run (dnsmasq, dig, dnsperf, socat,
+# iperf3). `dnsmasq-base` is the server without its system service.
+DEB_PACKAGES := nftables iproute2 python3-venv dnsmasq-base dnsutils dnsperf socat iperf3
+DEB_COMMANDS := nft ip dnsmasq dig dnsperf socat iperf3
+
 system-packages:
-	@if command -v nft >/dev/null && command -v ip >/dev/null && $(PYTHON) -c 'import venv, ensurepip' 2>/dev/null; then \
-	  echo "setup: nftables, iproute2 and python venv present"; \
+	@missing=""; for c in $(DEB_COMMANDS); do command -v $$c >/dev/null || [ -x /usr/sbin/$$c ] || missing="$$missing $$c"; done; \
+	if [ -z "$$missing" ] && $(PYTHON) -c 'import venv, ensurepip' 2>/dev/null; then \
+	  echo "setup: Debian packages present ($(DEB_PACKAGES))"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "setup: apt-get install nftables iproute2 python3-venv"; \
+	  echo "setup: apt-get install $(DEB_PACKAGES)"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables iproute2 python3-venv >/dev/null; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEB_PACKAGES) >/dev/null; \
 	else \
-	  echo "setup: need nftables, iproute2 and python3-venv (run as root on Debian 12 to install them)"; exit 1; \
+	  echo "setup: need$$missing: run as root on Debian 12 to install $(DEB_PACKAGES)"; exit 1; \
 	fi
 
 $(STAMP): pyproject.toml | system-packages

@@ -1,0 +1,201 @@
+"""Real UDP programs as pod apps and clients: dnsmasq and socat backends, dig and dnsperf clients, and the
+fresh-socket lookup storm a stub resolver makes (a new source port per query).
+
+The programs are Debian's (`dnsmasq-base`, `dnsutils`, `dnsperf`, `socat`), installed by the README's set-up.
+Backends are argv lists for `Lab.spawn` in the backend pod's netns; clients run inside a pod's netns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import socket
+import struct
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from aether.netns.nsthread import run_in_netns
+
+# A TXT answer of ~3 KB: 12 strings of 250 characters (one string holds at most 255)
+BIG_TXT_NAME = "big.test"
+BIG_TXT = tuple(f"{i:02d}" + chr(ord("a") + i) * 248 for i in range(12))
+WHO_NAME = "who.test"
+
+
+class MissingProgram(RuntimeError):
+    pass
+
+
+def program(name: str) -> str:
+    """The path of a Debian program the tests need, or a clear error naming the package."""
+    found = shutil.which(name) or next(
+        (p for p in (f"/usr/sbin/{name}", f"/usr/bin/{name}") if os.path.exists(p)), None
+    )
+    if not found:
+        package = {"dnsmasq": "dnsmasq-base", "dig": "dnsutils"}.get(name, name)
+        raise MissingProgram(f"{name} not found: apt-get install {package} (the README's `make setup` does)")
+    return found
+
+
+# ---- backends --------------------------------------------------------------------------------------------
+def dnsmasq_argv(ip: str, port: int, answer_ip: str, workdir: Path) -> list[str]:
+    """An authoritative-only dnsmasq on ip:port: `who.test` A -> answer_ip, `big.test` TXT of ~3 KB."""
+    txt = ",".join(BIG_TXT)  # no quotes: there is no shell, dnsmasq would keep them
+    return [
+        program("dnsmasq"),
+        "--keep-in-foreground",
+        "--conf-file=/dev/null",
+        "--no-resolv",
+        "--no-hosts",
+        "--no-poll",
+        "--bind-interfaces",
+        f"--listen-address={ip}",
+        f"--port={port}",
+        f"--pid-file={workdir / f'dnsmasq-{ip}.pid'}",
+        "--user=root",
+        "--edns-packet-max=4096",
+        f"--address=/{WHO_NAME}/{answer_ip}",
+        f"--txt-record={BIG_TXT_NAME},{txt}",
+    ]
+
+
+def socat_echo_argv(ip: str, port: int) -> list[str]:
+    """Every datagram back to its sender, byte for byte (64 KiB buffers: any UDP size)."""
+    return [program("socat"), "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "PIPE"]
+
+
+def socat_count_argv(ip: str, port: int) -> list[str]:
+    """Answers each datagram with its length in ASCII: a large request and a small reply."""
+    return [program("socat"), "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:wc -c"]
+
+
+# ---- DNS on the wire (just what the storm needs) --------------------------------------------------------------
+def dns_query(qid: int, name: str, qtype: int = 1, edns: int | None = None) -> bytes:
+    header = struct.pack("!HHHHHH", qid, 0x0100, 1, 0, 0, 1 if edns else 0)
+    qname = b"".join(bytes([len(label)]) + label.encode() for label in name.split(".")) + b"\0"
+    opt = b"\0" + struct.pack("!HHIH", 41, edns, 0, 0) if edns else b""
+    return header + qname + struct.pack("!HH", qtype, 1) + opt
+
+
+def dns_answer_count(reply: bytes, qid: int) -> int:
+    """ANCOUNT of a reply to `qid` with RCODE 0, else -1."""
+    if len(reply) < 12:
+        return -1
+    rid, flags, _, ancount = struct.unpack("!HHHH", reply[:8])
+    return ancount if rid == qid and flags & 0x8000 and flags & 0xF == 0 else -1
+
+
+@dataclass
+class Storm:
+    sent: int
+    answered: int
+
+
+def fresh_socket_lookups(
+    netns_path: str, server: str, port: int, count: int, batch: int = 500, timeout: float = 3.0
+) -> Storm:
+    """`count` A lookups of who.test, each from a new socket (new source port) made inside the pod's netns,
+    `batch` in flight at a time; each socket is closed once answered or timed out. Like a stub resolver."""
+    answered = 0
+    qid = 0
+    for start in range(0, count, batch):
+        n = min(batch, count - start)
+
+        def make(n: int = n) -> list[socket.socket]:
+            return [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(n)]
+
+        socks = run_in_netns(netns_path, make)
+        try:
+            ids: dict[int, int] = {}
+            for s in socks:
+                qid = (qid + 1) & 0xFFFF
+                s.setblocking(False)
+                s.sendto(dns_query(qid, WHO_NAME), (server, port))
+                ids[s.fileno()] = qid
+            pending = {s.fileno(): s for s in socks}
+            poller = select.poll()
+            for fd in pending:
+                poller.register(fd, select.POLLIN)
+            deadline = timeout * 1000
+            while pending and deadline > 0:
+                events = poller.poll(min(deadline, 200))
+                if not events:
+                    deadline -= 200
+                    continue
+                for fd, _ in events:
+                    data = pending[fd].recv(65535)
+                    if dns_answer_count(data, ids[fd]) >= 1:
+                        answered += 1
+                    poller.unregister(fd)
+                    del pending[fd]
+        finally:
+            for s in socks:
+                s.close()
+    return Storm(count, answered)
+
+
+# ---- dig, dnsperf -----------------------------------------------------------------------------------------
+@dataclass
+class Dig:
+    status: str
+    flags: list[str]
+    answers: list[str]
+    size: int  # bytes received
+    output: str
+
+
+def dig(netns: str, server: str, port: int, name: str, qtype: str = "A", bufsize: int = 4096) -> Dig:
+    """dig over UDP only (+ignore: a truncated answer is not retried over TCP, so TC shows)."""
+    argv = [program("dig"), f"@{server}", "-p", str(port), "+time=2", "+tries=1", "+ignore", f"+bufsize={bufsize}"]
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns, *argv, name, qtype], capture_output=True, text=True, timeout=30
+    ).stdout
+    status = re.search(r"status: (\w+)", out)
+    flags = re.search(r";; flags: ([^;]*);", out)
+    size = re.search(r"MSG SIZE\s+rcvd: (\d+)", out)
+    section = out.split(";; ANSWER SECTION:\n", 1)
+    answers = [ln for ln in section[1].split("\n\n", 1)[0].splitlines() if ln] if len(section) == 2 else []
+    return Dig(
+        status.group(1) if status else "NO-REPLY",
+        flags.group(1).split() if flags else [],
+        answers,
+        int(size.group(1)) if size else 0,
+        out,
+    )
+
+
+def txt_strings(answers: Sequence[str]) -> list[str]:
+    return [s for line in answers for s in re.findall(r'"([^"]*)"', line)]
+
+
+@dataclass
+class Dnsperf:
+    sent: int
+    completed: int
+    lost: int
+    qps: float
+    output: str
+
+
+def dnsperf(netns: str, server: str, port: int, datafile: Path, seconds: float, clients: int = 8) -> Dnsperf:
+    argv = [program("dnsperf"), "-s", server, "-p", str(port), "-d", str(datafile), "-l", str(seconds)]
+    argv += ["-c", str(clients), "-q", "64", "-t", "2"]
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns, *argv], capture_output=True, text=True, timeout=seconds + 60
+    ).stdout
+
+    def num(pattern: str) -> float:
+        m = re.search(pattern, out)
+        return float(m.group(1)) if m else 0.0
+
+    return Dnsperf(
+        int(num(r"Queries sent:\s+(\d+)")),
+        int(num(r"Queries completed:\s+(\d+)")),
+        int(num(r"Queries lost:\s+(\d+)")),
+        num(r"Queries per second:\s+([\d.]+)"),
+        out,
+    )
