@@ -5,7 +5,8 @@ Identity lives in one filter-state key, `envoy.tls.certificate_mappers.on_demand
 source's SPIFFE ID, which is also the name of its SVID's SDS secret (`aether.xds.identity.svid`). It must be made by
 the `envoy.hashable_string` factory: the upstream transport folds hashable shared objects into the connection-pool
 key, so pools partition per source. With `envoy.string` two sources share one pool, and the second source's
-requests ride the first source's connection and arrive as the first source (verified-here.md).
+requests ride the first source's connection and arrive as the first source: seen here on Envoy 1.40, and kept as
+the negative control of the `identity-hashable` gate (`tests/xds/test_quic_datapath.py`).
 """
 
 from __future__ import annotations
