@@ -87,8 +87,9 @@ def test_negative_control_a_production_module_importing_test_support_is_caught(t
     (tmp_path / "leaky_e2e.py").write_text("def later() -> None:\n    pass\n\nimport aether.e2e\n")
     modules = ["aether.api.naming", "leaky_testing", "aether.xds.ads.cache", "leaky_e2e", "aether.netns.records"]
     result = load_in_fresh_interpreter(modules, [str(tmp_path)])
-    assert result.by_import == {
-        "leaky_testing": ["aether.testing", "aether.testing.probe"],
-        "leaky_e2e": ["aether.e2e"],
-    }
-    assert result.test_support == ["aether.e2e", "aether.testing", "aether.testing.probe"]
+    # exactly the bad modules are blamed; what probe itself pulls in besides is testing's business
+    assert sorted(result.by_import) == ["leaky_e2e", "leaky_testing"]
+    assert {"aether.testing", "aether.testing.probe"} <= set(result.by_import["leaky_testing"])
+    assert all(n == "aether.testing" or n.startswith("aether.testing.") for n in result.by_import["leaky_testing"])
+    assert result.by_import["leaky_e2e"] == ["aether.e2e"]
+    assert {"aether.e2e", "aether.testing", "aether.testing.probe"} <= set(result.test_support)
