@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Iterator, Mapping
@@ -229,7 +230,20 @@ def test_nack_rolls_back_to_the_last_good_state_and_says_why(
         c.close()
 
 
-def test_default_events_is_quiet() -> None:
+def test_default_events_is_quiet(caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    """The default Events only logs: an ACK says nothing, connects and disconnects are INFO, a NACK is one WARNING
+    naming the node, the type, the version and Envoy's error; nothing is printed and nothing raised."""
     ev = Events()
-    ev.on_ack("n", CLUSTER, "v")
-    ev.on_nack("n", CLUSTER, "v", "x")
+    caplog.set_level(logging.DEBUG)
+    ev.on_ack("n", CLUSTER, "v1")
+    assert caplog.records == []
+    ev.on_connect("n", 7)
+    ev.on_disconnect("n", 7)
+    assert [(r.name, r.levelno) for r in caplog.records] == [("aether.xds.ads.server", logging.INFO)] * 2
+    assert all("stream 7" in r.getMessage() and "node n" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    ev.on_nack("n", CLUSTER, "v2", "malformed IP address")
+    (nack,) = caplog.records
+    assert (nack.name, nack.levelno) == ("aether.xds.ads.server", logging.WARNING)
+    assert nack.getMessage() == "NACK node=n type=Cluster version=v2: malformed IP address"
+    assert capsys.readouterr() == ("", "")
