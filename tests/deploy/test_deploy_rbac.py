@@ -185,9 +185,41 @@ def _seed(store: Any) -> None:
     )
 
 
-def _meshnode_written(store: Any) -> bool:
-    objs = store.objects.get(("mesh.aether.dev", "meshnodes"), {})
-    return any((o.get("status") or {}).get("pods") for o in objs.values())
+# What the seeded run calls before the operator is stopped: every call of OPERATOR_CALLS but the MeshNode GET
+# (a status patch conflict) and DELETE (a Node gone), which this run has no reason to make.
+OPERATOR_RUN_CALLS = [
+    c
+    for c in OPERATOR_CALLS
+    if c not in (("get", "mesh.aether.dev", "meshnodes", ""), ("delete", "mesh.aether.dev", "meshnodes", ""))
+]
+
+
+def _reconciled(store: Any) -> list[str]:
+    """What the seeded cluster still lacks from the operator (empty: all done): node-a's MeshNode status with its
+    pods and the UDP arm of e2e/dns-a, the UDPRoute's status written by our controller for its current
+    generation, and the Event for the route's Accepted condition (posted after that status write)."""
+    missing = []
+    node = store.objects.get(("mesh.aether.dev", "meshnodes"), {}).get(("", "node-a")) or {}
+    status = node.get("status") or {}
+    if not status.get("pods"):
+        missing.append("MeshNode node-a status.pods")
+    if not any(a.get("service") == f"{NS}/dns-a" for a in (status.get("udp") or {}).get("services") or []):
+        missing.append(f"MeshNode node-a arm {NS}/dns-a")
+    udproutes = next(t for t in store.types.values() if t.plural == "udproutes")
+    route = store.objects.get(udproutes.key, {}).get((NS, "dns")) or {}
+    ours = [
+        c
+        for p in (route.get("status") or {}).get("parents") or []
+        if p.get("controllerName") == "mesh.aether.dev/udproute-controller"
+        for c in p.get("conditions") or []
+    ]
+    generation = (route.get("metadata") or {}).get("generation")
+    if not ours or any(c.get("observedGeneration") != generation for c in ours):
+        missing.append(f"UDPRoute {NS}/dns status for generation {generation}")
+    events = store.objects.get(("", "events"), {}).values()
+    if not any((e.get("involvedObject") or {}).get("kind") == "UDPRoute" for e in events):
+        missing.append(f"an Event for UDPRoute {NS}/dns")
+    return missing
 
 
 @pytest.mark.slow
@@ -208,24 +240,28 @@ def test_operator_calls_in_the_audit_log_are_allowed(
             stdout=subprocess.DEVNULL,
             stderr=open(tmp_path / "operator.log", "w"),  # noqa: SIM115 (closed with the process)
         )
-        _run_until(proc, lambda: bool(bed.call(_meshnode_written)), timeout=90, settle=2)  # status, events
-        written = bed.call(_meshnode_written)
+        expected = {rbac_check.Request(*c) for c in OPERATOR_RUN_CALLS}
+
+        def done() -> bool:
+            return not bed.call(_reconciled) and expected <= _requests(rbac_check, bed.audit)
+
+        _run_until(proc, done, timeout=90)
+        missing = bed.call(_reconciled)
         records = bed.audit
     log = (tmp_path / "operator.log").read_text()[-3000:]
-    assert written, f"the operator wrote no MeshNode with pods; its log ends:\n{log}"
+    assert missing == [], f"the operator did not finish reconciling; its log ends:\n{log}"
     calls = _requests(rbac_check, records)
-    assert rbac_check.Request("create", "mesh.aether.dev", "meshnodes", "") in calls
+    assert sorted(expected - calls) == [], f"calls the run should have made; operator log:\n{log}"
     rules = _roles(rendered)["aether-operator"]
     assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; operator log:\n{log}"
 
 
-def _run_until(proc: subprocess.Popen[bytes], done: Callable[[], bool], timeout: float, settle: float = 0) -> None:
-    """Wait until `done()` (or the process exits, or `timeout`), wait `settle` more, then stop the process."""
+def _run_until(proc: subprocess.Popen[bytes], done: Callable[[], bool], timeout: float) -> None:
+    """Poll until `done()` (or the process exits, or `timeout`), then stop the process."""
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not done() and proc.poll() is None:
-            time.sleep(0.5)
-        time.sleep(settle)
+            time.sleep(0.1)
     finally:
         proc.terminate()
         try:
@@ -273,12 +309,17 @@ def test_node_sidecar_calls_in_the_audit_log_are_allowed(
             stdout=subprocess.DEVNULL,
             stderr=open(tmp_path / "xds.log", "w"),  # noqa: SIM115 (closed with the process)
         )
-        _run_until(proc, lambda: bool(bed.call(_programmed)), timeout=60)
+        expected = {rbac_check.Request(*c) for c in NODE_CALLS}  # the sidecar makes each of them on its own
+
+        def done() -> bool:
+            return bool(bed.call(_programmed)) and expected <= _requests(rbac_check, bed.audit)
+
+        _run_until(proc, done, timeout=60)
         programmed = bed.call(_programmed)
         records = bed.audit
     log = (tmp_path / "xds.log").read_text()[-3000:]
     assert programmed, f"the sidecar wrote no Programmed condition; its log ends:\n{log}"
     calls = _requests(rbac_check, records)
-    assert rbac_check.Request("patch", "mesh.aether.dev", "meshnodes", "status") in calls
+    assert sorted(expected - calls) == [], f"calls the sidecar should have made; its log:\n{log}"
     rules = _roles(rendered)["aether-node"]
     assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; sidecar log:\n{log}"
