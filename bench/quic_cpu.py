@@ -43,19 +43,11 @@ from typing import Any
 
 from aether.netns.contract import CaptureMode
 from aether.netns.install import install_capture
-from aether.testing.eastwest_lab import (
-    ECHO_APP,
-    AdsHarness,
-    EnvoyNode,
-    client_result,
-    http_in_netns,
-    start_client,
-    start_echo,
-    start_envoy,
-    wait_until,
-)
+from aether.testing.eastwest_lab import AdsHarness, client_result, http_in_netns, start_client, start_echo, start_envoy
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
-from aether.testing.netlab import Lab, Pod
+from aether.testing.envoy import Envoy
+from aether.testing.netlab import Lab
+from aether.testing.wait import wait_for
 from aether.xds.identity.ca import BuiltinCA
 from aether.xds.identity.sds import secrets
 from aether.xds.resources import CLUSTER, LISTENER, TranslateOptions
@@ -76,7 +68,7 @@ CLIENT_ID = f"spiffe://{TD}/ns/default/sa/client"
 WEB_ID = f"spiffe://{TD}/ns/default/sa/web-sa"
 
 
-def _cpu(nodes: list[EnvoyNode]) -> float:
+def _cpu(nodes: list[Envoy]) -> float:
     return sum(n.cpu_seconds() for n in nodes)
 
 
@@ -93,26 +85,7 @@ def _packets(netns: str) -> tuple[int, int, int]:
     return udp.get("OutDatagrams", 0), udp.get("InDatagrams", 0), tcp.get("InSegs", 0) + tcp.get("OutSegs", 0)
 
 
-# The same echo app, answering with one write (what most servers do for a small response).
-ONE_WRITE_APP = ECHO_APP.replace(
-    "        self.end_headers()\n        self.wfile.write(body)\n",
-    "        self._headers_buffer.append(b'\\r\\n')\n"
-    "        self.wfile.write(b''.join(self._headers_buffer) + body)\n"
-    "        self._headers_buffer = []\n",
-)
-
-
-def start_one_write_echo(lab: Lab, pod: Pod, hits: Path) -> None:
-    if ONE_WRITE_APP == ECHO_APP:
-        raise RuntimeError("the echo app changed: --app-one-write no longer applies")
-    hits.touch()
-    proc = lab.spawn(pod.netns, [sys.executable, "-c", ONE_WRITE_APP, str(hits), "8080"], stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    if b"ready" not in proc.stdout.readline():
-        raise RuntimeError(f"echo app in {pod.name} did not start")
-
-
-def attach(template: str, nodes: list[EnvoyNode], label: str, batch: int) -> list[subprocess.Popen[bytes]]:
+def attach(template: str, nodes: list[Envoy], label: str, batch: int) -> list[subprocess.Popen[bytes]]:
     """`--attach`: one profiler process per Envoy (started 1 s before the batch, so attaching is not measured
     as part of it; the CPU figures of a profiled batch include the profiler's overhead in the Envoys)."""
     if not template:
@@ -125,7 +98,7 @@ def attach(template: str, nodes: list[EnvoyNode], label: str, batch: int) -> lis
         )
         for n in nodes
     ]
-    time.sleep(1.0)
+    time.sleep(1.0)  # no signal says a profiler has attached: a fixed head start, outside the measured batch
     return tools
 
 
@@ -177,10 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             web = lab.add_pod(nb, "web-0", "10.200.2.7")
             lab.link_nodes(na, nb, "10.199.0.1", "10.199.0.2")
             install_capture(client.path, CaptureMode.TPROXY)
-            if args.app_one_write:
-                start_one_write_echo(lab, web, work / "hits.log")
-            else:
-                start_echo(lab, web, (8080,), work / "hits.log")
+            start_echo(lab, web, (8080,), work / "hits.log", one_write=args.app_one_write)
             ca = BuiltinCA(TD, MD)
             runtime: dict[str, object] = {}
             for kv in args.runtime:
@@ -211,14 +181,14 @@ def main(argv: list[str] | None = None) -> int:
                     snap = ads.cache.get("node-b")
                     assert snap is not None
                     versions = {n: v for n, v in snap.versions[LISTENER].items() if n.startswith("inbound-h3:")}
-                    wait_until(
+                    wait_for(
                         lambda: all(
                             f'"version_info": "{v}"' in b.active_config("dynamic_listeners") for v in versions.values()
                         ),
                         60,
                         "node-b listener update",
                     )
-                    time.sleep(3)  # the old listener drains (--drain-time-s 2) before the batch
+                    b.wait_drained()  # the old listener drains (--drain-time-s 2) before the batch
 
             set_b("")
 
@@ -246,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 ads.set("node-a", res, secrets(ca, [CLIENT_ID]))
                 if quic:
                     want_timeout = f"{ew(quic, 'a').connect_timeout_s + nudge / 1000:.3f}s"
-                    wait_until(
+                    wait_for(
                         lambda: want_timeout in a.active_config("dynamic_active_clusters"),
                         60,
                         f"twin for {var.label} active",
@@ -259,10 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                     out = http_in_netns(client.netns, HOST, ip=VIP)
                     return out[0][0] == 200 and ("By=" in out[0][1]) == want_by
 
-                wait_until(ready, 60, f"{'h3' if quic else 'h2'} in effect", interval=0.3)
+                wait_for(ready, 60, f"{'h3' if quic else 'h2'} in effect", interval=0.3)
 
-            a.wait_ready()
-            b.wait_ready()
+            a.wait_live()
+            b.wait_live()
             per_client = args.requests // args.clients
 
             side: dict[str, list[tuple[float, float]]] = {}

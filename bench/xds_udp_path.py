@@ -13,7 +13,6 @@ Targets (issue 3): mesh >= 0.45x direct at 1 in flight, >= 0.6x at 32; 10,000 ar
 from __future__ import annotations
 
 import argparse
-import secrets
 import socket
 import statistics
 import struct
@@ -25,8 +24,9 @@ from pathlib import Path
 
 from aether.api.meshnode import Endpoint, ServiceArm
 from aether.netns.contract import L4_OUTBOUND_PORT
-from aether.testing.netlab import Lab, is_root, wait_for
+from aether.testing.netlab import Lab, is_root
 from aether.testing.nodebed import NodeBed, Service, udp_socket_in, wait_reply
+from aether.testing.wait import wait_for
 
 VIP = "10.96.50.1"
 PORT = 5353
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     lab = Lab()
     try:
         work = Path(tempfile.mkdtemp(prefix="xds-udp-bench-"))
-        bed = NodeBed(lab, work, base_id=30_000 + secrets.randbelow(5000), envoy_args=["--concurrency", "1"])
+        bed = NodeBed(lab, work, envoy_args=["--concurrency", "1"])
         bed.add_client("bench-client")
         svc = bed.add_service("echo", VIP, PORT)
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 return dump.count('"udp:default/') >= min(want, 2) and bed.condition().get("status") == "True"
 
             wait_for(arms_loaded, timeout=120, what=f"{want} arms programmed")
-            time.sleep(0.5)
+            settled(bed)
 
         def sock_ready() -> None:
             s = udp_socket_in(bed.clients["bench-client"].path)
@@ -198,7 +198,7 @@ def restart_sidecar(bed: NodeBed, extra: list[str]) -> None:
         timeout=60,
         what="listener updated",
     )
-    time.sleep(1.0)
+    settled(bed)
 
 
 def restart_envoy(bed: NodeBed, envoy_args: list[str]) -> None:
@@ -207,10 +207,18 @@ def restart_envoy(bed: NodeBed, envoy_args: list[str]) -> None:
     bed.start_sidecar()
     bed.stop_envoy()
     bed.envoy_args = envoy_args
-    bed.base_id += 1
     bed.start_envoy()
     bed.wait_programmed()
-    time.sleep(1.0)
+    settled(bed)
+
+
+def settled(bed: NodeBed) -> None:
+    """After a change: Envoy serves the new listeners (none left warming) before the next figure is measured."""
+    wait_for(
+        lambda: bed.running_envoy().stat("listener_manager.total_listeners_warming") == 0,
+        timeout=60,
+        what="no listener warming",
+    )
 
 
 if __name__ == "__main__":

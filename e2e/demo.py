@@ -69,7 +69,7 @@ def preflight() -> str | None:
     for tool in ("ip", "nft"):
         if shutil.which(tool) is None:
             return f"`{tool}` is not installed (apt-get install iproute2 nftables; `make demo` does it)"
-    from aether.testing.envoybin import EnvoyNotFound, envoy_path
+    from aether.testing.envoy import EnvoyNotFound, envoy_path
 
     try:
         envoy_path()
@@ -116,7 +116,7 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         rows = [Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", before[s], SERVICES[s]) for s in SERVICES]
         print(table(rows))
 
-        envoy_pid = node.envoy.pid if node.envoy else None
+        envoy_pid = node.envoy.proc.pid if node.envoy else None
         t = time.monotonic()
         mesh.repoint_route(ROUTE, "charlie")
         wait_answer(client.netns_path, vips["bravo"], SERVICES["charlie"])
@@ -125,7 +125,7 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         after = {s: who_answers(client.netns_path, vips[s]) for s in SERVICES}
         print(f"\n2. UDPRoute {NAMESPACE}/{ROUTE} re-pointed from Service bravo to Service charlie (merge patch")
         print(f"   through the API): took effect in {took:.1f}s, route Accepted={accepted}, same Envoy process")
-        print(f"   (pid {envoy_pid}, still running: {node.envoy is not None and node.envoy.poll() is None}):\n")
+        print(f"   (pid {envoy_pid}, still running: {node.envoy is not None and node.envoy.proc.poll() is None}):\n")
         expect = {**SERVICES, "bravo": SERVICES["charlie"]}
         rows2 = [
             Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", after[s], expect[s], before=before[s].backend)

@@ -20,12 +20,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +32,14 @@ from typing import Any
 from aether.api.naming import spiffe_id
 from aether.e2e import cni_runtime
 from aether.e2e.kube import Kube, pod_uids, udp_arms
-from aether.e2e.node_proxy import MeshNodeProxy, admin_up, connected
+from aether.e2e.node_proxy import MeshNodeProxy, connected
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
 from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import start as start_testbed
-from aether.testing.envoybin import envoy_path
-from aether.testing.netlab import Lab, Pod, wait_for
+from aether.testing.envoy import start_envoy
+from aether.testing.netlab import Lab, Pod
+from aether.testing.wait import wait_for
 from aether.xds.identity.ca import BuiltinCA
 from aether.xds.identity.pemdir import write_bundle, write_identity
 
@@ -149,7 +148,7 @@ class Mesh:
     # -- nodes --------------------------------------------------------------------------------------
     def add_node(self, name: str) -> MeshNodeProxy:
         net = self.lab.add_node(name)
-        node = MeshNodeProxy(name, net, self.dir / name, base_id=10_000 + secrets.randbelow(50_000) * 4)
+        node = MeshNodeProxy(name, net, self.dir / name)
         node.records.mkdir(parents=True)
         for other in self.nodes.values():
             n = next(self._node_links)
@@ -167,7 +166,7 @@ class Mesh:
             self._start_sidecar(node)
             self._start_envoy(node)
         for node in self.nodes.values():
-            wait_for(connected(node), timeout, what=f"{node.name} ADS stream")
+            wait_for(connected(node), timeout, what=f"{node.name} ADS stream", diagnose=node.log_tail)
 
     def _start_sidecar(self, node: MeshNodeProxy) -> None:
         argv = [*XDS_CLI, "--node", node.name, "--listen", f"unix:{node.ads_sock}"]
@@ -195,15 +194,12 @@ class Mesh:
             check=True,
             timeout=60,
         ).stdout
-        path = node.workdir / "envoy.json"
-        path.write_text(boot)
-        log = open(node.workdir / "envoy.log", "ab")  # noqa: SIM115 (the child process owns it)
-        argv = [str(envoy_path()), "-c", str(path), "--disable-hot-restart", "--base-id", str(node.base_id)]
-        argv += ["--concurrency", "1", "-l", "warning"]
-        node.envoy = self.lab.spawn(node.net.netns, argv, stdout=log, stderr=log)
-        wait_for(lambda: admin_up(node), timeout=60, what=f"{node.name} Envoy admin")
+        envoy = start_envoy(
+            json.loads(boot), node.workdir, lab=self.lab, netns=node.net.netns, args=["--concurrency", "1"]
+        )
+        node.envoy = envoy
         self.progress(
-            f"node {node.name}: Envoy (base-id {node.base_id}) running in {node.net.netns}, ADS over {node.ads_sock}"
+            f"node {node.name}: Envoy (base-id {envoy.base_id}) running in {node.net.netns}, ADS over {node.ads_sock}"
         )
 
     # -- pods ---------------------------------------------------------------------------------------
@@ -278,17 +274,15 @@ class Mesh:
 
     def route_condition(self, name: str, kind: str, timeout: float = 30.0) -> str | None:
         """The status ("True"/"False") of condition `kind` the operator wrote on UDPRoute `name` (waits for it)."""
-        found: list[str | None] = [None]
 
-        def written() -> bool:
-            status = self.kube.udproute_status(self.namespace, name)
-            conds = [c for p in status.get("parents") or [] for c in p.get("conditions") or [] if c["type"] == kind]
-            found[0] = conds[0]["status"] if conds else None
-            return bool(conds)
+        def status() -> str | None:
+            parents = self.kube.udproute_status(self.namespace, name).get("parents") or []
+            conds = [c for p in parents for c in p.get("conditions") or [] if c["type"] == kind]
+            return str(conds[0]["status"]) if conds else None
 
         with contextlib.suppress(TimeoutError):
-            wait_until(written, timeout, f"UDPRoute {name} condition {kind}")
-        return found[0]
+            return wait_for(status, timeout, f"UDPRoute {name} condition {kind}")
+        return None
 
     def kubectl(self, *args: str) -> str | None:
         """Run kubectl against this mesh's API (None when kubectl is not installed); raises on failure."""
@@ -360,12 +354,3 @@ class Mesh:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")

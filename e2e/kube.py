@@ -6,7 +6,6 @@ Every call goes through the kubeconfig, so the same code drives a real cluster."
 from __future__ import annotations
 
 import ipaddress
-import time
 from typing import Any
 
 import kubernetes
@@ -15,6 +14,7 @@ from aether.api.client import api_client
 from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
 from aether.operator.reconcile.views import GATEWAY_GROUP
 from aether.testing.apitestbed import objects as o
+from aether.testing.wait import wait_for
 
 MERGE = "application/merge-patch+json"
 ApiException = kubernetes.client.exceptions.ApiException
@@ -98,14 +98,14 @@ class Kube:
         self, name: str, pred: Any, timeout: float = 60.0, what: str = "MeshNode status"
     ) -> dict[str, Any]:
         """Poll MeshNode `name` until pred(obj) holds; returns it."""
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
-            last = self.meshnode(name)
-            if last is not None and pred(last):
-                return last
-            time.sleep(0.1)
-        raise TimeoutError(f"timed out after {timeout}s waiting for {what} on MeshNode {name}; last: {last}")
+
+        def matching() -> dict[str, Any] | None:
+            obj = self.meshnode(name)
+            return obj if obj is not None and pred(obj) else None
+
+        return wait_for(
+            matching, timeout, f"{what} on MeshNode {name}", diagnose=lambda: f"last: {self.meshnode(name)}"
+        )
 
 
 def udp_arms(meshnode: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -8,8 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aether.testing.envoy_admin import admin_get
-from aether.testing.envoy_admin import stat as envoy_stat
+from aether.testing.envoy import Envoy
 from aether.testing.netlab import Node
 
 
@@ -20,9 +19,8 @@ class MeshNodeProxy:
     name: str
     net: Node
     workdir: Path
-    base_id: int
     sidecar: subprocess.Popen[bytes] | None = None
-    envoy: subprocess.Popen[bytes] | None = None
+    envoy: Envoy | None = None
 
     @property
     def records(self) -> Path:
@@ -36,11 +34,16 @@ class MeshNodeProxy:
     def admin_sock(self) -> str:
         return str(self.workdir / "admin.sock")
 
+    def running_envoy(self) -> Envoy:
+        if self.envoy is None:
+            raise RuntimeError(f"no Envoy on {self.name} yet: Mesh.start_node_proxies() starts it")
+        return self.envoy
+
     def admin(self, path: str) -> str:
-        return admin_get(self.admin_sock, path)
+        return self.running_envoy().admin(path)
 
     def stat(self, name: str) -> int:
-        return envoy_stat(self.admin_sock, name)
+        return self.running_envoy().stat(name)
 
     def log_tail(self, n: int = 2000) -> str:
         out = []
@@ -52,14 +55,4 @@ class MeshNodeProxy:
 
 
 def connected(node: MeshNodeProxy) -> Callable[[], bool]:
-    return lambda: node.stat("control_plane.connected_state") == 1
-
-
-def admin_up(node: MeshNodeProxy) -> bool:
-    if node.envoy is not None and node.envoy.poll() is not None:
-        raise RuntimeError(f"Envoy on {node.name} exited ({node.envoy.returncode})\n{node.log_tail()}")
-    try:
-        node.admin("/ready")
-    except OSError:
-        return False
-    return True
+    return lambda: node.running_envoy().running() and node.stat("control_plane.connected_state") == 1

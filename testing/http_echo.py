@@ -1,28 +1,61 @@
-"""The e2e HTTP backend: answers every GET with JSON naming itself and the source identity Envoy forwarded
-(`x-forwarded-client-cert`), so a test or the demo sees which SPIFFE ID arrived.
+"""The HTTP backend of the e2e tests, the east-west tests and the benchmarks: answers every GET with JSON naming
+itself, the source identity Envoy forwarded (`x-forwarded-client-cert`), the Host it was asked for and the port
+it was reached on, so a test or the demo sees which SPIFFE ID arrived where.
 
-    python -m aether.testing.http_echo NAME PORT
+    python -m aether.testing.http_echo NAME PORT [PORT ...] [--hits FILE] [--udp] [--one-write]
+
+    {"backend": NAME, "xfcc": "...", "host": "...", "port": 8080}
+
+`--hits FILE` appends `http <port> <path>` per request; `--udp` also holds a UDP echo (`aether.testing.udp_echo`)
+on every port, logging its datagrams to the same file (so "never reaches an app" covers UDP too); `--one-write`
+sends status line, headers and body in one write (what most servers do for a small response; by default the headers
+and the body are two writes). It prints one line with `ready` once every port is bound.
 """
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+from aether.testing import udp_echo
 
-def handler(name: str) -> type[BaseHTTPRequestHandler]:
+
+def handler(name: str, hits: Path | None = None, one_write: bool = False) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body are two writes: Nagle + delayed ACK would add 40 ms
 
         def do_GET(self) -> None:
-            body = json.dumps({"backend": name, "xfcc": self.headers.get("x-forwarded-client-cert")}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            port: int = self.connection.getsockname()[1]
+            body = json.dumps(
+                {
+                    "backend": name,
+                    "xfcc": self.headers.get("x-forwarded-client-cert"),
+                    "host": self.headers.get("host"),
+                    "port": port,
+                }
+            ).encode()
+            udp_echo.log_hit(hits, f"http {port} {self.path}")
+            sock_writer = self.wfile
+            if one_write:
+                self.wfile = io.BytesIO()  # collect the response, then send it in one write
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            finally:
+                if one_write:
+                    assert isinstance(self.wfile, io.BytesIO)
+                    response, self.wfile = self.wfile.getvalue(), sock_writer
+                    self.wfile.write(response)
 
         def log_message(self, *args: Any) -> None:
             return None
@@ -31,12 +64,27 @@ def handler(name: str) -> type[BaseHTTPRequestHandler]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or not argv[1].isdigit():
-        print("usage: python -m aether.testing.http_echo NAME PORT", file=sys.stderr)
-        return 2
-    server = ThreadingHTTPServer(("0.0.0.0", int(argv[1])), handler(argv[0]))
-    print(f"http_echo {argv[0]} on 0.0.0.0:{argv[1]}/tcp", flush=True)
-    server.serve_forever()
+    ap = argparse.ArgumentParser(prog="python -m aether.testing.http_echo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("name")
+    ap.add_argument("ports", type=int, nargs="+", metavar="PORT")
+    ap.add_argument("--hits", type=Path, help="append `http <port> <path>` (and `udp <port> <length>`) per hit")
+    ap.add_argument("--udp", action="store_true", help="also a UDP echo on every port")
+    ap.add_argument("--one-write", action="store_true", help="status line, headers and body in one write")
+    args = ap.parse_args(argv)
+    app = handler(args.name, args.hits, args.one_write)
+    servers = []
+    for port in args.ports:
+        server = ThreadingHTTPServer(("0.0.0.0", port), app)
+        server.daemon_threads = True
+        servers.append(server)
+        if args.udp:
+            sock = udp_echo.bind(port)
+            threading.Thread(target=udp_echo.serve, args=(sock, args.name, args.hits), daemon=True).start()
+    for server in servers[1:]:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    proto = "tcp+udp" if args.udp else "tcp"
+    print(f"ready: http_echo {args.name} on 0.0.0.0:{','.join(map(str, args.ports))}/{proto}", flush=True)
+    servers[0].serve_forever()
     return 0
 
 

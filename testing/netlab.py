@@ -222,12 +222,3 @@ def lab(tag: str | None = None) -> Iterator[Lab]:
         yield lb
     finally:
         lb.close()
-
-
-def wait_for(pred: object, timeout: float = 10.0, interval: float = 0.05, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if callable(pred) and pred():
-            return
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")

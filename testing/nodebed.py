@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +22,10 @@ from aether.api.meshnode import Endpoint, MeshNode, MeshPod, ServiceArm
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
 from aether.netns.records import PodRecord, write_record
-from aether.testing.envoy_admin import admin_get
-from aether.testing.envoybin import envoy_path
-from aether.testing.netlab import Lab, Node, Pod, wait_for
+from aether.testing.envoy import Envoy, start_envoy
+from aether.testing.netlab import Lab, Node, Pod
 from aether.testing.probe import pod_socket
+from aether.testing.wait import wait_for
 from aether.xds.sidecar.bootstrap import ads_bootstrap
 
 
@@ -79,7 +77,6 @@ class Service:
 class NodeBed:
     lab: Lab
     workdir: Path
-    base_id: int
     node_name: str = "node-a"
     envoy_args: list[str] = field(default_factory=list)
     areas: str = "udp,tcp-floor"  # "" = every area (east-west too: the sidecar then serves its SDS secrets)
@@ -87,7 +84,7 @@ class NodeBed:
     node: Node = field(init=False)
     clients: dict[str, Pod] = field(default_factory=dict)
     services: dict[str, Service] = field(default_factory=dict)
-    envoy: subprocess.Popen[bytes] | None = None
+    envoy: Envoy | None = None
     sidecar: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
 
@@ -165,84 +162,46 @@ class NodeBed:
             stdout=log,
             stderr=log,
         )
-        wait_for(lambda: self._metrics_up(), timeout=30, what="sidecar metrics")
+        wait_for(self.sidecar_metrics, timeout=30, what="sidecar metrics", ignore=(OSError,))
 
     def stop_sidecar(self) -> None:
         if self.sidecar is not None:
             self.lab.stop(self.sidecar)
             self.sidecar = None
 
-    def _metrics_up(self) -> bool:
-        try:
-            self.sidecar_metrics()
-        except OSError:
-            return False
-        return True
-
     def sidecar_metrics(self) -> dict[str, float]:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
             return parse_prometheus(resp.read().decode())
 
     def start_envoy(self) -> None:
+        """Envoy in the node netns, ADS from the sidecar's socket; its log is workdir/envoy.log."""
         boot = ads_bootstrap(self.node_name, f"unix:{self.ads_sock}", f"unix:{self.admin_sock}")
-        path = self.workdir / "envoy.json"
-        path.write_text(json.dumps(boot))
-        log = open(self.workdir / "envoy.log", "ab")  # noqa: SIM115 (the child process owns it)
-        self.envoy = self.lab.spawn(
-            self.node.netns,
-            [
-                str(envoy_path()),
-                "-c",
-                str(path),
-                "--disable-hot-restart",
-                "--base-id",
-                str(self.base_id),
-                "-l",
-                "warning",
-                *self.envoy_args,
-            ],
-            stdout=log,
-            stderr=log,
-        )
-        wait_for(lambda: self.admin_ready(), timeout=30, what="envoy admin")
+        self.envoy = start_envoy(boot, self.workdir, lab=self.lab, netns=self.node.netns, args=self.envoy_args)
 
     def stop_envoy(self) -> None:
         if self.envoy is not None:
-            self.lab.stop(self.envoy, timeout=15)
+            self.envoy.stop()
             self.envoy = None
 
-    def admin(self, path: str) -> str:
-        return admin_get(self.admin_sock, path)
+    def running_envoy(self) -> Envoy:
+        if self.envoy is None:
+            raise RuntimeError("Envoy is not running: start_envoy() first")
+        return self.envoy
 
-    def admin_ready(self) -> bool:
-        try:
-            self.admin("/ready")
-        except OSError:
-            return False
-        return True
+    def admin(self, path: str) -> str:
+        return self.running_envoy().admin(path)
 
     def stats(self, pattern: str = "") -> dict[str, int]:
-        text = self.admin(f"/stats?filter={pattern}" if pattern else "/stats")
-        out: dict[str, int] = {}
-        for line in text.splitlines():
-            key, sep, value = line.partition(": ")
-            if sep and re.fullmatch(r"-?\d+", value.strip()):
-                out[key] = int(value)
-        return out
+        return self.running_envoy().stats(pattern)
 
     def wait_programmed(self, timeout: float = 30.0) -> dict[str, object]:
         """Wait until the status file says Programmed=True for the current state; return the condition."""
 
-        def ok() -> bool:
-            try:
-                cond = json.loads(self.status_file.read_text())["status"]["conditions"][0]
-            except (OSError, ValueError, KeyError, IndexError):
-                return False
-            return bool(cond["status"] == "True")
+        def programmed() -> dict[str, object] | None:
+            cond = self.condition()
+            return cond if cond["status"] == "True" else None
 
-        wait_for(ok, timeout=timeout, what="Programmed=True")
-        cond: dict[str, object] = json.loads(self.status_file.read_text())["status"]["conditions"][0]
-        return cond
+        return wait_for(programmed, timeout=timeout, what="Programmed=True", ignore=(OSError, ValueError, LookupError))
 
     def condition(self) -> dict[str, object]:
         cond: dict[str, object] = json.loads(self.status_file.read_text())["status"]["conditions"][0]
@@ -250,10 +209,7 @@ class NodeBed:
 
     def wait_listeners(self, n: int, timeout: float = 30.0) -> None:
         wait_for(
-            lambda: (
-                self.stats("listener_manager.total_listeners_active").get("listener_manager.total_listeners_active")
-                == n
-            ),
+            lambda: self.running_envoy().stat("listener_manager.total_listeners_active") == n,
             timeout=timeout,
             what=f"{n} active listeners",
         )
@@ -261,10 +217,9 @@ class NodeBed:
 
 def wait_reply(sock: socket.socket, vip: str, expect: bytes, timeout: float = 20.0) -> None:
     """Retry until a datagram to vip gets a reply starting with `expect` (config still propagating)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def answered() -> bool:
         got = ask(sock, vip)
-        if got is not None and got[0].startswith(expect):
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"no reply {expect!r} from {vip} within {timeout}s")
+        return got is not None and got[0].startswith(expect)
+
+    wait_for(answered, timeout=timeout, what=f"a reply {expect!r} from {vip}", interval=0.05)

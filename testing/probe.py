@@ -3,6 +3,7 @@ HTTP through the pod's outbound listener and which backend answered with which s
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from aether.netns.contract import HTTP_OUTBOUND_PORT, L4_OUTBOUND_PORT
 from aether.netns.nsthread import run_in_netns
+from aether.testing.wait import wait_for
 
 
 @dataclass(frozen=True)
@@ -74,14 +76,16 @@ def who_answers(netns_path: str, vip: str, tries: int = 3, timeout: float = 0.5)
 
 def wait_answer(netns_path: str, vip: str, want: str, timeout: float = 30.0) -> Answer:
     """Retry until `want` answers for `vip` (config still propagating); returns the last answer either way."""
-    deadline = time.monotonic() + timeout
-    answer = Answer(vip, None, None)
-    while time.monotonic() < deadline:
-        answer = who_answers(netns_path, vip, tries=1, timeout=0.3)
-        if answer.backend == want and answer.from_vip:
-            return answer
-        time.sleep(0.1)
-    return answer
+    last = Answer(vip, None, None)
+
+    def answered() -> Answer | None:
+        nonlocal last
+        last = who_answers(netns_path, vip, tries=1, timeout=0.3)
+        return last if last.backend == want and last.from_vip else None
+
+    with contextlib.suppress(TimeoutError):
+        return wait_for(answered, timeout, f"{want} answering {vip}")
+    return last
 
 
 @dataclass(frozen=True)
@@ -117,11 +121,13 @@ def http_get(netns_path: str, host: str, port: int = HTTP_OUTBOUND_PORT, timeout
 
 def wait_http(netns_path: str, host: str, timeout: float = 30.0) -> HttpAnswer:
     """Retry until a 200 (secrets and routes still arriving); returns the last answer either way."""
-    deadline = time.monotonic() + timeout
-    answer = HttpAnswer(None, None, None)
-    while time.monotonic() < deadline:
-        answer = http_get(netns_path, host)
-        if answer.status == 200:
-            return answer
-        time.sleep(0.2)
-    return answer
+    last = HttpAnswer(None, None, None)
+
+    def ok() -> HttpAnswer | None:
+        nonlocal last
+        last = http_get(netns_path, host)
+        return last if last.status == 200 else None
+
+    with contextlib.suppress(TimeoutError):
+        return wait_for(ok, timeout, f"a 200 from {host}", interval=0.2)
+    return last

@@ -1,27 +1,58 @@
-"""The UDP backend of the e2e tests, the xDS tests and the benchmarks: a UDP server that answers every datagram with `<its name>|<payload>`, so a test (or a person)
-sees which backend a VIP reached.
+"""The UDP backend of the e2e tests, the xDS tests and the benchmarks: a UDP server that answers every datagram with
+`<its name>|<payload>`, so a test (or a person) sees which backend a VIP reached.
 
-    python -m aether.testing.udp_echo NAME PORT
+    python -m aether.testing.udp_echo NAME PORT [--hits FILE]
+
+`--hits FILE` appends `udp <port> <length>` to FILE for every datagram (a test counts what reached the app).
+The HTTP echo (`aether.testing.http_echo --udp`) runs the same loop beside its HTTP ports.
 """
 
 from __future__ import annotations
 
+import argparse
 import socket
 import sys
+import threading
+from pathlib import Path
+
+_log_lock = threading.Lock()
+
+
+def log_hit(hits: Path | None, line: str) -> None:
+    """Append one line to the hits file (one writer at a time: the HTTP echo logs from many threads)."""
+    if hits is None:
+        return
+    with _log_lock, hits.open("a") as fh:
+        fh.write(line + "\n")
+
+
+def bind(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # benchmarks keep 32 datagrams in flight
+    sock.bind(("0.0.0.0", port))
+    return sock
+
+
+def serve(sock: socket.socket, name: str, hits: Path | None = None) -> None:
+    """Answer every datagram on the bound `sock` with `<name>|<payload>`, forever."""
+    prefix = name.encode() + b"|"
+    port = sock.getsockname()[1]
+    while True:
+        data, peer = sock.recvfrom(65535)
+        log_hit(hits, f"udp {port} {len(data)}")
+        sock.sendto(prefix + data, peer)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or not argv[1].isdigit():
-        print("usage: python -m aether.testing.udp_echo NAME PORT", file=sys.stderr)
-        return 2
-    prefix = argv[0].encode() + b"|"
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # benchmarks keep 32 datagrams in flight
-    sock.bind(("0.0.0.0", int(argv[1])))
-    print(f"echo {argv[0]} on 0.0.0.0:{argv[1]}/udp", flush=True)
-    while True:
-        data, peer = sock.recvfrom(65535)
-        sock.sendto(prefix + data, peer)
+    ap = argparse.ArgumentParser(prog="python -m aether.testing.udp_echo", description="a UDP echo: <NAME>|<payload>")
+    ap.add_argument("name")
+    ap.add_argument("port", type=int)
+    ap.add_argument("--hits", type=Path, help="append `udp <port> <length>` per datagram")
+    args = ap.parse_args(argv)
+    sock = bind(args.port)
+    print(f"echo {args.name} on 0.0.0.0:{args.port}/udp", flush=True)
+    serve(sock, args.name, args.hits)
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from aether.testing.envoybin import EnvoyNotFound, envoy_path
+from aether.testing.envoy import EnvoyNotFound, envoy_path
 from aether.testing.netlab import CREATED_TAGS, Lab, is_root, leftover_netns
 
 REQUIRE_PRIVILEGED = os.environ.get("AETHER_REQUIRE_PRIVILEGED") == "1"

@@ -1,15 +1,14 @@
 """Harness for API-contract tests and the demo: the real operator in-process (kopf.operator as an asyncio task
 on its own loop thread) and a thin client over any API server (the test bed or a real cluster) that applies
-objects and polls until the API shows what is expected."""
+objects; tests poll it with `aether.testing.wait.wait_for(..., ignore=READ_ERRORS)` until the API shows what is
+expected."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -22,10 +21,12 @@ from aether.operator.cli import run
 from aether.operator.handlers import OperatorConfig
 from aether.testing.apitestbed import TestBed
 from aether.testing.commands import command
+from aether.testing.wait import DEFAULT_TIMEOUT, wait_for
 
 T = TypeVar("T")
 MERGE = "application/merge-patch+json"
-WAIT = float(os.environ.get("AETHER_TEST_WAIT", "30"))
+# What reading an object the operator is still filling in may raise: a poll of the API treats them as "not yet".
+READ_ERRORS: tuple[type[BaseException], ...] = (AssertionError, KeyError, TypeError, IndexError)
 
 
 class InProcessOperator:
@@ -111,25 +112,15 @@ class Cluster:
         arms = ((mn.get("status") or {}).get("udp") or {}).get("services") or []
         return next((a for a in arms if a.get("service") == service), None)
 
-    def wait(self, what: str, fn: Callable[[], T | None], timeout: float = WAIT) -> T:
+    def wait(self, what: str, fn: Callable[[], T | None], timeout: float = DEFAULT_TIMEOUT) -> T:
+        """Compatibility for tests/operator/test_operator_metrics.py only: new code calls wait_for."""
         return wait(what, fn, timeout)
 
 
-def wait(what: str, fn: Callable[[], T | None], timeout: float = WAIT) -> T:
-    """Poll fn until it returns something truthy; fail with the last value after timeout."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except (AssertionError, KeyError, TypeError, IndexError) as exc:
-            last = exc
-        else:
-            if last:
-                result: T = last
-                return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last value: {last!r}")
+def wait(what: str, fn: Callable[[], T | None], timeout: float = DEFAULT_TIMEOUT) -> T:
+    """Compatibility for tests/operator/test_operator_metrics.py only: new code calls
+    `wait_for(fn, timeout, what, ignore=READ_ERRORS)`."""
+    return wait_for(fn, timeout, what, ignore=READ_ERRORS)
 
 
 @contextlib.contextmanager

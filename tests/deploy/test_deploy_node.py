@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +11,11 @@ from typing import Any
 
 import pytest
 
+from aether.testing.envoy import validate
+
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO / "deploy" / "node" / "envoy-bootstrap.json"
 PLACEHOLDER_NODE_ID = "aether-node"  # Envoy runs with --service-node=$(NODE_NAME), which overrides it
-
-
-def _base_id() -> int:
-    return 40000 + secrets.randbelow(20000)  # unique per Envoy: others run Envoys on this machine too
 
 
 def _containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -52,39 +49,18 @@ def test_bootstrap_is_what_aether_xds_bootstrap_prints(daemonset: dict[str, Any]
 
 
 @pytest.mark.envoy
-def test_bootstrap_passes_envoy_validate(envoy_bin: Path, tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            str(envoy_bin),
-            "--mode",
-            "validate",
-            "-c",
-            str(BOOTSTRAP),
-            "--disable-hot-restart",
-            "--base-id",
-            str(_base_id()),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+def test_bootstrap_passes_envoy_validate() -> None:
+    proc = validate(BOOTSTRAP)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "OK" in proc.stdout + proc.stderr
 
 
 @pytest.mark.envoy
-def test_envoy_validate_rejects_a_broken_bootstrap(envoy_bin: Path, tmp_path: Path) -> None:
+def test_envoy_validate_rejects_a_broken_bootstrap() -> None:
     """Negative control for the gate above: a misspelled field fails `--mode validate`."""
     bad = json.loads(BOOTSTRAP.read_text())
     bad["dynamic_resources"]["ads_config"]["api_typ"] = "DELTA_GRPC"
-    path = tmp_path / "bad.json"
-    path.write_text(json.dumps(bad))
-    proc = subprocess.run(
-        [str(envoy_bin), "--mode", "validate", "-c", str(path), "--disable-hot-restart", "--base-id", str(_base_id())],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = validate(bad)
     assert proc.returncode != 0
 
 

@@ -5,12 +5,11 @@ sidecar has nothing for that node and Programmed never leaves Pending."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import secrets
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,9 @@ from typing import Any
 
 import pytest
 
+from aether.testing.envoy import allocate_base_id
 from aether.testing.netlab import Lab, sh
+from aether.testing.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BOOTSTRAP = REPO / "deploy" / "node" / "envoy-bootstrap.json"
@@ -109,7 +110,7 @@ def _run_pair(
         str(envoy_bin),
         *envoy_args,
         "--base-id",
-        str(40000 + secrets.randbelow(20000)),
+        str(allocate_base_id()),
         "--admin-address-path",
         str(admin_file),
     ]
@@ -119,13 +120,17 @@ def _run_pair(
         subprocess.Popen(xds_cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "xds.log", "w")),  # noqa: SIM115
         subprocess.Popen(envoy_cmd, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "envoy.log", "w")),  # noqa: SIM115
     ]
+
+    def accepted() -> bool:
+        assert all(p.poll() is None for p in procs), (tmp_path / "xds.log").read_text()[-2000:] + (
+            tmp_path / "envoy.log"
+        ).read_text()[-2000:]
+        return _programmed(status) == ("True", "Accepted")
+
     try:
-        deadline = time.monotonic() + (60 if override_node else 8)  # Accepted comes in ~1 s when it comes
-        while time.monotonic() < deadline and _programmed(status) != ("True", "Accepted"):
-            assert all(p.poll() is None for p in procs), (tmp_path / "xds.log").read_text()[-2000:] + (
-                tmp_path / "envoy.log"
-            ).read_text()[-2000:]
-            time.sleep(0.3)
+        # Accepted comes in ~1 s when it comes; the negative control never gets there (its status is read below)
+        with contextlib.suppress(TimeoutError):
+            wait_for(accepted, timeout=60 if override_node else 8, what="Programmed=True/Accepted", interval=0.3)
         if override_node and status_body is None:
             probe = _readiness_probe(envoy, admin_file.read_text().strip())
             assert probe.returncode == 0, f"the deployed readiness probe fails on a ready Envoy: {probe.stderr}"
@@ -212,12 +217,11 @@ def test_missing_svids_fail_closed_and_leave_udp_serving(
     def inspect(admin: str) -> None:
         # Programmed=True is Envoy's ACK of the listeners; a listener may still be warming for a moment after it
         # (seen once under load): wait, bounded, for both to be active before probing.
-        deadline = time.monotonic() + 30
-        while True:
+        def both_active() -> bool:
             seen["active"] = active_listeners(admin)
-            if {"UDP:18082", "TCP:18008"} <= set(seen["active"]) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+            return {"UDP:18082", "TCP:18008"} <= set(seen["active"])
+
+        wait_for(both_active, timeout=30, what="UDP:18082 and TCP:18008 active", interval=0.2)
         seen["tls"] = sh(sys.executable, "-c", tls_probe, netns=node.netns)
 
     result = _run_pair(daemonset, envoy_bin, tmp_path, True, status, inspect)

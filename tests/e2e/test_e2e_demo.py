@@ -4,6 +4,7 @@ with Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -12,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import pytest
 from aether.e2e import demo
 from aether.testing.commands import command
 from aether.testing.netlab import NETNS_DIR
+from aether.testing.wait import wait_for
 
 DEMO_TIMEOUT = 240
 
@@ -49,9 +50,8 @@ def _assert_nothing_left(out: str, mark: str, reap: float = 10.0) -> None:
     assert not workdir.exists(), f"{workdir} left behind"
     left = sorted(p.name for p in NETNS_DIR.iterdir() if p.name.startswith(tag)) if NETNS_DIR.is_dir() else []
     assert left == [], f"netns left behind: {left}"
-    deadline = time.monotonic() + reap  # a SIGKILLed process may take a moment to be reaped by init
-    while _marked(mark) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    with contextlib.suppress(TimeoutError):  # a SIGKILLed process may take a moment to be reaped by init
+        wait_for(lambda: not _marked(mark), reap, "marked processes to be gone", interval=0.2)
     assert _marked(mark) == [], "processes left behind"
 
 
@@ -70,7 +70,8 @@ class Running:
         )
         self.lines: queue.Queue[str] = queue.Queue()
         self.out: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -78,22 +79,23 @@ class Running:
             self.lines.put(line)
 
     def wait_for_line(self, pattern: str, timeout: float = DEMO_TIMEOUT) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def next_match() -> str | None:
             try:
                 line = self.lines.get(timeout=0.5)
             except queue.Empty:
                 if self.proc.poll() is not None and self.lines.empty():
-                    break
-                continue
+                    raise AssertionError(
+                        f"the demo exited without a line matching {pattern!r}:\n{self.text()}"
+                    ) from None
+                return None
             self.out.append(line)
-            if re.search(pattern, line):
-                return line
-        raise AssertionError(f"no line matching {pattern!r}; output:\n{self.text()}")
+            return line if re.search(pattern, line) else None
+
+        return wait_for(next_match, timeout, f"a line matching {pattern!r}", interval=0, diagnose=self.text)
 
     def finish(self, timeout: float = DEMO_TIMEOUT) -> int:
         code = self.proc.wait(timeout)
-        time.sleep(0.2)
+        self._reader.join(timeout)  # every line it printed is queued: the reader has seen its stdout close
         while not self.lines.empty():
             self.out.append(self.lines.get())
         return code

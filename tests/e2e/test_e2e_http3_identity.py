@@ -9,7 +9,6 @@ not share a trust bundle must not get an answer (and no identity arrives).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from aether.api.naming import mesh_host, quic_twin, spiffe_id
 from aether.e2e.harness import Mesh
 from aether.testing.probe import HttpAnswer, http_get, wait_http
+from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -79,11 +79,13 @@ def test_nodes_without_a_shared_trust_bundle_get_no_answer_and_no_identity() -> 
     try:
         pod = m.pods["client-a"]
         # wait until node-a's config is complete, so what fails below is the trust and not a config in flight
-        deadline = time.monotonic() + 30
-        while twin_stat(m, "alpha", "ssl.fail_verify_error") == 0:
-            assert time.monotonic() < deadline, m.diagnostics()
+        def refused_by_verify() -> bool:
+            if twin_stat(m, "alpha", "ssl.fail_verify_error") > 0:
+                return True
             http_get(pod.netns_path, mesh_host(NS, "web"))
-            time.sleep(0.2)
+            return False
+
+        wait_for(refused_by_verify, 30, "a verify failure on alpha's twin", interval=0.2, diagnose=m.diagnostics)
         before = twin_stat(m, "alpha", "ssl.fail_verify_error")
         answers = [http_get(pod.netns_path, mesh_host(NS, "web")) for _ in range(5)]
         assert all(a == HttpAnswer(503, None, None) for a in answers), answers

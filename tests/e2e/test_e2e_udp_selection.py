@@ -9,8 +9,8 @@ way round, a client on node-b and a fourth backend on node-a.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +19,7 @@ from aether.e2e.harness import Mesh, MeshPod
 from aether.e2e.kube import udp_arms
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.testing.probe import who_answers
+from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -50,17 +51,21 @@ def mesh() -> Iterator[Mesh]:
 
 def selection_failures(mesh: Mesh, client: MeshPod, expect: dict[str, str], timeout: float = 30.0) -> list[str]:
     """For each Service: does its VIP reach its own backend, with the reply from VIP:18082? [] when all do.
-    Retries until `timeout` (the first datagrams may race the last config push)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        failures = []
+    Retries until `timeout` (the first datagrams may race the last config push); one round when it is 0."""
+    failures: list[str] = []
+
+    def all_selected() -> bool:
+        failures.clear()
         for svc, backend in expect.items():
             vip = mesh.services[svc]
             ans = who_answers(client.netns_path, vip, tries=2, timeout=0.4)
             if ans.backend != backend or not ans.from_vip:
                 failures.append(f"{svc} ({vip}:{L4_OUTBOUND_PORT}) expected {backend}, got {ans.show()}")
-        if not failures or time.monotonic() > deadline:
-            return failures
+        return not failures
+
+    with contextlib.suppress(TimeoutError):  # the caller asserts on what is left
+        wait_for(all_selected, timeout, "every VIP answered by its own backend", interval=0)
+    return failures
 
 
 def test_each_vip_reaches_its_own_backend_on_the_other_node(mesh: Mesh) -> None:
@@ -119,9 +124,12 @@ def test_a_service_without_ready_endpoints_goes_silent_and_comes_back(mesh: Mesh
     try:
         vip = mesh.services["svc-c"]
         mesh.kube.wait_meshnode("node-a", lambda o: udp_arms(o)[vip]["endpoints"] == [], what="svc-c with no endpoints")
-        deadline = time.monotonic() + 30
-        while who_answers(client.netns_path, vip, tries=1, timeout=0.3).backend is not None:
-            assert time.monotonic() < deadline, "svc-c still answers with no ready endpoints"
+        wait_for(
+            lambda: who_answers(client.netns_path, vip, tries=1, timeout=0.3).backend is None,
+            30,
+            "svc-c to go silent with no ready endpoints",
+            interval=0,
+        )
         others = {k: v for k, v in BACKENDS.items() if k != "svc-c"}
         assert selection_failures(mesh, client, others, timeout=0) == []  # the other Services are untouched
     finally:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from aether.api.client import ApiException
 from aether.testing.apitestbed import objects as o
-from aether.testing.apitestbed.harness import Cluster, InProcessOperator, unique
+from aether.testing.apitestbed.harness import READ_ERRORS, Cluster, InProcessOperator, unique
+from aether.testing.wait import wait_for
 
 UDP = [("dns", 53, "UDP")]
 SL = [("dns", 5353, "UDP")]
@@ -45,7 +46,7 @@ class Control:
             k.apply(o.service(self.ns, name, f"10.96.50.{i + 1}", UDP))
             k.apply(o.endpoint_slice(self.ns, name, SL, [(f"10.50.1.{i + 1}", True, None)]))
         k.apply(o.udproute(self.ns, "control", "front", [o.backend("back", 53)]))
-        self.before = k.wait("control arms", self.arms_ready)
+        self.before = wait_for(self.arms_ready, what="control arms", ignore=READ_ERRORS)
 
     def arms(self) -> list[dict[str, Any]]:
         mn = self.k.meshnode(self.node) or {}
@@ -343,10 +344,9 @@ def test_hostile_corpus_gets_conditions_and_never_moves_unrelated_arms(
             conds = our_conditions(k, route_ns, name) or []
             return [c for c in conds if (c["type"], c["status"], c["reason"]) == want] or None
 
-        cond = k.wait(f"{name}: {ctype}={status} ({reason})", found)
+        cond = wait_for(found, what=f"{name}: {ctype}={status} ({reason})", ignore=READ_ERRORS)
         assert cond[0]["message"], f"{name}: a condition must say why"
-    shapes = k.wait(
-        "service shapes",
+    shapes = wait_for(
         lambda: (
             {
                 (s["route"], s["reason"])
@@ -360,6 +360,8 @@ def test_hostile_corpus_gets_conditions_and_never_moves_unrelated_arms(
                 (f"{ns}/two-udp", "MultipleUDPPorts"),
             }
         ),
+        what="service shapes",
+        ignore=READ_ERRORS,
     )
     assert shapes
     loop_arms = {a["service"]: a["cluster"] for a in ((k.meshnode(control.node) or {})["status"]["udp"]["services"])}
@@ -418,6 +420,6 @@ def test_generated_routes_get_conditions_and_never_move_unrelated_arms(
         def conds(i: int = i) -> list[dict[str, Any]] | None:
             return our_conditions(k, ns, f"g{i}")
 
-        k.wait(f"generated route g{i} has our conditions", conds)
+        wait_for(conds, what=f"generated route g{i} has our conditions", ignore=READ_ERRORS)
     assert control.arms() == control.before
     assert operator.alive()

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from aether.testing.apitestbed import objects as o
-from aether.testing.apitestbed.harness import Cluster, InProcessOperator, unique
+from aether.testing.apitestbed.harness import READ_ERRORS, Cluster, InProcessOperator, unique
 from aether.testing.commands import command
+from aether.testing.wait import wait_for
 
 pytestmark = pytest.mark.slow  # subprocesses: a few seconds each
 
@@ -27,7 +28,7 @@ def test_sidecar_cluster_mode_reads_the_operators_meshnode_and_reports_programme
     k.apply(o.pod(ns, "c", node, "client"), status=o.pod_status("10.60.0.2"))
     k.apply(o.service(ns, "dns", "10.96.60.1", [("dns", 53, "UDP")]))
     k.apply(o.endpoint_slice(ns, "dns", [("dns", 5353, "UDP")], [("10.60.1.1", True, None)]))
-    k.wait("the operator's arm", lambda: k.arm(node, f"{ns}/dns"))
+    wait_for(lambda: k.arm(node, f"{ns}/dns"), what="the operator's arm", ignore=READ_ERRORS)
     cmd = command()
     env = {**os.environ, "AETHER_KUBECONFIG": k.kubeconfig, "AETHER_STATE_DIR": str(tmp_path / "pods")}
     proc = subprocess.Popen(
@@ -44,7 +45,12 @@ def test_sidecar_cluster_mode_reads_the_operators_meshnode_and_reports_programme
             types = {c["type"]: c["status"] for c in status.get("conditions") or []}
             return types if {"Ready", "Degraded", "Programmed"} <= set(types) else None
 
-        types = k.wait("Programmed from the sidecar beside the operator's conditions", conditions, timeout=60)
+        types = wait_for(
+            conditions,
+            what="Programmed from the sidecar beside the operator's conditions",
+            timeout=60,
+            ignore=READ_ERRORS,
+        )
         assert types["Ready"] == "True" and types["Programmed"] in ("Unknown", "True", "False")
         assert proc.poll() is None, proc.communicate()[0]
     finally:

@@ -10,7 +10,8 @@ import pytest
 from aether.metrics import REGISTRY
 from aether.operator.routestatus import CONTROLLER_NAME, SHAPE_CONDITION
 from aether.testing.apitestbed import objects as o
-from aether.testing.apitestbed.harness import Cluster, InProcessOperator, unique
+from aether.testing.apitestbed.harness import READ_ERRORS, Cluster, InProcessOperator, unique
+from aether.testing.wait import wait_for
 
 UDP = [("dns", 53, "UDP")]
 SL = [("dns", 5353, "UDP")]
@@ -47,7 +48,7 @@ class Mesh:
             arm = self.arm(svc, node)
             return arm if arm and arm["cluster"] == cluster else None
 
-        return self.k.wait(f"arm {self.ns}/{svc} -> {cluster}", check)
+        return wait_for(check, what=f"arm {self.ns}/{svc} -> {cluster}", ignore=READ_ERRORS)
 
     def ours(self, route: str) -> dict[str, Any] | None:
         r = self.k.route(self.ns, route) or {}
@@ -76,7 +77,7 @@ def test_meshnode_per_node_owned_by_it_with_pods_arms_and_identities(mesh: Mesh,
     assert [p["name"] for p in status["pods"] if p["namespace"] == mesh.ns] == ["client"]
     assert f"spiffe://cluster.local/ns/{mesh.ns}/sa/client" in status["quic"]["identities"]
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
-    assert cluster.wait("MeshNode for the second node", lambda: cluster.meshnode(mesh.n2))
+    assert wait_for(lambda: cluster.meshnode(mesh.n2), what="MeshNode for the second node", ignore=READ_ERRORS)
 
 
 def test_weights_tie_drain_no_live_backend_and_route_deleted(mesh: Mesh, cluster: Cluster) -> None:
@@ -90,7 +91,7 @@ def test_weights_tie_drain_no_live_backend_and_route_deleted(mesh: Mesh, cluster
     mesh.route("r", "a", [o.backend("c", 53, 1), o.backend("b", 53, 1)])
     arm = mesh.wait_arm("a", f"udp:{mesh.ns}/b")  # tie by cluster name
     assert arm["route"] == f"{mesh.ns}/r" and arm["vip"] == "10.96.0.20"
-    parent = cluster.wait("our status parent", lambda: mesh.ours("r"))
+    parent = wait_for(lambda: mesh.ours("r"), what="our status parent", ignore=READ_ERRORS)
     conds = {c["type"]: c for c in parent["conditions"]}
     assert parent["parentRef"] == {"group": "", "kind": "Service", "name": "a"}
     assert conds["Accepted"]["status"] == "True" and conds["Accepted"]["reason"] == "Accepted"
@@ -101,8 +102,10 @@ def test_weights_tie_drain_no_live_backend_and_route_deleted(mesh: Mesh, cluster
 
     mesh.route("r", "a", [o.backend("c", 53, 1), o.backend("b", 53, 0)])  # b drained
     mesh.wait_arm("a", f"udp:{mesh.ns}/c")
-    cluster.wait(
-        "Drained reported", lambda: "Drained" in (mesh.condition("r", SHAPE_CONDITION) or {}).get("message", "")
+    wait_for(
+        lambda: "Drained" in (mesh.condition("r", SHAPE_CONDITION) or {}).get("message", ""),
+        what="Drained reported",
+        ignore=READ_ERRORS,
     )
     # each discarded backend is counted once in aether_udp_unsupported_total (when the operator runs in-process)
     if cluster.bed is not None:
@@ -124,12 +127,16 @@ def test_cross_namespace_backend_with_and_without_reference_grant(mesh: Mesh, cl
     mesh.service("x", "10.96.1.2", [("10.1.1.2", True, None)], ns=other)
     mesh.route("r", "front", [o.backend("x", 53, namespace=other)])
     mesh.wait_arm("front", "blackhole")
-    resolved = cluster.wait("ResolvedRefs False", lambda: mesh.condition("r", "ResolvedRefs"))
+    resolved = wait_for(lambda: mesh.condition("r", "ResolvedRefs"), what="ResolvedRefs False", ignore=READ_ERRORS)
     assert (resolved["status"], resolved["reason"]) == ("False", "RefNotPermitted")
     cluster.apply(o.reference_grant(other, "allow", mesh.ns))
     arm = mesh.wait_arm("front", f"udp:{other}/x")
     assert arm["backend"] == f"{other}/x" and arm["endpoints"] == [{"ip": "10.1.1.2", "port": 5353}]
-    cluster.wait("ResolvedRefs True", lambda: (mesh.condition("r", "ResolvedRefs") or {}).get("status") == "True")
+    wait_for(
+        lambda: (mesh.condition("r", "ResolvedRefs") or {}).get("status") == "True",
+        what="ResolvedRefs True",
+        ignore=READ_ERRORS,
+    )
 
 
 def test_older_route_wins_and_the_other_is_rejected_with_an_event(mesh: Mesh, cluster: Cluster) -> None:
@@ -138,7 +145,7 @@ def test_older_route_wins_and_the_other_is_rejected_with_an_event(mesh: Mesh, cl
     mesh.route("r-a-first", "p", [o.backend("q", 53)])
     mesh.wait_arm("p", f"udp:{mesh.ns}/q")
     mesh.route("r-b-second", "p", [o.backend("s", 53)])
-    acc = cluster.wait("second route rejected", lambda: mesh.condition("r-b-second", "Accepted"))
+    acc = wait_for(lambda: mesh.condition("r-b-second", "Accepted"), what="second route rejected", ignore=READ_ERRORS)
     assert (acc["status"], acc["reason"]) == ("False", "Conflicted") and "r-a-first" in acc["message"]
     assert (mesh.arm("p") or {})["cluster"] == f"udp:{mesh.ns}/q"
 
@@ -146,7 +153,7 @@ def test_older_route_wins_and_the_other_is_rejected_with_an_event(mesh: Mesh, cl
         events = cluster.res("v1", "Event").get(namespace=mesh.ns).to_dict()["items"]
         return [e for e in events if e["involvedObject"]["name"] == "r-b-second" and e["reason"] == "Conflicted"]
 
-    assert cluster.wait("a Warning event for the rejected route", warning)[0]["type"] == "Warning"
+    assert wait_for(warning, what="a Warning event for the rejected route", ignore=READ_ERRORS)[0]["type"] == "Warning"
 
 
 def test_other_controllers_parents_are_left_alone(mesh: Mesh, cluster: Cluster) -> None:
@@ -168,7 +175,7 @@ def test_other_controllers_parents_are_left_alone(mesh: Mesh, cluster: Cluster) 
     body = o.udproute(mesh.ns, "shared", "g", [o.backend("g", 53)])
     body["spec"]["parentRefs"].append({"name": "gw"})
     cluster.apply(body, status={"status": {"parents": [foreign]}})
-    cluster.wait("our parent added", lambda: mesh.ours("shared"))
+    wait_for(lambda: mesh.ours("shared"), what="our parent added", ignore=READ_ERRORS)
     parents = ((cluster.route(mesh.ns, "shared") or {}).get("status") or {})["parents"]
     assert parents[0] == foreign and len(parents) == 2
 
@@ -181,19 +188,19 @@ def test_pod_moved_between_nodes_updates_both_meshnodes(mesh: Mesh, cluster: Clu
             if p["namespace"] == mesh.ns
         ]
 
-    cluster.wait("client on n1", lambda: pods_on(mesh.n1) == ["client"])
+    wait_for(lambda: pods_on(mesh.n1) == ["client"], what="client on n1", ignore=READ_ERRORS)
     cluster.delete("v1", "Pod", "client", mesh.ns)  # nodeName is immutable: a moved pod is a new pod
     mesh.pod("client", mesh.n2, "10.0.0.3", "client")
-    cluster.wait("client on n2", lambda: pods_on(mesh.n2) == ["client"])
-    cluster.wait("client gone from n1", lambda: pods_on(mesh.n1) == [])
+    wait_for(lambda: pods_on(mesh.n2) == ["client"], what="client on n2", ignore=READ_ERRORS)
+    wait_for(lambda: pods_on(mesh.n1) == [], what="client gone from n1", ignore=READ_ERRORS)
     ids = (cluster.meshnode(mesh.n1) or {})["status"]["quic"]["identities"]
     assert f"spiffe://cluster.local/ns/{mesh.ns}/sa/client" not in ids
 
 
 def test_node_deleted_meshnode_gone(mesh: Mesh, cluster: Cluster) -> None:
-    cluster.wait("MeshNode exists", lambda: cluster.meshnode(mesh.n2))
+    wait_for(lambda: cluster.meshnode(mesh.n2), what="MeshNode exists", ignore=READ_ERRORS)
     cluster.delete("v1", "Node", mesh.n2)
-    cluster.wait("MeshNode gone", lambda: cluster.meshnode(mesh.n2) is None)
+    wait_for(lambda: cluster.meshnode(mesh.n2) is None, what="MeshNode gone", ignore=READ_ERRORS)
 
 
 def test_sidecar_owned_pairs_survive_and_unchanged_status_is_not_rewritten(
@@ -226,7 +233,7 @@ def test_sidecar_owned_pairs_survive_and_unchanged_status_is_not_rewritten(
             "metadata": {"name": "client", "namespace": mesh.ns, "labels": {"touched": "yes"}},
         }
     )
-    cluster.wait("a reconcile cycle ran", lambda: rec.cycles > cycles and rec.idle.is_set())
+    wait_for(lambda: rec.cycles > cycles and rec.idle.is_set(), what="a reconcile cycle ran", ignore=READ_ERRORS)
     assert len(rec.node_writes) == writes, "a change that does not alter any status must not patch a MeshNode"
     assert operator.alive()
 

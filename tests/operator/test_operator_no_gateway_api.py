@@ -9,7 +9,8 @@ import pytest
 from aether.api.crdgen import meshnode_crd
 from aether.testing.apitestbed import objects as o
 from aether.testing.apitestbed import start
-from aether.testing.apitestbed.harness import Cluster, InProcessOperator
+from aether.testing.apitestbed.harness import READ_ERRORS, Cluster, InProcessOperator
+from aether.testing.wait import wait_for
 
 
 @pytest.mark.skipif(bool(os.environ.get("AETHER_KUBECONFIG")), reason="needs a cluster without Gateway API CRDs")
@@ -24,7 +25,7 @@ def test_operator_works_without_gateway_api_crds() -> None:
         k.apply(o.service("app", "dns", "10.96.0.1", [("dns", 53, "UDP")]))
         k.apply(o.pod("app", "c", "n1"), status=o.pod_status("10.0.0.2"))
         op.start()
-        arm = k.wait("an arm without Gateway API", lambda: k.arm("n1", "app/dns"))
+        arm = wait_for(lambda: k.arm("n1", "app/dns"), what="an arm without Gateway API", ignore=READ_ERRORS)
         assert arm["cluster"] == "udp:app/dns" and op.alive()
     finally:
         op.stop()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,8 +12,9 @@ import pytest
 
 from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import objects as o
-from aether.testing.apitestbed.harness import Cluster, operator_subprocess, unique
+from aether.testing.apitestbed.harness import READ_ERRORS, Cluster, operator_subprocess, unique
 from aether.testing.commands import command
+from aether.testing.wait import wait_for
 
 pytestmark = pytest.mark.slow  # subprocesses: a few seconds each
 
@@ -35,7 +35,9 @@ def test_operator_subprocess_converges_and_stops_cleanly(
     k.apply(o.pod(ns, "c", node, "client"), status=o.pod_status("10.9.0.2"))
     k.apply(o.service(ns, "dns", "10.96.9.1", [("dns", 53, "UDP")]))
     k.apply(o.endpoint_slice(ns, "dns", [("dns", 5353, "UDP")], [("10.9.1.1", True, None)]))
-    arm = k.wait("arm from the subprocess operator", lambda: k.arm(node, f"{ns}/dns"), timeout=60)
+    arm = wait_for(
+        lambda: k.arm(node, f"{ns}/dns"), what="arm from the subprocess operator", timeout=60, ignore=READ_ERRORS
+    )
     assert arm["cluster"] == f"udp:{ns}/dns"
     operator_process.send_signal(signal.SIGTERM)
     out, _ = operator_process.communicate(timeout=60)
@@ -82,9 +84,7 @@ def test_dev_api_serves_and_writes_a_kubeconfig(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not kubeconfig.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(kubeconfig.exists, timeout=60, what=f"dev-api to write {kubeconfig}")
         k = Cluster(str(kubeconfig), None)
         crds = k.res("apiextensions.k8s.io/v1", "CustomResourceDefinition").get().to_dict()["items"]
         assert {c["metadata"]["name"] for c in crds} >= {

@@ -24,18 +24,18 @@ from aether.netns.contract import CaptureMode
 from aether.netns.install import install_capture
 from aether.testing.eastwest_lab import (
     AdsHarness,
-    EnvoyNode,
     client_result,
     http_in_netns,
     quic_probe,
     start_client,
     start_echo,
     start_envoy,
-    wait_until,
     xfcc_uri,
 )
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
+from aether.testing.envoy import Envoy
 from aether.testing.netlab import Lab, Pod
+from aether.testing.wait import wait_for
 from aether.xds.gates.quic import run_quic_gates
 from aether.xds.identity.ca import BuiltinCA
 from aether.xds.identity.sds import secrets, svid_secret
@@ -65,8 +65,8 @@ class Mesh:
     workdir: Path
     ads: AdsHarness
     ca: BuiltinCA
-    a: EnvoyNode
-    b: EnvoyNode
+    a: Envoy
+    b: Envoy
     client: Pod
     other: Pod
     web: Pod
@@ -143,14 +143,14 @@ class Mesh:
             return out[0][0] == 200
 
         try:
-            wait_until(ok, timeout, f"a 200 from {pod.name}", interval=0.3)
+            wait_for(ok, timeout, f"a 200 from {pod.name}", interval=0.3)
         except TimeoutError as exc:
             raise AssertionError(f"{exc}: last answer {out}; node A log: {self.a.log_tail(3000)}") from exc
         return out
 
 
-def _wait_applied(node: EnvoyNode, needle: str, timeout: float = 30.0) -> None:
-    wait_until(lambda: needle in node.admin("/config_dump?include_eds"), timeout, f"{needle!r} in {node.node_id}")
+def _wait_applied(node: Envoy, needle: str, timeout: float = 30.0) -> None:
+    wait_for(lambda: needle in node.admin("/config_dump?include_eds"), timeout, f"{needle!r} in {node.node_id}")
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +174,8 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         m = Mesh(lab, workdir, ads, ca, a, b, client, other, web, hits)
         m.serve_a()
         m.serve_b()
-        a.wait_ready()
-        b.wait_ready()
+        a.wait_live()
+        b.wait_live()
         yield m
     finally:
         ads.close()
@@ -192,13 +192,13 @@ def test_h3_carries_each_source_identity(mesh: Mesh) -> None:
     for host in ("web.default", f"{HOST}:18080", VIP, f"{VIP}:18080"):
         (status, body), *_ = http_in_netns(mesh.client.netns, host, ip=VIP)
         assert (status, xfcc_uri(body)) == (200, CLIENT), host
+
     # the destination proxy saw HTTP/3 from each source, with the source's SPIFFE ID as the verified peer
-    for sid in (CLIENT, OTHER):
-        wait_until(
-            lambda sid=sid: any(line.startswith("HTTP/3 200") and f"peer={sid} " in line for line in mesh.access_b()),
-            10,
-            f"HTTP/3 from {sid} in node B's access log",
-        )
+    def h3_from_each_source() -> bool:
+        lines = mesh.access_b()
+        return all(any(ln.startswith("HTTP/3 200") and f"peer={sid} " in ln for ln in lines) for sid in (CLIENT, OTHER))
+
+    wait_for(h3_from_each_source, 10, "HTTP/3 from each source in node B's access log")
     # and the source proxy sent them on the twins
     twins = mesh.a.stats("quic_default")
     assert twins.get("cluster.quic_default/web@client.upstream_rq_200", 0) > 0, twins
@@ -208,12 +208,12 @@ def test_h3_carries_each_source_identity(mesh: Mesh) -> None:
 def test_h2_when_the_twin_is_absent(mesh: Mesh) -> None:
     try:
         mesh.serve_a(mesh.resources_a(quic=False))
-        wait_until(lambda: TWIN not in mesh.a.admin("/clusters"), 30, "twins gone")
+        wait_for(lambda: TWIN not in mesh.a.admin("/clusters"), 30, "twins gone")
         time.sleep(0.5)  # earlier requests' access log lines are flushed (every 100 ms)
         before = len(mesh.access_b())
         bodies = [mesh.until_200(mesh.client)[0][1], *(b for _, b in mesh.get(mesh.other, n=2))]
         assert [xfcc_uri(b) for b in bodies] == [CLIENT, OTHER, OTHER]
-        wait_until(lambda: len(mesh.access_b()) >= before + 3, 10, "access log lines")
+        wait_for(lambda: len(mesh.access_b()) >= before + 3, 10, "access log lines")
         new = mesh.access_b()[before:]
         assert new and all(line.startswith("HTTP/2 200") for line in new[-3:]), new
         assert f"peer={CLIENT}" in new[-3] and f"peer={OTHER}" in new[-1]
@@ -229,7 +229,7 @@ def test_envoy_string_identity_leaks_and_the_gate_catches_it(mesh: Mesh) -> None
     assert [f.gate for f in run_quic_gates(leaky)] == ["identity-hashable", "identity-hashable"]
     try:
         mesh.serve_a(leaky)
-        wait_until(lambda: "envoy.string" in mesh.a.active_config("dynamic_listeners"), 30, "envoy.string listeners")
+        wait_for(lambda: "envoy.string" in mesh.a.active_config("dynamic_listeners"), 30, "envoy.string listeners")
         # client-0 goes first: its upstream h2 connection stays pooled after its own connection closes; with
         # `envoy.string` the pool key does not carry the identity, so other-0's requests ride that connection
         assert {xfcc_uri(b) for s, b in mesh.until_200(mesh.client)} == {CLIENT}
@@ -238,7 +238,7 @@ def test_envoy_string_identity_leaks_and_the_gate_catches_it(mesh: Mesh) -> None
     finally:
         mesh.serve_a()
         _wait_applied(mesh.a, TWIN)
-        wait_until(lambda: "envoy.string" not in mesh.a.active_config("dynamic_listeners"), 30, "envoy.string gone")
+        wait_for(lambda: "envoy.string" not in mesh.a.active_config("dynamic_listeners"), 30, "envoy.string gone")
 
 
 def _refused(mesh: Mesh, why: str) -> None:
@@ -271,7 +271,7 @@ def _with_twin_variant(mesh: Mesh, tag: str, change: Any) -> Resources:
 
 
 def _wait_routed_to(mesh: Mesh, cluster: str) -> None:
-    wait_until(lambda: cluster in mesh.a.active_config("dynamic_route_configs"), 30, f"route to {cluster}")
+    wait_for(lambda: cluster in mesh.a.active_config("dynamic_route_configs"), 30, f"route to {cluster}")
 
 
 def _bounce_inbound(mesh: Mesh, overrides: dict[str, dict[str, Any]] | None = None) -> None:
@@ -285,7 +285,7 @@ def _bounce_inbound(mesh: Mesh, overrides: dict[str, dict[str, Any]] | None = No
     sec = secrets(mesh.ca, [WEB])
     sec[SECRET].update(overrides or {})
     mesh.ads.set("node-b", res, sec)
-    wait_until(lambda: f"{stamp}" in mesh.b.active_config("dynamic_listeners"), 30, "B re-bound")
+    wait_for(lambda: f"{stamp}" in mesh.b.active_config("dynamic_listeners"), 30, "B re-bound")
     time.sleep(3.0)  # drain time (2 s) closes the old connections
 
 
@@ -382,7 +382,7 @@ def test_rotation_under_traffic(mesh: Mesh) -> None:
     serial = format(_serial(new.chain_pem), "x")
     _bounce_inbound(mesh)
     mesh.until_200(mesh.client)
-    wait_until(lambda: any(serial in line.lower() for line in mesh.access_b()[-5:]), 30, "the new serial at node B")
+    wait_for(lambda: any(serial in line.lower() for line in mesh.access_b()[-5:]), 30, "the new serial at node B")
 
 
 def _serial(chain_pem: str) -> int:
@@ -391,7 +391,7 @@ def _serial(chain_pem: str) -> int:
     return int(x509.load_pem_x509_certificates(chain_pem.encode())[0].serial_number)
 
 
-def _quic_chain_counters(node: EnvoyNode) -> int:
+def _quic_chain_counters(node: Envoy) -> int:
     """Connections any QUIC listener of this node accepted (the inbound QUIC chains)."""
     return node.stat_sum(r"^http\.inbound_http3\.downstream_cx_total$") + node.stat_sum(
         r"^listener\.[0-9.]+_18008\.http3\.downstream\.rx\..*"
@@ -406,13 +406,13 @@ def test_a_quic_handshake_to_the_plaintext_port_never_reaches_a_quic_chain(mesh:
     sni = f"8080.web-sa.default.{MD}"
     try:
         mesh.ads.set("node-a", res, secrets(mesh.ca, [CLIENT, OTHER]))
-        wait_until(lambda: "capture-udp:" in mesh.a.active_config("dynamic_listeners"), 30, "UDP capture listener")
+        wait_for(lambda: "capture-udp:" in mesh.a.active_config("dynamic_listeners"), 30, "UDP capture listener")
         time.sleep(0.5)
         # positive control: the probe does reach a QUIC chain when aimed at one (it is refused: no client cert)
         before = _quic_chain_counters(mesh.b)
         out = quic_probe(mesh.client.netns, mesh.web.ip, 18008, sni)
         assert out.startswith("FAILED") or out.startswith("CONNECTED"), out
-        wait_until(lambda: _quic_chain_counters(mesh.b) > before, 10, "the probe reaching node B's QUIC listener")
+        wait_for(lambda: _quic_chain_counters(mesh.b) > before, 10, "the probe reaching node B's QUIC listener")
         # the case: VIP_UDP:18082 is the plaintext class
         a0, b0 = _quic_chain_counters(mesh.a), _quic_chain_counters(mesh.b)
         udp0 = sum(1 for line in mesh.hits.read_text().splitlines() if line.startswith("udp 8080"))
@@ -444,8 +444,8 @@ def test_h2_selector_serves_each_identity_to_several_destinations(mesh: Mesh) ->
     arrives with its own ID at every destination, first use and later ones."""
     try:
         mesh.serve_a(mesh.resources_a(quic=False, more_destinations=("web2", "web3")))
-        wait_until(lambda: "h2:default/web3" in mesh.a.admin("/clusters"), 30, "web3's h2 cluster")
-        wait_until(lambda: TWIN not in mesh.a.admin("/clusters"), 30, "twins gone")
+        wait_for(lambda: "h2:default/web3" in mesh.a.admin("/clusters"), 30, "web3's h2 cluster")
+        wait_for(lambda: TWIN not in mesh.a.admin("/clusters"), 30, "twins gone")
         for svc in ("web", "web2", "web3", "web2"):
             for pod, sid in ((mesh.client, CLIENT), (mesh.other, OTHER)):
                 out = http_in_netns(pod.netns, f"{svc}.default.{MD}", n=2, ip=VIP)

@@ -3,13 +3,13 @@ serves the SDS secrets they reference, and per-service UDP keeps working beside 
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 
 import pytest
 
-from aether.testing.netlab import Lab, wait_for
+from aether.testing.netlab import Lab
 from aether.testing.nodebed import NodeBed, ask, udp_socket_in, wait_reply
+from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeBed]:
     lab = Lab()
     try:
-        tb = NodeBed(lab, tmp_path_factory.mktemp("xds-all"), base_id=60_000 + secrets.randbelow(4_000), areas="")
+        tb = NodeBed(lab, tmp_path_factory.mktemp("xds-all"), areas="")
         tb.add_client("client-0")
         tb.add_service("alpha", "10.96.8.1")
         tb.add_service("bravo", "10.96.8.2")

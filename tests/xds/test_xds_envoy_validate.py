@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
-import secrets
 import socket
-import subprocess
 import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -20,9 +17,9 @@ from cryptography.x509.oid import NameOID
 
 from aether.api.meshnode import MeshNode
 from aether.netns.records import PodRecord
-from aether.testing.envoy_admin import admin_get as unix_http_get
-from aether.testing.netlab import wait_for
+from aether.testing.envoy import Envoy, start_envoy, validate
 from aether.testing.samples import node_with, records_for
+from aether.testing.wait import wait_for
 from aether.xds.ads.cache import Snapshot, SnapshotCache, make_snapshot
 from aether.xds.ads.server import DeltaAdsServer, Events, serve
 from aether.xds.codec import protojson as codec
@@ -41,47 +38,25 @@ def translate(node: MeshNode, records: Mapping[str, PodRecord]) -> Resources:
     return translate_all(node, records, L4)
 
 
-def _validate(envoy_bin: Path, tmp_path: Path, config: dict[str, object]) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / f"bootstrap-{secrets.token_hex(3)}.json"
-    path.write_text(json.dumps(config))
-    return subprocess.run(
-        [
-            str(envoy_bin),
-            "--mode",
-            "validate",
-            "-c",
-            str(path),
-            "--disable-hot-restart",
-            "--base-id",
-            str(60_000 + secrets.randbelow(5000)),
-            "-l",
-            "error",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 @pytest.mark.parametrize("services", [0, 1, 500])
-def test_envoy_validates_rendered_configs(envoy_bin: Path, tmp_path: Path, services: int) -> None:
+def test_envoy_validates_rendered_configs(tmp_path: Path, services: int) -> None:
     node = node_with(services, 2)
     node.status.tcp.services = [
         a.model_copy(update={"cluster": a.cluster.replace("udp:", "tcp:")}) for a in node.status.udp.services[:5]
     ]
     resources = translate(node, records_for(node, str(tmp_path / "netns")))
-    out = _validate(envoy_bin, tmp_path, static_bootstrap("node-a", resources))
+    out = validate(static_bootstrap("node-a", resources))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK" in out.stdout
 
 
-def test_validate_is_not_silently_green(envoy_bin: Path, tmp_path: Path) -> None:
+def test_validate_is_not_silently_green() -> None:
     """Negative control for the test above: a rendered listener with a misspelled udp_proxy field fails."""
     node = node_with(1, 1)
     resources = copy.deepcopy(translate(node, records_for(node)))  # resource dicts are shared: copy before editing
     listener = next(iter(resources[LISTENER].values()))
     listener["listenerFilters"][0]["typedConfig"]["idleTimout"] = "1s"
-    out = _validate(envoy_bin, tmp_path, static_bootstrap("node-a", resources))
+    out = validate(static_bootstrap("node-a", resources))
     assert out.returncode != 0 and "idleTimout" in out.stderr
 
 
@@ -178,37 +153,18 @@ class _Answers(Events):
 
 
 @pytest.fixture
-def ads_envoy(envoy_bin: Path, tmp_path: Path) -> Iterator[tuple[SnapshotCache, _Answers, str]]:
+def ads_envoy(tmp_path: Path) -> Iterator[tuple[SnapshotCache, _Answers, Envoy]]:
     cache, answers = SnapshotCache(), _Answers()
     ads_sock, admin_sock = str(tmp_path / "ads.sock"), str(tmp_path / "admin.sock")
     server, _ = serve(DeltaAdsServer(cache, events=answers), f"unix:{ads_sock}")
-    boot = tmp_path / "envoy.json"
-    boot.write_text(json.dumps(ads_bootstrap("node-v", f"unix:{ads_sock}", f"unix:{admin_sock}")))
-    proc = subprocess.Popen(
-        [
-            str(envoy_bin),
-            "-c",
-            str(boot),
-            "--disable-hot-restart",
-            "--base-id",
-            str(65_000 + secrets.randbelow(5000)),
-            "-l",
-            "warning",
-            "--reject-unknown-dynamic-fields",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "envoy.log", "wb"),  # noqa: SIM115
-        start_new_session=True,
-    )
     try:
-        yield cache, answers, admin_sock
-    finally:
-        proc.terminate()
+        boot = ads_bootstrap("node-v", f"unix:{ads_sock}", f"unix:{admin_sock}")
+        envoy = start_envoy(boot, tmp_path, args=["--reject-unknown-dynamic-fields"])
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+            yield cache, answers, envoy
+        finally:
+            envoy.stop()
+    finally:
         server.stop(grace=0).wait(5)
 
 
@@ -220,18 +176,18 @@ def _free_udp_port() -> int:
 
 
 def test_enable_resumption_reaches_envoy_over_ads(
-    ads_envoy: tuple[SnapshotCache, _Answers, str], tmp_path: Path
+    ads_envoy: tuple[SnapshotCache, _Answers, Envoy], tmp_path: Path
 ) -> None:
     """Envoy runs with --reject-unknown-dynamic-fields: it ACKs field 3 and its config dump names it
     `enable_resumption`. Negative control: the same bytes under field number 4 are NACKed as an unknown field."""
-    cache, answers, admin = ads_envoy
+    cache, answers, envoy = ads_envoy
     crt, key = _self_signed(tmp_path)
     good: Resources = {LISTENER: {"quic-test": _quic_listener(_free_udp_port(), crt, key)}, CLUSTER: {}}
     snap = make_snapshot(good)
     cache.set_snapshot("node-v", snap)
     wait_for(lambda: (LISTENER, snap.version) in answers.acks, timeout=30, what="LDS ACK")
     assert answers.nacks == []
-    dump = unix_http_get(admin, "/config_dump?resource=dynamic_listeners")
+    dump = envoy.admin("/config_dump?resource=dynamic_listeners")
     assert '"enable_resumption": false' in dump and '"enable_early_data": false' in dump
 
     # negative control: the same bytes with the field under a number Envoy does not know (4 instead of 3)
