@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aether.netns.nsthread import run_in_netns
+from aether.testing.nodebed import NodeBed, Service
 
 # A TXT answer of ~3 KB: 12 strings of 250 characters (one string holds at most 255)
 BIG_TXT_NAME = "big.test"
@@ -71,6 +72,17 @@ def socat_echo_argv(ip: str, port: int) -> list[str]:
 def socat_count_argv(ip: str, port: int) -> list[str]:
     """Answers each datagram with its length in ASCII: a large request and a small reply."""
     return [program("socat"), "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:wc -c"]
+
+
+def add_app_backend(bed: NodeBed, name: str, vip: str, ip: str, port: int, argv: list[str]) -> Service:
+    """A backend pod on the bed's node running `argv` (a real program) and a Service `default/<name>` at `vip`
+    in front of it; the program's output goes to `<workdir>/<name>.log`."""
+    pod = bed.lab.add_pod(bed.node, f"be-{name}", ip)
+    log = open(bed.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child process owns it)
+    bed.lab.spawn(pod.netns, argv, stdout=log, stderr=log)
+    service = Service(f"default/{name}", vip, pod, port)
+    bed.services[name] = service
+    return service
 
 
 # ---- DNS on the wire (just what the storm needs) --------------------------------------------------------------
@@ -181,9 +193,12 @@ class Dnsperf:
     output: str
 
 
-def dnsperf(netns: str, server: str, port: int, datafile: Path, seconds: float, clients: int = 8) -> Dnsperf:
+def dnsperf(
+    netns: str, server: str, port: int, datafile: Path, seconds: float, clients: int = 8, extra: Sequence[str] = ()
+) -> Dnsperf:
+    """dnsperf for `seconds` with `clients` sockets and 64 queries outstanding (2 s timeout counts as lost)."""
     argv = [program("dnsperf"), "-s", server, "-p", str(port), "-d", str(datafile), "-l", str(seconds)]
-    argv += ["-c", str(clients), "-q", "64", "-t", "2"]
+    argv += ["-c", str(clients), "-q", "64", "-t", "2", *extra]
     out = subprocess.run(
         ["ip", "netns", "exec", netns, *argv], capture_output=True, text=True, timeout=seconds + 60
     ).stdout

@@ -27,6 +27,7 @@ from aether.testing.udp_clients import (
     BIG_TXT,
     BIG_TXT_NAME,
     WHO_NAME,
+    add_app_backend,
     dig,
     dnsmasq_argv,
     fresh_socket_lookups,
@@ -54,15 +55,6 @@ class Bed:
     dns_b: Service
 
 
-def _backend(bed: NodeBed, name: str, vip: str, ip: str, argv: list[str]) -> Service:
-    pod = bed.lab.add_pod(bed.node, f"be-{name}", ip)
-    log = open(bed.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child process owns it)
-    bed.lab.spawn(pod.netns, argv, stdout=log, stderr=log)
-    service = Service(f"default/{name}", vip, pod, APP_PORT)
-    bed.services[name] = service
-    return service
-
-
 def _who(client: Pod, vip: str) -> list[str]:
     return dig(client.netns, vip, L4_OUTBOUND_PORT, WHO_NAME).answers
 
@@ -70,10 +62,14 @@ def _who(client: Pod, vip: str) -> list[str]:
 def _bed(lab: Lab, workdir: Path, sidecar_args: list[str]) -> Bed:
     nb = NodeBed(lab, workdir, sidecar_args=sidecar_args)
     client = nb.add_client("client-0")
-    echo = _backend(nb, "echo", ECHO_VIP, "10.202.0.2", socat_echo_argv("10.202.0.2", APP_PORT))
-    count = _backend(nb, "count", COUNT_VIP, "10.202.0.3", socat_count_argv("10.202.0.3", APP_PORT))
-    dns_a = _backend(nb, "dns-a", DNS_A_VIP, "10.202.0.4", dnsmasq_argv("10.202.0.4", APP_PORT, DNS_A_ANSWER, workdir))
-    dns_b = _backend(nb, "dns-b", DNS_B_VIP, "10.202.0.5", dnsmasq_argv("10.202.0.5", APP_PORT, DNS_B_ANSWER, workdir))
+    echo = add_app_backend(nb, "echo", ECHO_VIP, "10.202.0.2", APP_PORT, socat_echo_argv("10.202.0.2", APP_PORT))
+    count = add_app_backend(nb, "count", COUNT_VIP, "10.202.0.3", APP_PORT, socat_count_argv("10.202.0.3", APP_PORT))
+    dns_a = add_app_backend(
+        nb, "dns-a", DNS_A_VIP, "10.202.0.4", APP_PORT, dnsmasq_argv("10.202.0.4", APP_PORT, DNS_A_ANSWER, workdir)
+    )
+    dns_b = add_app_backend(
+        nb, "dns-b", DNS_B_VIP, "10.202.0.5", APP_PORT, dnsmasq_argv("10.202.0.5", APP_PORT, DNS_B_ANSWER, workdir)
+    )
     nb.write_state(nb.meshnode())
     nb.start_sidecar()
     nb.start_envoy()
@@ -216,3 +212,27 @@ def test_negative_control_old_limit_refuses_flows_past_1024(old_bed: Bed) -> Non
     overflow = old_bed.node.stats("cluster.udp_default/dns-b.upstream_cx_overflow")
     assert storm.answered < 1024 + 64 and storm.sent - storm.answered > 400, (storm, overflow)
     assert sum(overflow.values()) >= storm.sent - storm.answered - 8, (storm, overflow)
+
+
+@pytest.fixture(scope="module")
+def short_idle_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    lab = Lab()
+    try:
+        yield _bed(lab, tmp_path_factory.mktemp("udp-idle"), ["--udp-idle-timeout", "1"])
+    finally:
+        lab.close()
+
+
+def test_idle_expiry_frees_sessions_and_is_counted(short_idle_bed: Bed) -> None:
+    """--udp-idle-timeout ends idle sessions: the breaker's room comes back and Envoy counts each expiry."""
+    bed = short_idle_bed
+    cluster, listener = "cluster.udp_default/dns-b", "udp.udp_capture_default_client-0"
+    storm = fresh_socket_lookups(bed.client.path, bed.dns_b.vip, L4_OUTBOUND_PORT, 200, batch=50)
+    assert storm.answered == 200
+
+    def expired() -> dict[str, int] | None:
+        stats = bed.node.stats("udp")
+        idle_ok = stats[f"{listener}.idle_timeout"] >= 200 and stats[f"{listener}.downstream_sess_active"] == 0
+        return stats if idle_ok and stats[f"{cluster}.circuit_breakers.default.remaining_cx"] == 100_000 else None
+
+    wait_for(expired, timeout=15, what="every session idled out and counted")

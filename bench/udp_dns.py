@@ -1,0 +1,133 @@
+"""DNS through the mesh vs direct with programs nobody here wrote, in one run (needs root: netns, nftables).
+
+    .venv/bin/python -m bench.udp_dns [--seconds S] [--rounds R] [--clients C] [--sidecar-arg ARG ...]
+
+One node netns with Envoy 1.40 served by the sidecar, one client pod (tproxy capture), a dnsmasq backend pod and a
+socat echo backend pod. "direct" dials the backend pod's IP; "mesh" dials the Service VIP on 18082.
+
+1. dnsperf (Debian) against dnsmasq, R interleaved pairs of S seconds (`who.test A`, and `big.test TXT` with EDNS:
+   a ~3 KB answer): queries per second and lost queries per arm, the mesh/direct ratio per pair and its median.
+2. The datagram-size sweep: for each size from 64 B to 65,507 B, round trips per second of one socket against the
+   socat echo (1 in flight), mesh and direct back to back, and whether every reply matched byte for byte.
+
+Goal (issue 11): dnsperf mesh/direct >= 0.7x on 2 cores without losing any size or flow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.testing.netlab import Lab, is_root
+from aether.testing.nodebed import NodeBed, udp_socket_in
+from aether.testing.udp_clients import (
+    BIG_TXT_NAME,
+    WHO_NAME,
+    add_app_backend,
+    dig,
+    dnsmasq_argv,
+    dnsperf,
+    socat_echo_argv,
+)
+from aether.testing.wait import wait_for
+
+DNS_VIP, ECHO_VIP = "10.96.60.1", "10.96.60.2"
+DNS_IP, ECHO_IP = "10.202.1.2", "10.202.1.3"
+PORT = 7000
+SIZES = (64, 512, 1452, 1453, 1500, 4096, 9000, 16384, 32768, 65507)
+
+
+def _answers(netns: str, host: str, port: int) -> list[str]:
+    return dig(netns, host, port, WHO_NAME).answers
+
+
+def rate(netns_path: str, host: str, port: int, size: int, seconds: float) -> tuple[float, bool]:
+    """Round trips per second of one socket, 1 in flight; False if any reply differed or timed out."""
+    sock = udp_socket_in(netns_path, timeout=1.0)
+    ok, n = True, 0
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            payload = os.urandom(size)
+            sock.sendto(payload, (host, port))
+            try:
+                data = sock.recv(65535)
+            except TimeoutError:
+                ok = False
+                continue
+            ok &= data == payload
+            n += 1
+    finally:
+        sock.close()
+    return n / seconds, ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.udp_dns")
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--clients", type=int, default=8, help="dnsperf -c")
+    p.add_argument("--sweep-seconds", type=float, default=1.0)
+    p.add_argument("--sidecar-arg", action="append", default=[], help="extra `aether xds` flag (repeat)")
+    args = p.parse_args(argv)
+    if not is_root():
+        print("bench.udp_dns: needs root (network namespaces, nftables)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp, Lab() as lab:
+        work = Path(tmp)
+        bed = NodeBed(lab, work, sidecar_args=args.sidecar_arg, envoy_args=["--concurrency", "1"])
+        client = bed.add_client("client-0")
+        dns = add_app_backend(bed, "dns", DNS_VIP, DNS_IP, PORT, dnsmasq_argv(DNS_IP, PORT, "192.0.2.9", work))
+        echo = add_app_backend(bed, "echo", ECHO_VIP, ECHO_IP, PORT, socat_echo_argv(ECHO_IP, PORT))
+        bed.write_state(bed.meshnode())
+        bed.start_sidecar()
+        bed.start_envoy()
+        bed.wait_programmed()
+        for host, port in ((DNS_IP, PORT), (DNS_VIP, L4_OUTBOUND_PORT)):
+            wait_for(partial(_answers, client.netns, host, port), what=f"dnsmasq at {host}:{port}")
+        print(
+            f"bench.udp_dns: {args.rounds} pairs of {args.seconds:g}s, dnsperf -c {args.clients}, Envoy --concurrency 1"
+        )
+        print(f"  sidecar flags: {' '.join(args.sidecar_arg) or '(defaults)'}")
+        for label, line, edns in (
+            ("A who.test", f"{WHO_NAME} A", False),
+            ("TXT big.test (~3 KB, EDNS)", f"{BIG_TXT_NAME} TXT", True),
+        ):
+            data = work / "queries.txt"
+            data.write_text(line + "\n")
+            ratios: list[float] = []
+            lost = {"mesh": 0, "direct": 0}
+            qps: dict[str, list[float]] = {"mesh": [], "direct": []}
+            for _ in range(args.rounds):
+                for arm, (host, port) in (("direct", (dns.backend.ip, PORT)), ("mesh", (dns.vip, L4_OUTBOUND_PORT))):
+                    extra = ["-e"] if edns else []
+                    r = dnsperf(client.netns, host, port, data, args.seconds, args.clients, extra)
+                    qps[arm].append(r.qps)
+                    lost[arm] += r.lost
+                ratios.append(qps["mesh"][-1] / qps["direct"][-1])
+            print(f"  dnsperf {label}:")
+            print(
+                f"    direct {statistics.median(qps['direct']):9.0f} q/s   mesh {statistics.median(qps['mesh']):9.0f} q/s"
+            )
+            print(
+                f"    mesh/direct median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
+            )
+            print(f"    lost: direct {lost['direct']}, mesh {lost['mesh']}")
+        print(f"  size sweep (1 in flight, {args.sweep_seconds:g}s each, socat echo):")
+        print(f"    {'bytes':>6} {'direct/s':>9} {'mesh/s':>9} {'ratio':>6}  byte-for-byte")
+        for size in SIZES:
+            d, d_ok = rate(client.path, echo.backend.ip, PORT, size, args.sweep_seconds)
+            m, m_ok = rate(client.path, echo.vip, L4_OUTBOUND_PORT, size, args.sweep_seconds)
+            print(f"    {size:>6} {d:>9.0f} {m:>9.0f} {m / d if d else 0:>6.2f}  {'yes' if d_ok and m_ok else 'NO'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
