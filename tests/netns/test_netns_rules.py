@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,42 +22,33 @@ from aether.netns.rules import (
     diff,
     replace_table_commands,
 )
+from aether.testing.golden import UPDATE_FLAG, GoldenMismatch, check_golden, golden_json
 
 GOLDEN = Path(__file__).parent / "golden"
-UPDATE_FLAG = "AETHER_UPDATE_GOLDEN"
-
-
-def compare_golden(path: Path, actual: dict[str, Any], *, update: bool) -> None:
-    """Fail when `path` differs from `actual`; rewrite it only when `update` (the explicit flag) is set."""
-    text = json.dumps(actual, indent=2, sort_keys=True) + "\n"
-    if update:
-        path.write_text(text)
-        return
-    if not path.exists():
-        pytest.fail(f"golden file {path} is missing; create it deliberately with {UPDATE_FLAG}=1")
-    if path.read_text() != text:
-        pytest.fail(
-            f"{path.name} differs from the builder's output; if the change is intended, run with {UPDATE_FLAG}=1"
-        )
 
 
 @pytest.mark.parametrize("mode", list(CaptureMode))
 def test_golden_ruleset(mode: CaptureMode) -> None:
-    compare_golden(
-        GOLDEN / f"ruleset_{mode.value}.json", build_ruleset(mode), update=os.environ.get(UPDATE_FLAG) == "1"
-    )
+    check_golden(GOLDEN / f"ruleset_{mode.value}.json", golden_json(build_ruleset(mode)))
 
 
 def test_golden_mismatch_fails_and_is_not_rewritten(tmp_path: Path) -> None:
-    """Negative control for the golden gate: a differing file fails the test and stays as it was."""
+    """Negative control for the golden gate (aether.testing.golden): a differing file fails with a diff naming what
+    changed and stays as it was, a missing one fails and is not created; only updating writes."""
     path = tmp_path / "ruleset_tproxy.json"
-    path.write_text("{}\n")
-    with pytest.raises(pytest.fail.Exception, match="differs"):
-        compare_golden(path, build_ruleset(CaptureMode.TPROXY), update=False)
-    assert path.read_text() == "{}\n"
-    with pytest.raises(pytest.fail.Exception, match="missing"):
-        compare_golden(tmp_path / "absent.json", build_ruleset(CaptureMode.TPROXY), update=False)
+    text = golden_json(build_ruleset(CaptureMode.TPROXY))
+    path.write_text(text.replace('"prio": -150', '"prio": -100', 1))
+    with pytest.raises(GoldenMismatch, match="differs") as failure:
+        check_golden(path, text, update=False)
+    assert '\n-          "prio": -100,\n+          "prio": -150,\n' in str(failure.value)
+    assert UPDATE_FLAG in str(failure.value)
+    assert path.read_text() != text
+    with pytest.raises(GoldenMismatch, match="missing"):
+        check_golden(tmp_path / "absent.json", text, update=False)
     assert not (tmp_path / "absent.json").exists()
+    check_golden(path, text, update=True)
+    assert path.read_text() == text
+    check_golden(path, text, update=False)
 
 
 def _rules(ruleset: dict[str, Any]) -> list[dict[str, Any]]:

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from aether.api.meshnode import MeshNode, load_meshnode_file
 from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.records import PodRecord
+from aether.testing.golden import check_golden, golden_json
 from aether.testing.samples import node_with, records_for
 from aether.xds.codec import protojson as codec
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, Resources, TranslateOptions, version_of
 from aether.xds.translate.compose import translate as translate_all
 from aether.xds.translate.l4.udp import DESTINATION_IP_INPUT, UDP_PROXY_CONFIG, UDP_ROUTE
 
-DATA = Path(__file__).parent / "data"
-GOLDEN = DATA / "golden-sample.json"
+DATA = Path(__file__).parent / "data"  # inputs; expected outputs are in golden/
+GOLDEN = Path(__file__).parent / "golden" / "translate_sample.json"
 
 
 L4 = TranslateOptions(areas=("udp", "tcp-floor"))
@@ -44,12 +44,8 @@ def _udp_listeners(res: Resources) -> dict[str, dict]:  # type: ignore[type-arg]
 
 
 def test_golden_sample() -> None:
-    """The rendered resources for the sample MeshNode; regenerate with AETHER_REGEN_GOLDEN=1."""
-    res = translate(sample_node(), sample_records())
-    text = json.dumps(res, indent=2, sort_keys=True) + "\n"
-    if os.environ.get("AETHER_REGEN_GOLDEN") == "1":
-        GOLDEN.write_text(text)
-    assert text == GOLDEN.read_text()
+    """The rendered resources for the sample MeshNode; rewrite with AETHER_UPDATE_GOLDEN=1 (aether.testing.golden)."""
+    check_golden(GOLDEN, golden_json(translate(sample_node(), sample_records())))
 
 
 def test_udp_listener_shape() -> None:
