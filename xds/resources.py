@@ -64,6 +64,13 @@ class TranslateOptions:
     areas: tuple[str, ...] = ()
 
 
+def seconds(value: float) -> str:
+    """proto3-JSON Duration, rounded to microseconds (protobuf refuses more than nine fractional digits, and a float
+    such as 1.999999999985448 has more)."""
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return f"{text}s"
+
+
 def short_type(type_url: str) -> str:
     return type_url.rsplit(".", 1)[-1]
 

@@ -233,3 +233,15 @@ def test_app_ports_come_from_destinations_naming_the_pod_then_options_then_the_d
     node, records = sample_node("n", pods, [SampleDestination("default/web", "web", (8443, 8080), ("10.200.1.2",))])
     got = {p.name: p.app_ports for p in local_pods(node, records, "td", EastWestOptions(app_ports={"u2": (9000,)}))}
     assert got == {"web-0": (8443, 8080), "api-0": (9000,), "db-0": (8080,)}
+
+
+def test_float_timeouts_encode_as_valid_durations() -> None:
+    """A timeout computed as a float (1.999999999985448 s) has more fractional digits than a protobuf Duration takes:
+    every builder rounds it to microseconds (seen red: `f"{x}s"` in the east-west builders was refused by the codec)."""
+    from aether.xds.codec.protojson import encode
+
+    res = _build(connect_timeout_s=1.999999999985448, odcds_timeout_s=0.30000000000000004)
+    for type_url, named in res.items():
+        for name, resource in named.items():
+            assert encode(type_url, resource, name)
+    assert {c.get("connect_timeout", c.get("connectTimeout")) for c in res[CLUSTER].values()} == {"2s"}

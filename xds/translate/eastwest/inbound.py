@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from aether.api.naming import quic_sni
 from aether.netns.contract import INBOUND_PORT
+from aether.xds.resources import seconds
 from aether.xds.translate.eastwest.plan import EastWestOptions, LocalPod
 from aether.xds.translate.eastwest.tls import downstream_tls, quic_downstream_socket, tcp_downstream_socket
 
@@ -147,7 +148,7 @@ def app_clusters(pod: LocalPod, options: EastWestOptions) -> dict[str, dict[str,
         out[name] = {
             "name": name,
             "type": "STATIC",
-            "connect_timeout": f"{options.connect_timeout_s}s",
+            "connect_timeout": seconds(options.connect_timeout_s),
             "load_assignment": {
                 "cluster_name": name,
                 "endpoints": [

@@ -16,6 +16,7 @@ from aether.api.naming import h2_cluster, mesh_host, quic_sni, quic_twin
 from aether.netns.contract import HTTP_OUTBOUND_PORT
 from aether.xds.identity.sds import ADS
 from aether.xds.identity.svid import parse_spiffe_id
+from aether.xds.resources import seconds
 from aether.xds.translate.eastwest.inbound import HCM_NAME, HCM_TYPE, ROUTER, access_logs
 from aether.xds.translate.eastwest.plan import Destination, EastWestOptions, LocalPod
 from aether.xds.translate.eastwest.tls import IDENTITY_KEY, h2_upstream_socket, quic_upstream_socket
@@ -63,7 +64,7 @@ def stamp_identity(identity: str, factory: str) -> dict[str, Any]:
 def listener(pod: LocalPod, options: EastWestOptions) -> dict[str, Any]:
     on_demand: dict[str, Any] = {"@type": ON_DEMAND_TYPE}
     if options.config_source is None or "ads" in options.config_source:
-        on_demand["odcds"] = {"source": _cs(options), "timeout": f"{options.odcds_timeout_s}s"}
+        on_demand["odcds"] = {"source": _cs(options), "timeout": seconds(options.odcds_timeout_s)}
     hcm = {
         "@type": HCM_TYPE,
         "stat_prefix": "http_outbound",
@@ -155,7 +156,7 @@ def _eds_cluster(name: str, options: EastWestOptions) -> dict[str, Any]:
         "name": name,
         "type": "EDS",
         "eds_cluster_config": {"service_name": name, "eds_config": _cs(options)},
-        "connect_timeout": f"{options.connect_timeout_s}s",
+        "connect_timeout": seconds(options.connect_timeout_s),
     }
 
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from aether.api.meshnode import MeshNode, MeshPod, ServiceArm
 from aether.netns.records import PodRecord
-from aether.xds.resources import ResourceDict, TranslateOptions
+from aether.xds.resources import ResourceDict, TranslateOptions, seconds
 
 Arms = tuple[tuple[str, str], ...]  # ((vip, cluster), ...) in matcher order
 EndpointKey = tuple[tuple[str, int], ...]
@@ -24,12 +24,6 @@ def local_pods(node: MeshNode, records: Mapping[str, PodRecord]) -> list[tuple[M
     """Pods the MeshNode lists AND the CNI has a record for (both are needed to bind listeners), sorted."""
     out = [(pod, records[pod.uid]) for pod in node.status.pods if pod.uid in records]
     return sorted(out, key=lambda pr: (pr[0].namespace, pr[0].name, pr[0].uid))
-
-
-def seconds(value: float) -> str:
-    """proto3-JSON Duration."""
-    text = f"{value:.6f}".rstrip("0").rstrip(".")
-    return f"{text}s"
 
 
 class ClusterShape(NamedTuple):

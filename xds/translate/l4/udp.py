@@ -25,8 +25,8 @@ from aether.api.meshnode import MeshNode
 from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
-from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions
-from aether.xds.translate.l4.common import Arms, ClusterShape, local_pods, seconds, stat_name
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions, seconds
+from aether.xds.translate.l4.common import Arms, ClusterShape, local_pods, stat_name
 from aether.xds.translate.l4.memo import DigestMemo
 
 UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
