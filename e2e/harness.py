@@ -47,6 +47,7 @@ BACKEND_PORT = 5353
 HTTP_APP_PORT = 8080  # the east-west builders' default application port
 VIP_PREFIX = "10.96.77."  # ClusterIPs from a range that exists nowhere on this machine
 Progress = Callable[[str], None]
+App = Callable[[str, int], list[str]]  # (pod ip, port) -> the argv of a pod's app
 XDS_CLI = (sys.executable, "-m", "aether.cli", "xds")
 
 
@@ -90,6 +91,7 @@ class Mesh:
     nodes: dict[str, MeshNodeProxy] = field(default_factory=dict)
     pods: dict[str, MeshPod] = field(default_factory=dict)
     services: dict[str, str] = field(default_factory=dict)  # name -> VIP
+    apps: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)  # pod name -> its app processes
     _own_workdir: bool = False
     _closed: bool = False
 
@@ -223,13 +225,30 @@ class Mesh:
         self.progress(f"pod {name} on {node.name}: {ip}, aether-cni ADD done ({capture.value} capture)")
         return pod
 
-    def add_backend(self, node: MeshNodeProxy, name: str) -> MeshPod:
-        """A pod running a UDP echo server that answers `<its name>|<payload>` on BACKEND_PORT."""
+    def add_backend(self, node: MeshNodeProxy, name: str, app: App | None = None) -> MeshPod:
+        """A pod running its app on BACKEND_PORT: by default a UDP echo server that answers `<its name>|<payload>`;
+        `app(pod ip, port)` gives any other program's argv (dnsmasq, socat, iperf3...)."""
         pod = self.add_pod(node, name)
-        log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child process owns it)
-        argv = [sys.executable, "-m", "aether.testing.udp_echo", name, str(BACKEND_PORT)]
-        self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
+        argv = (
+            app(pod.ip, BACKEND_PORT)
+            if app
+            else [sys.executable, "-m", "aether.testing.udp_echo", name, str(BACKEND_PORT)]
+        )
+        self.run_app(pod, argv)
         return pod
+
+    def run_app(self, pod: MeshPod, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start `argv` as (another) app of the pod, in its netns; output to `<node workdir>/<pod>.log`."""
+        log = open(pod.node.workdir / f"{pod.name}.log", "ab")  # noqa: SIM115 (the child process owns it)
+        proc = self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
+        self.apps.setdefault(pod.name, []).append(proc)
+        return proc
+
+    def crash_apps(self, pod: MeshPod) -> None:
+        """SIGKILL the pod's apps (a crash: no goodbye, the port answers ICMP unreachable)."""
+        for proc in self.apps.pop(pod.name, []):
+            proc.kill()
+            proc.wait()
 
     def add_http_backend(self, node: MeshNodeProxy, name: str, sa: str) -> MeshPod:
         """A pod running an HTTP app on HTTP_APP_PORT that answers with its name and the XFCC it received."""

@@ -1,0 +1,236 @@
+"""Plaintext UDP across two nodes with programs nobody here wrote, through the whole mesh (API test bed, operator,
+sidecars, real Envoy per node, pods captured by the real aether-cni):
+
+- the datagram-size sweep (64 B to 65,507 B) client on node-a -> socat backends on node-b, both directions, against
+  direct (the backend pod's IP) byte for byte;
+- dig: a ~3 KB TXT answer over UDP, and an A record from each of two Services on one port (one backend on each node);
+- 5,000 lookups from fresh sockets inside 10 s, across nodes;
+- a backend crashed under traffic (lost until its endpoint leaves, measured) and one replaced gracefully (none lost).
+
+The crash and replacement figures are printed (`pytest -s`) and recorded in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from aether.e2e.harness import BACKEND_PORT, Mesh, MeshPod
+from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.netns.nsthread import run_in_netns
+from aether.testing.udp_clients import (
+    BIG_TXT,
+    BIG_TXT_NAME,
+    WHO_NAME,
+    dig,
+    dns_answer_count,
+    dns_query,
+    dnsmasq_argv,
+    fresh_socket_lookups,
+    socat_count_argv,
+    socat_echo_argv,
+    txt_strings,
+)
+from aether.testing.wait import wait_for
+
+pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
+
+SIZES = (64, 1452, 1453, 1500, 4096, 9000, 32768, 65507)
+ANSWERS = {"dns-remote": "192.0.2.11", "dns-local": "192.0.2.12", "r1": "192.0.2.21", "r2": "192.0.2.22"}
+
+
+def _dnsmasq(mesh: Mesh, name: str) -> partial[list[str]]:
+    """dnsmasq as a pod's app: `who.test` answers the backend's own address from ANSWERS."""
+    assert mesh.workdir is not None
+    return partial(_dnsmasq_app, answer=ANSWERS.get(name, "192.0.2.99"), workdir=mesh.workdir)
+
+
+def _dnsmasq_app(ip: str, port: int, answer: str, workdir: Path) -> list[str]:
+    return dnsmasq_argv(ip, port, answer, workdir)
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[Mesh]:
+    m = Mesh(namespace="e2e")
+    try:
+        a, b = m.add_node("node-a"), m.add_node("node-b")
+        m.start_node_proxies()
+        m.add_pod(a, "client")
+        m.add_backend(b, "echo", socat_echo_argv)
+        m.add_backend(b, "count", socat_count_argv)
+        m.add_backend(b, "dns-remote", _dnsmasq(m, "dns-remote"))
+        m.add_backend(a, "dns-local", _dnsmasq(m, "dns-local"))
+        for name in ("r1", "r2", "r3"):
+            m.add_backend(b, name, _dnsmasq(m, name))
+        for svc in ("echo", "count", "dns-remote", "dns-local"):
+            m.add_service(svc, [svc])
+        m.add_service("dns-r", ["r1", "r2"])
+        m.wait_arms(a, {vip: f"udp:e2e/{svc}" for svc, vip in m.services.items()})
+        m.wait_listeners(a, 1)
+        client = m.pods["client"]
+        for svc in ("dns-remote", "dns-local", "dns-r"):
+            wait_for(partial(_who, client, m.services[svc]), timeout=60, what=f"{svc} through the mesh")
+        yield m
+    finally:
+        m.close()
+
+
+def _who(client: MeshPod, vip: str) -> list[str]:
+    return dig(client.net.netns, vip, L4_OUTBOUND_PORT, WHO_NAME).answers
+
+
+def _exchange(client: MeshPod, host: str, port: int, payload: bytes) -> bytes | None:
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(1.0)
+        return s
+
+    sock = run_in_netns(client.netns_path, make)
+    try:
+        sock.sendto(payload, (host, port))
+        return sock.recv(65535)
+    except TimeoutError:
+        return None
+    finally:
+        sock.close()
+
+
+def test_size_sweep_across_nodes_matches_direct(mesh: Mesh) -> None:
+    client = mesh.pods["client"]
+    assert client.node.name == "node-a" and mesh.pods["echo"].node.name == "node-b"
+    for size in SIZES:
+        payload = os.urandom(size)
+        for backend in ("echo", "count"):
+            direct = _exchange(client, mesh.pods[backend].ip, BACKEND_PORT, payload)
+            through = _exchange(client, mesh.services[backend], L4_OUTBOUND_PORT, payload)
+            want = payload if backend == "echo" else f"{size}\n".encode()
+            assert direct == want, f"direct {backend} {size} B"
+            assert through == want, f"{backend} {size} B through the mesh across nodes\n{mesh.diagnostics()}"
+
+
+def test_dig_across_nodes(mesh: Mesh) -> None:
+    client = mesh.pods["client"]
+    big = dig(client.net.netns, mesh.services["dns-remote"], L4_OUTBOUND_PORT, BIG_TXT_NAME, "TXT", bufsize=4096)
+    assert big.status == "NOERROR" and "tc" not in big.flags and big.size > 1500, big.output
+    assert txt_strings(big.answers) == list(BIG_TXT)
+    for svc in ("dns-remote", "dns-local"):  # one Service's backend on each node, one port
+        answer = dig(client.net.netns, mesh.services[svc], L4_OUTBOUND_PORT, WHO_NAME)
+        assert [line.split()[-1] for line in answer.answers] == [ANSWERS[svc]], answer.output
+
+
+def test_five_thousand_fresh_sockets_across_nodes(mesh: Mesh) -> None:
+    client = mesh.pods["client"]
+    start = time.monotonic()
+    storm = fresh_socket_lookups(client.netns_path, mesh.services["dns-remote"], L4_OUTBOUND_PORT, 5000, batch=100)
+    took = time.monotonic() - start
+    assert storm.answered == 5000 and took < 10, (storm, took)
+
+
+@dataclass
+class Stream:
+    """One query every `period` s: from a fresh socket each (`fresh`), or all from one socket (one session)."""
+
+    client: MeshPod
+    vip: str
+    fresh: bool
+    period: float = 0.05
+    sent: list[float] = field(default_factory=list)
+    lost: list[float] = field(default_factory=list)
+
+    def run_until(self, stop: float) -> None:
+        def make() -> socket.socket:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.settimeout(self.period * 0.9)
+            return s
+
+        pinned = None if self.fresh else run_in_netns(self.client.netns_path, make)
+        qid = 0
+        while time.monotonic() < stop:
+            sock = pinned or run_in_netns(self.client.netns_path, make)
+            qid = (qid + 1) & 0xFFFF
+            t = time.monotonic()
+            sock.sendto(dns_query(qid, WHO_NAME), (self.vip, L4_OUTBOUND_PORT))
+            self.sent.append(t)
+            try:
+                while dns_answer_count(sock.recv(65535), qid) < 1:
+                    pass  # a late answer to an earlier query
+            except TimeoutError:
+                self.lost.append(t)
+            if pinned is None:
+                sock.close()
+            time.sleep(max(0.0, t + self.period - time.monotonic()))  # pacing: the stream's rate, not a wait
+        if pinned is not None:
+            pinned.close()
+
+
+def _hosts(mesh: Mesh, cluster: str) -> set[str]:
+    text = mesh.nodes["node-a"].admin("/clusters")
+    return {
+        line.split("::")[1].split(":")[0]
+        for line in text.splitlines()
+        if line.startswith(cluster + "::") and "::cx_active::" in line
+    }
+
+
+def _run_streams(mesh: Mesh, during: float, action: Callable[[], None]) -> tuple[Stream, Stream]:
+
+    client, vip = mesh.pods["client"], mesh.services["dns-r"]
+    fresh, pinned = Stream(client, vip, fresh=True), Stream(client, vip, fresh=False)
+    stop = time.monotonic() + during
+    threads = [threading.Thread(target=s.run_until, args=(stop,)) for s in (fresh, pinned)]
+    for t in threads:
+        t.start()
+    try:
+        action()
+    finally:
+        for t in threads:
+            t.join()
+    return fresh, pinned
+
+
+def test_graceful_replacement_loses_nothing_then_a_crash_loses_until_the_endpoint_leaves(mesh: Mesh) -> None:
+    cluster = "udp:e2e/dns-r"
+    ips = {name: mesh.pods[name].ip for name in ("r1", "r2", "r3")}
+    wait_for(lambda: _hosts(mesh, cluster) == {ips["r1"], ips["r2"]}, what="dns-r on r1 and r2 in Envoy")
+
+    def replace_r2_by_r3() -> None:
+        time.sleep(1.0)  # pacing: traffic runs on both old backends for a while before the change
+        mesh.set_endpoints("dns-r", ["r1", "r2", "r3"])
+        wait_for(lambda: _hosts(mesh, cluster) == set(ips.values()), what="r3 in Envoy")
+        mesh.set_endpoints("dns-r", ["r1", "r3"])  # r2 leaves (terminating), then stops
+        wait_for(lambda: _hosts(mesh, cluster) == {ips["r1"], ips["r3"]}, what="r2 out of Envoy")
+        mesh.crash_apps(mesh.pods["r2"])
+
+    fresh, pinned = _run_streams(mesh, 4.0, replace_r2_by_r3)
+    print(
+        f"\ngraceful replacement: fresh sockets lost {len(fresh.lost)}/{len(fresh.sent)}, "
+        f"one socket lost {len(pinned.lost)}/{len(pinned.sent)}"
+    )
+    assert fresh.lost == [] and pinned.lost == [], (len(fresh.lost), len(pinned.lost))
+
+    crash: dict[str, float] = {}
+
+    def crash_r1() -> None:
+        time.sleep(1.0)  # pacing, as above
+        crash["at"] = time.monotonic()
+        mesh.crash_apps(mesh.pods["r1"])
+        mesh.set_endpoints("dns-r", ["r3"])  # the EndpointSlice controller's part, at once (kubelet's delay aside)
+        wait_for(lambda: _hosts(mesh, cluster) == {ips["r3"]}, what="r1 out of Envoy")
+        crash["gone"] = time.monotonic()
+
+    fresh, pinned = _run_streams(mesh, 4.0, crash_r1)
+    window = crash["gone"] - crash["at"]
+    late = [t for t in fresh.lost + pinned.lost if t > crash["gone"] + 0.1]
+    print(
+        f"crash: endpoint out of Envoy {window * 1000:.0f} ms after the crash; fresh sockets lost "
+        f"{len(fresh.lost)}/{len(fresh.sent)}, one socket lost {len(pinned.lost)}/{len(pinned.sent)}"
+    )
+    assert late == [], f"{len(late)} lost after the endpoint left Envoy"
