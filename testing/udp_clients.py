@@ -65,13 +65,14 @@ def dnsmasq_argv(ip: str, port: int, answer_ip: str, workdir: Path) -> list[str]
 
 
 def socat_echo_argv(ip: str, port: int) -> list[str]:
-    """Every datagram back to its sender, byte for byte (64 KiB buffers: any UDP size)."""
-    return [program("socat"), "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "PIPE"]
+    """Every datagram back to its sender, byte for byte (64 KiB buffers: any UDP size). socat forks a child per
+    datagram; `-T 1` ends each child after 1 s idle, so a long run does not pile up thousands of them."""
+    return [program("socat"), "-T", "1", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "PIPE"]
 
 
 def socat_count_argv(ip: str, port: int) -> list[str]:
     """Answers each datagram with its length in ASCII: a large request and a small reply."""
-    return [program("socat"), "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:wc -c"]
+    return [program("socat"), "-T", "1", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:wc -c"]
 
 
 def add_app_backend(bed: NodeBed, name: str, vip: str, ip: str, port: int, argv: list[str]) -> Service:
