@@ -1,185 +1,46 @@
-"""East-west HTTP/3 with per-source mTLS identity on the real data path.
-
-Two node netns, each with its own real Envoy 1.40 served over delta ADS by `aether.xds.ads.server`; pods behind veths;
-the capture installed in the source pods; an echo app in the destination pod that returns the XFCC header it got.
-Node A: pods client-0 (SA client) and other-0 (SA other). Node B: pod web-0 (SA web-sa) behind Service default/web.
+"""East-west HTTP/3 with per-source mTLS identity on the real data path: two nodes, each with its own real Envoy
+1.40 over delta ADS, the capture in the source pods, an echo app in the destination pod that returns the XFCC header
+it got (the rig: `aether.testing.quic_mesh`). Node A: pods client-0 (SA client) and other-0 (SA client in namespace
+team-b). Node B: pod web-0 (SA web-sa) behind Service default/web.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aether.api.meshnode import Endpoint, ServiceArm
-from aether.netns.contract import CaptureMode
-from aether.netns.install import install_capture
-from aether.testing.eastwest_lab import (
-    AdsHarness,
-    client_result,
-    http_in_netns,
-    quic_probe,
-    start_client,
-    start_echo,
-    start_envoy,
-    xfcc_uri,
+from aether.testing.eastwest_lab import client_result, http_in_netns, quic_probe, start_client, xfcc_uri
+from aether.testing.quic_mesh import (
+    CLIENT,
+    HOST,
+    MD,
+    OTHER,
+    TD,
+    TWIN,
+    VIP,
+    VIP_UDP,
+    WEB,
+    Mesh,
+    as_names,
+    quic_chain_counters,
+    quic_mesh,
 )
-from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
-from aether.testing.envoy import Envoy
-from aether.testing.netlab import Lab, Pod
 from aether.testing.wait import wait_for
 from aether.xds.gates.quic import run_quic_gates
-from aether.xds.identity.ca import BuiltinCA
-from aether.xds.identity.sds import secrets, svid_secret
-from aether.xds.identity.svid import Svid, selector_secret_name, svid_secret_name
-from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET, Resources, TranslateOptions, merge
-from aether.xds.translate.eastwest.build import EastWestOptions, build
-from aether.xds.translate.l4 import udp
+from aether.xds.identity.sds import secrets
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
-
-TD, MD = "cluster.local", "mesh.example"
-OPTS = TranslateOptions(mesh_domain=MD, trust_domain=TD)
-CLIENT = f"spiffe://{TD}/ns/default/sa/client"
-# the other source: a ServiceAccount with the same name as CLIENT's, in another namespace (`default` in every
-# namespace is the common case): its own identity, so its own twin (quic:default/web@team-b/client)
-OTHER = f"spiffe://{TD}/ns/team-b/sa/client"
-WEB = f"spiffe://{TD}/ns/default/sa/web-sa"
-VIP = "10.96.0.20"
-VIP_UDP = "10.96.0.30"
-HOST = f"web.default.{MD}"
-TWIN = "quic:default/web@client"
-
-
-@dataclass
-class Mesh:
-    lab: Lab
-    workdir: Path
-    ads: AdsHarness
-    ca: BuiltinCA
-    a: Envoy
-    b: Envoy
-    client: Pod
-    other: Pod
-    web: Pod
-    hits: Path
-
-    def resources_a(self, *, more_destinations: tuple[str, ...] = (), **kw: Any) -> Resources:
-        """Node A's east-west resources; `more_destinations` adds Services (same SA and pod as default/web)."""
-        node, records = sample_node(
-            "node-a",
-            [
-                SamplePod("u-client", "client-0", self.client.ip, "client", self.client.path),
-                SamplePod("u-other", "other-0", self.other.ip, "client", self.other.path, namespace="team-b"),
-            ],
-            [
-                SampleDestination("default/web", "web-sa", (8080,), (self.web.ip,), vip=VIP),
-                *(SampleDestination(f"default/{svc}", "web-sa", (8080,), (self.web.ip,)) for svc in more_destinations),
-            ],
-        )
-        ew = EastWestOptions(access_log_path=str(self.workdir / "access-a.log"), **kw)
-        return build(node, records, OPTS, ew)
-
-    def resources_a_with_udp(self) -> Resources:
-        """Node A plus the plaintext UDP class (aether.xds.translate.l4.udp): VIP_UDP:18082 -> web-0's app port 8080."""
-        node, records = sample_node(
-            "node-a",
-            [
-                SamplePod("u-client", "client-0", self.client.ip, "client", self.client.path),
-                SamplePod("u-other", "other-0", self.other.ip, "client", self.other.path, namespace="team-b"),
-            ],
-            [SampleDestination("default/web", "web-sa", (8080,), (self.web.ip,), vip=VIP)],
-        )
-        node.status.udp.services = [
-            ServiceArm(
-                service="default/web-udp",
-                vip=VIP_UDP,
-                cluster="udp:default/web-udp",
-                endpoints=[Endpoint(ip=self.web.ip, port=8080)],
-            )
-        ]
-        return merge(self.resources_a(), udp.build(node, records, OPTS))
-
-    def resources_b(self) -> Resources:
-        node, records = sample_node("node-b", [SamplePod("u-web", "web-0", self.web.ip, "web-sa", self.web.path)], [])
-        ew = EastWestOptions(access_log_path=str(self.workdir / "access-b.log"), app_ports={"u-web": (8080, 9090)})
-        return build(node, records, OPTS, ew)
-
-    def serve_a(self, res: Resources | None = None, secret_overrides: dict[str, dict[str, Any]] | None = None) -> None:
-        sec = secrets(self.ca, [CLIENT, OTHER])
-        sec[SECRET].update(secret_overrides or {})
-        self.ads.set("node-a", res if res is not None else self.resources_a(), sec)
-
-    def serve_b(self, secret_overrides: dict[str, dict[str, Any]] | None = None) -> None:
-        sec = secrets(self.ca, [WEB])
-        sec[SECRET].update(secret_overrides or {})
-        self.ads.set("node-b", self.resources_b(), sec)
-
-    def get(self, pod: Pod, n: int = 1, via_vip: bool = True) -> list[tuple[int, str]]:
-        return http_in_netns(pod.netns, HOST, n=n, ip=VIP if via_vip else "127.0.0.1")
-
-    def access_b(self) -> list[str]:
-        path = self.workdir / "access-b.log"
-        return path.read_text().splitlines() if path.exists() else []
-
-    def app_hits(self) -> int:
-        return len(self.hits.read_text().splitlines())
-
-    def until_200(self, pod: Pod, timeout: float = 30.0) -> list[tuple[int, str]]:
-        """Requests until one answers 200 (after a push, Envoy takes a moment to apply it)."""
-        out: list[tuple[int, str]] = []
-
-        def ok() -> bool:
-            nonlocal out
-            out = self.get(pod)
-            return out[0][0] == 200
-
-        try:
-            wait_for(ok, timeout, f"a 200 from {pod.name}", interval=0.3)
-        except TimeoutError as exc:
-            raise AssertionError(f"{exc}: last answer {out}; node A log: {self.a.log_tail(3000)}") from exc
-        return out
-
-
-def _wait_applied(node: Envoy, needle: str, timeout: float = 30.0) -> None:
-    wait_for(lambda: needle in node.admin("/config_dump?include_eds"), timeout, f"{needle!r} in {node.node_id}")
 
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
-    workdir = tmp_path_factory.mktemp("quic")
-    lab = Lab()
-    ads = AdsHarness(workdir)
-    try:
-        na, nb = lab.add_node("qa"), lab.add_node("qb")
-        client = lab.add_pod(na, "client-0", "10.200.1.2")
-        other = lab.add_pod(na, "other-0", "10.200.1.3")
-        web = lab.add_pod(nb, "web-0", "10.200.2.7")
-        lab.link_nodes(na, nb, "10.199.0.1", "10.199.0.2")
-        for pod in (client, other):
-            install_capture(pod.path, CaptureMode.TPROXY)
-        hits = workdir / "hits.log"
-        start_echo(lab, web, (8080, 9090), hits)
-        ca = BuiltinCA(TD, MD)
-        a = start_envoy(lab, na.netns, "node-a", workdir, ads)
-        b = start_envoy(lab, nb.netns, "node-b", workdir, ads)
-        m = Mesh(lab, workdir, ads, ca, a, b, client, other, web, hits)
-        m.serve_a()
-        m.serve_b()
-        a.wait_live()
-        b.wait_live()
+    with quic_mesh(tmp_path_factory.mktemp("quic")) as m:
         yield m
-    finally:
-        ads.close()
-        lab.close()
 
 
 def test_h3_carries_each_source_identity(mesh: Mesh) -> None:
@@ -209,8 +70,7 @@ def test_h2_when_the_twin_is_absent(mesh: Mesh) -> None:
     try:
         mesh.serve_a(mesh.resources_a(quic=False))
         wait_for(lambda: TWIN not in mesh.a.admin("/clusters"), 30, "twins gone")
-        time.sleep(0.5)  # earlier requests' access log lines are flushed (every 100 ms)
-        before = len(mesh.access_b())
+        before = len(mesh.access_b_flushed())  # the earlier requests' lines are all in
         bodies = [mesh.until_200(mesh.client)[0][1], *(b for _, b in mesh.get(mesh.other, n=2))]
         assert [xfcc_uri(b) for b in bodies] == [CLIENT, OTHER, OTHER]
         wait_for(lambda: len(mesh.access_b()) >= before + 3, 10, "access log lines")
@@ -219,7 +79,7 @@ def test_h2_when_the_twin_is_absent(mesh: Mesh) -> None:
         assert f"peer={CLIENT}" in new[-3] and f"peer={OTHER}" in new[-1]
     finally:
         mesh.serve_a()
-        _wait_applied(mesh.a, TWIN)
+        mesh.wait_applied(mesh.a, TWIN)
 
 
 def test_envoy_string_identity_leaks_and_the_gate_catches_it(mesh: Mesh) -> None:
@@ -237,72 +97,24 @@ def test_envoy_string_identity_leaks_and_the_gate_catches_it(mesh: Mesh) -> None
         assert seen_by_other == {CLIENT}, f"expected the leak (other-0 arriving as client-0), saw {seen_by_other}"
     finally:
         mesh.serve_a()
-        _wait_applied(mesh.a, TWIN)
+        mesh.wait_applied(mesh.a, TWIN)
         wait_for(lambda: "envoy.string" not in mesh.a.active_config("dynamic_listeners"), 30, "envoy.string gone")
-
-
-def _refused(mesh: Mesh, why: str) -> None:
-    hits = mesh.app_hits()
-    out = mesh.get(mesh.client, n=2)
-    assert all(s != 200 for s, _ in out), f"{why}: expected refusal, got {out}"
-    assert mesh.app_hits() == hits, f"{why}: the app was reached"
-
-
-def _as(svid: Svid, spiffe_id: str) -> dict[str, dict[str, Any]]:
-    """`svid` served under both of `spiffe_id`'s secret names."""
-    return {n: svid_secret(svid, n) for n in (svid_secret_name(spiffe_id), selector_secret_name(spiffe_id))}
-
-
-def _with_twin_variant(mesh: Mesh, tag: str, change: Any) -> Resources:
-    """Node A's resources where client-0's arm points to a changed copy of its twin under a new name (a new name
-    is a fresh EDS subscription: re-pushing a changed twin under its old name warms for the 15 s EDS timeout)."""
-    res = copy.deepcopy(mesh.resources_a())
-    name = f"{TWIN}~{tag}"
-    twin = copy.deepcopy(res[CLUSTER][TWIN])
-    twin["name"] = name
-    twin["edsClusterConfig"]["serviceName"] = name
-    change(twin["transportSocket"]["typedConfig"]["upstreamTlsContext"])
-    res[CLUSTER][name] = twin
-    res[ENDPOINT][name] = {**res[ENDPOINT][TWIN], "clusterName": name}
-    route = res[ROUTE]["http-outbound"]["virtualHosts"][0]["routes"][0]["route"]
-    tree = route["inlineClusterSpecifierPlugin"]["extension"]["typedConfig"]["clusterMatcher"]["matcherTree"]
-    tree["exactMatchMap"]["map"][CLIENT]["action"]["typedConfig"]["cluster"] = name
-    return res
-
-
-def _wait_routed_to(mesh: Mesh, cluster: str) -> None:
-    wait_for(lambda: cluster in mesh.a.active_config("dynamic_route_configs"), 30, f"route to {cluster}")
-
-
-def _bounce_inbound(mesh: Mesh, overrides: dict[str, dict[str, Any]] | None = None) -> None:
-    """Node B re-binds its inbound QUIC listener (a changed harmless field): the listener drains, the QUIC
-    connection from node A closes, and the next request needs a new handshake."""
-    stamp = 9000 + int(time.monotonic_ns() % 997)
-    res = mesh.resources_b()
-    for name, lst in res[LISTENER].items():
-        if name.startswith("inbound-h3:"):
-            lst["udpListenerConfig"]["downstreamSocketConfig"]["maxRxDatagramSize"] = stamp
-    sec = secrets(mesh.ca, [WEB])
-    sec[SECRET].update(overrides or {})
-    mesh.ads.set("node-b", res, sec)
-    wait_for(lambda: f"{stamp}" in mesh.b.active_config("dynamic_listeners"), 30, "B re-bound")
-    time.sleep(3.0)  # drain time (2 s) closes the old connections
 
 
 def test_no_client_certificate_is_refused(mesh: Mesh) -> None:
     # positive control of the variant mechanism: an unchanged copy of the twin under a new name answers 200
-    mesh.serve_a(_with_twin_variant(mesh, "same", lambda u: None))
-    _wait_routed_to(mesh, f"{TWIN}~same")
+    mesh.serve_a(mesh.with_twin_variant("same", lambda u: None))
+    mesh.wait_routed_to(f"{TWIN}~same")
     assert xfcc_uri(mesh.until_200(mesh.client)[0][1]) == CLIENT
     try:
         mesh.serve_a(
-            _with_twin_variant(mesh, "nocert", lambda u: u["commonTlsContext"].pop("tlsCertificateSdsSecretConfigs"))
+            mesh.with_twin_variant("nocert", lambda u: u["commonTlsContext"].pop("tlsCertificateSdsSecretConfigs"))
         )
-        _wait_routed_to(mesh, f"{TWIN}~nocert")
-        _refused(mesh, "no client certificate")
+        mesh.wait_routed_to(f"{TWIN}~nocert")
+        mesh.refused("no client certificate")
     finally:
         mesh.serve_a()
-        _wait_routed_to(mesh, f'"{TWIN}"')
+        mesh.wait_routed_to(f'"{TWIN}"')
     mesh.until_200(mesh.client)
 
 
@@ -312,15 +124,15 @@ def test_unpinned_san_is_refused(mesh: Mesh) -> None:
     foreign = mesh.ca.issue("spiffe://elsewhere.example/ns/default/sa/client", dns_names=(f"client.default.{MD}",))
     before = mesh.b.stat_sum(r"ssl\.fail_verify_san$")
     try:
-        mesh.serve_a(secret_overrides=_as(foreign, CLIENT))
-        time.sleep(1.0)
-        _bounce_inbound(mesh)
-        _refused(mesh, "unpinned SAN")
+        mesh.serve_a(secret_overrides=as_names(foreign, CLIENT))
+        mesh.wait_synced(mesh.a)  # node A holds the foreign SVID before the next handshake
+        mesh.bounce_inbound()
+        mesh.refused("unpinned SAN")
         assert mesh.b.stat_sum(r"ssl\.fail_verify_san$") > before
     finally:
         mesh.serve_a()
-        time.sleep(1.0)
-        _bounce_inbound(mesh)
+        mesh.wait_synced(mesh.a)
+        mesh.bounce_inbound()
     mesh.until_200(mesh.client)
 
 
@@ -329,21 +141,25 @@ def test_bare_port_sni_with_uri_only_svids_is_refused(mesh: Mesh) -> None:
     mesh.until_200(mesh.client)
     uri_only = mesh.ca.issue(WEB)
     try:
-        mesh.serve_b(secret_overrides=_as(uri_only, WEB))
-        mesh.serve_a(_with_twin_variant(mesh, "bareport", lambda u: u.__setitem__("sni", "8080")))
-        _wait_routed_to(mesh, f"{TWIN}~bareport")
-        time.sleep(1.0)
-        _refused(mesh, "bare-port SNI with URI-only SVIDs")
+        mesh.serve_b(secret_overrides=as_names(uri_only, WEB))
+        mesh.serve_a(mesh.with_twin_variant("bareport", lambda u: u.__setitem__("sni", "8080")))
+        mesh.wait_routed_to(f"{TWIN}~bareport")
+        mesh.wait_synced(mesh.b)  # B presents the URI-only SVID ...
+        mesh.wait_synced(mesh.a)  # ... and A's twin variant is active (not warming: a 503 would prove nothing)
+        mesh.refused("bare-port SNI with URI-only SVIDs")
     finally:
         mesh.serve_b()
         mesh.serve_a()
-        _wait_routed_to(mesh, f'"{TWIN}"')
+        mesh.wait_routed_to(f'"{TWIN}"')
     mesh.until_200(mesh.client)
 
 
 def test_plaintext_to_the_inbound_port_never_reaches_an_app(mesh: Mesh) -> None:
     mesh.until_200(mesh.client)
     hits = mesh.app_hits()
+    inbound = f"listener.{mesh.web.ip}_18008"
+    tls_refused = mesh.b.stat(f"{inbound}.ssl.connection_error")
+    quic_reset = mesh.b.stat(f"{inbound}.quic.dispatcher.stateless_reset_packets_sent")
     request = b"GET / HTTP/1.1\r\nHost: web\r\n\r\n"
     sender = (
         "import socket,sys;ip=sys.argv[1];req=sys.argv[2].encode()\n"
@@ -360,7 +176,16 @@ def test_plaintext_to_the_inbound_port_never_reaches_an_app(mesh: Mesh) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "HTTP/" not in out.stdout  # TLS-only on TCP 18008: no HTTP answer to plaintext
-    time.sleep(1.0)
+    # node B is done with both: its TLS chain refused the TCP bytes and its QUIC dispatcher answered the datagrams
+    # (not a QUIC connection it knows) with a stateless reset
+    wait_for(
+        lambda: (
+            mesh.b.stat(f"{inbound}.ssl.connection_error") > tls_refused
+            and mesh.b.stat(f"{inbound}.quic.dispatcher.stateless_reset_packets_sent") > quic_reset
+        ),
+        10,
+        "node B refusing the plaintext",
+    )
     assert mesh.app_hits() == hits
 
 
@@ -368,8 +193,10 @@ def test_rotation_under_traffic(mesh: Mesh) -> None:
     """New handshakes present the new SVID; every request keeps succeeding."""
     mesh.until_200(mesh.client)
     old = mesh.ca.svid(CLIENT)
+    on_twin = f"cluster.{TWIN.replace(':', '_')}.upstream_rq_total"
+    sent = mesh.a.stat(on_twin)
     traffic = start_client(mesh.lab, mesh.client.netns, HOST, n=60, ip=VIP, pause=0.05)
-    time.sleep(0.5)
+    wait_for(lambda: mesh.a.stat(on_twin) >= sent + 5, 30, "traffic on the twin")  # rotate under traffic
     new = mesh.ca.rotate(CLIENT)
     mesh.ca.rotate(WEB)
     mesh.serve_a()
@@ -380,7 +207,7 @@ def test_rotation_under_traffic(mesh: Mesh) -> None:
     assert {xfcc_uri(b) for _, b in results} == {CLIENT}
     # a new handshake (new connection) presents the new certificate
     serial = format(_serial(new.chain_pem), "x")
-    _bounce_inbound(mesh)
+    mesh.bounce_inbound()
     mesh.until_200(mesh.client)
     wait_for(lambda: any(serial in line.lower() for line in mesh.access_b()[-5:]), 30, "the new serial at node B")
 
@@ -389,13 +216,6 @@ def _serial(chain_pem: str) -> int:
     from cryptography import x509
 
     return int(x509.load_pem_x509_certificates(chain_pem.encode())[0].serial_number)
-
-
-def _quic_chain_counters(node: Envoy) -> int:
-    """Connections any QUIC listener of this node accepted (the inbound QUIC chains)."""
-    return node.stat_sum(r"^http\.inbound_http3\.downstream_cx_total$") + node.stat_sum(
-        r"^listener\.[0-9.]+_18008\.http3\.downstream\.rx\..*"
-    )
 
 
 def test_a_quic_handshake_to_the_plaintext_port_never_reaches_a_quic_chain(mesh: Mesh) -> None:
@@ -407,21 +227,20 @@ def test_a_quic_handshake_to_the_plaintext_port_never_reaches_a_quic_chain(mesh:
     try:
         mesh.ads.set("node-a", res, secrets(mesh.ca, [CLIENT, OTHER]))
         wait_for(lambda: "capture-udp:" in mesh.a.active_config("dynamic_listeners"), 30, "UDP capture listener")
-        time.sleep(0.5)
+        mesh.wait_synced(mesh.a)  # its cluster too
         # positive control: the probe does reach a QUIC chain when aimed at one (it is refused: no client cert)
-        before = _quic_chain_counters(mesh.b)
+        before = quic_chain_counters(mesh.b)
         out = quic_probe(mesh.client.netns, mesh.web.ip, 18008, sni)
         assert out.startswith("FAILED") or out.startswith("CONNECTED"), out
-        wait_for(lambda: _quic_chain_counters(mesh.b) > before, 10, "the probe reaching node B's QUIC listener")
+        wait_for(lambda: quic_chain_counters(mesh.b) > before, 10, "the probe reaching node B's QUIC listener")
         # the case: VIP_UDP:18082 is the plaintext class
-        a0, b0 = _quic_chain_counters(mesh.a), _quic_chain_counters(mesh.b)
-        udp0 = sum(1 for line in mesh.hits.read_text().splitlines() if line.startswith("udp 8080"))
+        a0, b0 = quic_chain_counters(mesh.a), quic_chain_counters(mesh.b)
+        udp0 = mesh.app_udp_hits()
         out = quic_probe(mesh.client.netns, VIP_UDP, 18082, sni)
         assert out.startswith("FAILED"), out
-        time.sleep(0.5)
-        udp1 = sum(1 for line in mesh.hits.read_text().splitlines() if line.startswith("udp 8080"))
-        assert udp1 > udp0, "the plaintext class did not carry the datagrams (the test would prove nothing)"
-        assert (_quic_chain_counters(mesh.a), _quic_chain_counters(mesh.b)) == (a0, b0)
+        # the plaintext class carried the datagrams to the app (else the test would prove nothing)
+        wait_for(lambda: mesh.app_udp_hits() > udp0, 10, "the probe's datagrams at the app's UDP port")
+        assert (quic_chain_counters(mesh.a), quic_chain_counters(mesh.b)) == (a0, b0)
     finally:
         mesh.serve_a()
 
@@ -430,13 +249,13 @@ def test_quic_sni_picks_the_app_port(mesh: Mesh) -> None:
     """The inbound matches the SNI `<port>.<sa>.<ns>.<mesh-domain>` per app port; the primary port is the default."""
     assert json.loads(mesh.until_200(mesh.client)[0][1])["port"] == 8080
     try:
-        mesh.serve_a(_with_twin_variant(mesh, "port9090", lambda u: u.__setitem__("sni", f"9090.web-sa.default.{MD}")))
-        _wait_routed_to(mesh, f"{TWIN}~port9090")
+        mesh.serve_a(mesh.with_twin_variant("port9090", lambda u: u.__setitem__("sni", f"9090.web-sa.default.{MD}")))
+        mesh.wait_routed_to(f"{TWIN}~port9090")
         body = mesh.until_200(mesh.client)[0][1]
         assert json.loads(body)["port"] == 9090 and xfcc_uri(body) == CLIENT
     finally:
         mesh.serve_a()
-        _wait_routed_to(mesh, f'"{TWIN}"')
+        mesh.wait_routed_to(f'"{TWIN}"')
 
 
 def test_h2_selector_serves_each_identity_to_several_destinations(mesh: Mesh) -> None:
@@ -452,7 +271,7 @@ def test_h2_selector_serves_each_identity_to_several_destinations(mesh: Mesh) ->
                 assert [(s, xfcc_uri(b)) for s, b in out] == [(200, sid)] * 2, (svc, pod.name, out)
     finally:
         mesh.serve_a()
-        _wait_routed_to(mesh, f'"{TWIN}"')
+        mesh.wait_routed_to(f'"{TWIN}"')
 
 
 def test_a_destination_outside_the_twins_san_pin_is_refused(mesh: Mesh) -> None:
@@ -467,11 +286,11 @@ def test_a_destination_outside_the_twins_san_pin_is_refused(mesh: Mesh) -> None:
         )
 
     try:
-        mesh.serve_a(_with_twin_variant(mesh, "otherpin", repin))
-        _wait_routed_to(mesh, name)
-        _refused(mesh, "destination outside the SAN pin")
+        mesh.serve_a(mesh.with_twin_variant("otherpin", repin))
+        mesh.wait_routed_to(name)
+        mesh.refused("destination outside the SAN pin")
         assert mesh.a.stat_sum(r"^cluster\.quic_default/web@client~otherpin\.ssl\.fail_verify_san$") > 0
     finally:
         mesh.serve_a()
-        _wait_routed_to(mesh, f'"{TWIN}"')
+        mesh.wait_routed_to(f'"{TWIN}"')
     mesh.until_200(mesh.client)
