@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from aether.testing.netlab import Lab, leftover_netns, sh
+from aether.testing.wait import wait_for
 
 pytestmark = pytest.mark.privileged
 
-ECHO = "import socket;s=socket.socket(2,2);s.bind(('0.0.0.0',9000));d,a=s.recvfrom(99);s.sendto(b'pong:'+d,a)"
 ASK = (
     "import socket;s=socket.socket(2,2);s.settimeout(3);s.sendto(b'hi',('{ip}',9000));print(s.recvfrom(99)[0].decode())"
 )
@@ -23,16 +23,14 @@ def test_pods_on_two_nodes_reach_each_other(lab: Lab) -> None:
     lab.link_nodes(a, b, "10.199.0.1", "10.199.0.2")
     p1 = lab.add_pod(a, "p1", "10.200.1.2")
     p2 = lab.add_pod(b, "p2", "10.200.2.2")  # added after the link: still routed
-    lab.spawn(p2.netns, [sys.executable, "-c", ECHO])
-    for _ in range(50):
-        out = subprocess.run(
-            ["ip", "netns", "exec", p1.netns, sys.executable, "-c", ASK.format(ip=p2.ip)],
-            capture_output=True,
-            text=True,
-        )
-        if out.returncode == 0:
-            break
-    assert out.stdout.strip() == "pong:hi", out.stderr
+    lab.spawn(p2.netns, [sys.executable, "-m", "aether.testing.udp_echo", "p2", "9000"], stdout=subprocess.DEVNULL)
+
+    def reply() -> str | None:  # none until the echo is bound (each try waits 3 s for it)
+        argv = ["ip", "netns", "exec", p1.netns, sys.executable, "-c", ASK.format(ip=p2.ip)]
+        out = subprocess.run(argv, capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    assert wait_for(reply, 60, "p2's echo answering p1", interval=0) == "p2|hi"
 
 
 def test_close_removes_everything_even_after_a_failure() -> None:
