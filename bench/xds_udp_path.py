@@ -166,9 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             program(0)
             row("1 arm, concurrency 1, 1200-byte datagrams", 1, 1200)
             knobs: list[tuple[str, Callable[[], None]]] = [
-                ("1 arm, GSO writer off", lambda: restart_sidecar(bed, ["--udp-gso", "off"])),
+                # the GSO writer is off by default (each knob must change the listener: restart_sidecar waits for it)
+                ("1 arm, GSO writer on", lambda: restart_sidecar(bed, ["--udp-gso", "on"])),
                 ("1 arm, defaults again", lambda: restart_sidecar(bed, [])),
-                ("1 arm, GSO writer off again", lambda: restart_sidecar(bed, ["--udp-gso", "off"])),
+                ("1 arm, GSO writer on again", lambda: restart_sidecar(bed, ["--udp-gso", "on"])),
                 ("1 arm, defaults again", lambda: restart_sidecar(bed, [])),
                 ("1 arm, listener GRO off", lambda: restart_sidecar(bed, ["--udp-gro", "off"])),
                 ("1 arm, defaults again", lambda: restart_sidecar(bed, [])),
