@@ -2,13 +2,14 @@
 
     .venv/bin/python -m bench.udp_dns [--seconds S] [--rounds R] [--clients C] [--sidecar-arg ARG ...]
 
-One node netns with Envoy 1.40 served by the sidecar, one client pod (tproxy capture), a dnsmasq backend pod and a
-socat echo backend pod. "direct" dials the backend pod's IP; "mesh" dials the Service VIP on 18082.
+One node netns with Envoy 1.40 served by the sidecar, one client pod (tproxy capture), a dnsmasq backend pod and an
+iperf3 server pod. "direct" dials the backend pod's IP; "mesh" dials the Service VIP on 18082.
 
 1. dnsperf (Debian) against dnsmasq, R interleaved pairs of S seconds (`who.test A`, and `big.test TXT` with EDNS:
    a ~3 KB answer): queries per second and lost queries per arm, the mesh/direct ratio per pair and its median.
-2. The datagram-size sweep: for each size from 64 B to 65,507 B, round trips per second of one socket against the
-   socat echo (1 in flight), mesh and direct back to back, and whether every reply matched byte for byte.
+2. The datagram-size sweep with iperf3 (Debian): for each size from 64 B to 65,507 B, a UDP stream at a fixed offered
+   rate client -> server and server -> client (`-R`), mesh and direct back to back: what the receiver got and lost.
+   iperf3's control connection is TCP on the same port, so the Service has a raw TCP arm too (the TCP floor).
 
 Goal (issue 11): dnsperf mesh/direct >= 0.7x on 2 cores without losing any size or flow.
 """
@@ -16,17 +17,16 @@ Goal (issue 11): dnsperf mesh/direct >= 0.7x on 2 cores without losing any size 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
-import time
 from functools import partial
 from pathlib import Path
 
+from aether.api.naming import tcp_cluster
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.testing.netlab import Lab, is_root
-from aether.testing.nodebed import NodeBed, udp_socket_in
+from aether.testing.nodebed import NodeBed
 from aether.testing.udp_clients import (
     BIG_TXT_NAME,
     WHO_NAME,
@@ -34,39 +34,20 @@ from aether.testing.udp_clients import (
     dig,
     dnsmasq_argv,
     dnsperf,
-    socat_echo_argv,
+    iperf3,
+    iperf3_server_argv,
 )
 from aether.testing.wait import wait_for
 
-DNS_VIP, ECHO_VIP = "10.96.60.1", "10.96.60.2"
-DNS_IP, ECHO_IP = "10.202.1.2", "10.202.1.3"
+DNS_VIP, IPERF_VIP = "10.96.60.1", "10.96.60.2"
+DNS_IP, IPERF_IP = "10.202.1.2", "10.202.1.3"
 PORT = 7000
+IPERF_PORT = 5201
 SIZES = (64, 512, 1452, 1453, 1500, 4096, 9000, 16384, 32768, 65507)
 
 
 def _answers(netns: str, host: str, port: int) -> list[str]:
     return dig(netns, host, port, WHO_NAME).answers
-
-
-def rate(netns_path: str, host: str, port: int, size: int, seconds: float) -> tuple[float, bool]:
-    """Round trips per second of one socket, 1 in flight; False if any reply differed or timed out."""
-    sock = udp_socket_in(netns_path, timeout=1.0)
-    ok, n = True, 0
-    try:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            payload = os.urandom(size)
-            sock.sendto(payload, (host, port))
-            try:
-                data = sock.recv(65535)
-            except TimeoutError:
-                ok = False
-                continue
-            ok &= data == payload
-            n += 1
-    finally:
-        sock.close()
-    return n / seconds, ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--clients", type=int, default=8, help="dnsperf -c")
     p.add_argument("--sweep-seconds", type=float, default=1.0)
+    p.add_argument("--rate", default="50M", help="iperf3 -b for the size sweep")
     p.add_argument("--sidecar-arg", action="append", default=[], help="extra `aether xds` flag (repeat)")
     args = p.parse_args(argv)
     if not is_root():
@@ -85,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         bed = NodeBed(lab, work, sidecar_args=args.sidecar_arg, envoy_args=["--concurrency", "1"])
         client = bed.add_client("client-0")
         dns = add_app_backend(bed, "dns", DNS_VIP, DNS_IP, PORT, dnsmasq_argv(DNS_IP, PORT, "192.0.2.9", work))
-        echo = add_app_backend(bed, "echo", ECHO_VIP, ECHO_IP, PORT, socat_echo_argv(ECHO_IP, PORT))
-        bed.write_state(bed.meshnode())
+        perf = add_app_backend(bed, "iperf", IPERF_VIP, IPERF_IP, IPERF_PORT, iperf3_server_argv(IPERF_IP, IPERF_PORT))
+        node = bed.meshnode()
+        tcp = perf.arm().model_copy(update={"cluster": tcp_cluster("default", "iperf")})
+        node.status.tcp.services = [tcp]
+        bed.write_state(node)
         bed.start_sidecar()
         bed.start_envoy()
         bed.wait_programmed()
@@ -120,12 +105,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"    mesh/direct median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
             )
             print(f"    lost: direct {lost['direct']}, mesh {lost['mesh']}")
-        print(f"  size sweep (1 in flight, {args.sweep_seconds:g}s each, socat echo):")
-        print(f"    {'bytes':>6} {'direct/s':>9} {'mesh/s':>9} {'ratio':>6}  byte-for-byte")
+        print(f"  size sweep (iperf3 -u -b {args.rate}, {args.sweep_seconds:g}s per run; receiver's view):")
+        print(f"    {'bytes':>6} {'dir':>3} {'direct Mbit/s':>13} {'lost%':>6} {'mesh Mbit/s':>11} {'lost%':>6}")
         for size in SIZES:
-            d, d_ok = rate(client.path, echo.backend.ip, PORT, size, args.sweep_seconds)
-            m, m_ok = rate(client.path, echo.vip, L4_OUTBOUND_PORT, size, args.sweep_seconds)
-            print(f"    {size:>6} {d:>9.0f} {m:>9.0f} {m / d if d else 0:>6.2f}  {'yes' if d_ok and m_ok else 'NO'}")
+            for reverse in (False, True):
+                d = iperf3(client.netns, perf.backend.ip, IPERF_PORT, size, args.sweep_seconds, args.rate, reverse)
+                m = iperf3(client.netns, perf.vip, L4_OUTBOUND_PORT, size, args.sweep_seconds, args.rate, reverse)
+                arrow = "<-" if reverse else "->"
+                print(
+                    f"    {size:>6} {arrow:>3} {d.received_bps / 1e6:>13.1f} {d.lost_percent:>6.2f}"
+                    f" {m.received_bps / 1e6:>11.1f} {m.lost_percent:>6.2f} {d.error or m.error}"
+                )
     return 0
 
 

@@ -7,6 +7,7 @@ Backends are argv lists for `Lab.spawn` in the backend pod's netns; clients run 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -84,6 +85,36 @@ def add_app_backend(bed: NodeBed, name: str, vip: str, ip: str, port: int, argv:
     service = Service(f"default/{name}", vip, pod, port)
     bed.services[name] = service
     return service
+
+
+def iperf3_server_argv(ip: str, port: int) -> list[str]:
+    """An iperf3 server on ip:port (its control connection is TCP on the same port, the test stream UDP)."""
+    return [program("iperf3"), "-s", "-B", ip, "-p", str(port)]
+
+
+@dataclass
+class Iperf:
+    received_bps: float  # at the receiver: the server, or the client with `reverse`
+    lost_percent: float
+    packets: int
+    error: str = ""
+
+
+def iperf3(
+    netns: str, host: str, port: int, size: int, seconds: float, rate: str = "50M", reverse: bool = False
+) -> Iperf:
+    """An iperf3 UDP run of `size`-byte datagrams at `rate` (reverse: the server sends, the client receives)."""
+    argv = [program("iperf3"), "-c", host, "-p", str(port), "-u", "-l", str(size), "-b", rate, "-t", str(seconds)]
+    argv += ["--json", "--connect-timeout", "3000", *(["-R"] if reverse else [])]
+    out = subprocess.run(["ip", "netns", "exec", netns, *argv], capture_output=True, text=True, timeout=seconds + 30)
+    try:
+        doc = json.loads(out.stdout)
+    except ValueError:
+        return Iperf(0.0, 100.0, 0, out.stderr.strip() or "no output")
+    if "error" in doc:
+        return Iperf(0.0, 100.0, 0, str(doc["error"]))
+    got = doc["end"]["sum_received"]
+    return Iperf(float(got["bits_per_second"]), float(got["lost_percent"]), int(got["packets"]))
 
 
 # ---- DNS on the wire (just what the storm needs) --------------------------------------------------------------
