@@ -78,6 +78,7 @@ def test_nodes_without_a_shared_trust_bundle_get_no_answer_and_no_identity() -> 
     m = build(shared_ca=False)
     try:
         pod = m.pods["client-a"]
+
         # wait until node-a's config is complete, so what fails below is the trust and not a config in flight
         def refused_by_verify() -> bool:
             if twin_stat(m, "alpha", "ssl.fail_verify_error") > 0:
