@@ -77,6 +77,32 @@ OPERATOR_UDPROUTE_STATUS_WRITES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+OPERATOR_WRITE_REFUSALS = Counter(
+    "aether_operator_write_refusals",
+    "Writes the API refused for that object (422 Invalid), by kind (meshnode, udproute): counted once per change "
+    "of what would be written; the same body is not sent again",
+    ["kind"],
+    registry=REGISTRY,
+)
+OPERATOR_WRITE_RETRIES = Counter(
+    "aether_operator_write_retries",
+    "Failed writes scheduled again with backoff, by kind (meshnode, udproute, delete) and error (api_<status> or "
+    "the exception's class)",
+    ["kind", "error"],
+    registry=REGISTRY,
+)
+OPERATOR_DRIFT_CORRECTIONS = Counter(
+    "aether_operator_drift_corrections",
+    "Stored status that differed from what the operator computes while its inputs had not changed (a user's "
+    "patch, a lost write), written back, by kind (meshnode, udproute)",
+    ["kind"],
+    registry=REGISTRY,
+)
+OPERATOR_RESYNCS = Counter(
+    "aether_operator_resyncs",
+    "Periodic resyncs: every MeshNode and UDPRoute status compared with what the operator computes",
+    registry=REGISTRY,
+)
 OPERATOR_PENDING_KEYS = Gauge(
     "aether_operator_pending_keys",
     "Changed objects (kind, namespace, name) waiting for the next reconcile pass",

@@ -95,11 +95,14 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry, id="aether_meshnode_event")
     def meshnode_event(type: str | None, body: kopf.Body, **_: Any) -> None:
-        """A MeshNode deleted by hand while its Node lives: forget what we wrote, so it is made again."""
+        """A MeshNode changed (by us, the sidecar, or behind our back): compare it with what we compute. Deleted by
+        hand while its Node lives: made again."""
         reconciler: Reconciler | None = state.get("reconciler")
-        if reconciler is not None and type == "DELETED":
-            name = body.metadata.name or ""
-            reconciler.digests.pop(name, None)
+        if reconciler is None:
+            return
+        name = body.metadata.name or ""
+        reconciler.check(("meshnode", name))
+        if type == "DELETED":
             reconciler.touch("node", ("", name))
 
     @kopf.on.startup(registry=registry)

@@ -1,18 +1,24 @@
 """The reconcile loop: dirty keys from the kopf handlers -> current views from the kopf indexes -> the pure
-incremental model -> writes (only MeshNodes whose status changed, only routes whose status changed).
+incremental model -> writes, level-based: what the API stores is compared with what is computed, never with a
+memory of what was last written.
 
-Bursts coalesce: a change wakes the loop, which waits `debounce` seconds for more before reconciling once."""
+Bursts coalesce: a change wakes the loop, which waits `debounce` seconds for more before reconciling once. Besides
+the model's changes a pass checks the objects the operator writes that changed behind its back (a MeshNode or
+UDPRoute event: a user's patch, a re-created route) and, every `resync` seconds, all of them. A failed write is
+retried alone with backoff (RETRY_BASE doubling to RETRY_MAX); a 422 is remembered per body (writes.Refusals).
+Neither holds back any other object."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from aether.api.client import ApiException, now
+from aether.api.client import ApiException
 from aether.metrics import (
+    OPERATOR_DRIFT_CORRECTIONS,
     OPERATOR_LAST_PASS,
     OPERATOR_MESHNODE_WRITES,
     OPERATOR_MESHNODES,
@@ -20,20 +26,26 @@ from aether.metrics import (
     OPERATOR_RECONCILE_DURATION,
     OPERATOR_RECONCILE_ERRORS,
     OPERATOR_RECONCILE_PASSES,
+    OPERATOR_RESYNCS,
     OPERATOR_UDPROUTE_STATUS_WRITES,
+    OPERATOR_WRITE_RETRIES,
     UDP_UNSUPPORTED,
 )
 from aether.operator.kubeapi import KubeWriter
-from aether.operator.nodestatus import same_owned, status_patch
+from aether.operator.nodestatus import same_owned
 from aether.operator.reconcile.gateway import RouteView
 from aether.operator.reconcile.model import ClusterModel, Kind, Output, View
 from aether.operator.reconcile.nodes import NodeDesired
 from aether.operator.reconcile.routes import Verdict
-from aether.operator.routestatus import comparable, parents_status, transition_events
+from aether.operator.routestatus import comparable, parents_status
+from aether.operator.writes import Refusals, write_node, write_route
 
 log = logging.getLogger("aether.operator")
 Lookup = Callable[[Kind, tuple[str, str]], View | None]
 MeshNodeLookup = Callable[[str], dict[str, Any] | None]
+RESYNC = 4.0  # seconds between full comparisons of every written object with the API's copy (docs/operator.md)
+RETRY_BASE, RETRY_MAX = 0.25, 4.0  # a failed write's backoff: RETRY_BASE doubling per attempt, at most RETRY_MAX
+Target = tuple[str, Any]  # ("meshnode", name) | ("udproute", (ns, name)) | ("delete", name)
 
 
 def error_kind(exc: BaseException) -> str:
@@ -50,16 +62,22 @@ class Reconciler:
         trust_domain: str,
         debounce: float = 0.1,
         concurrency: int = 4,
+        resync: float = RESYNC,
     ) -> None:
         self.writer, self.lookup, self.meshnode = writer, lookup, meshnode
         self.model = ClusterModel(trust_domain)
-        self.debounce = debounce
+        self.debounce, self.resync = debounce, resync
         self.pending: dict[tuple[Kind, tuple[str, str]], None] = {}
+        self.checks: set[Target] = set()  # written objects to compare with the API's copy in the next pass
         self.wake = asyncio.Event()
         self.ready = asyncio.Event()
-        self.digests: dict[str, str] = {}
+        self.digests: dict[str, str] = {}  # MeshNode -> digest of the desired status the API was seen to hold
+        self.desired: dict[str, NodeDesired] = {}  # MeshNode -> what the operator last computed for it
+        self.refusals = Refusals()
+        self.attempts: dict[Target, int] = {}  # failed writes waiting for their retry
         self.sem = asyncio.Semaphore(concurrency)
         self.cycles = 0
+        self.resyncs = 0
         self.node_writes: list[str] = []
         self.route_writes: list[tuple[str, str]] = []
         self.idle = asyncio.Event()
@@ -68,43 +86,74 @@ class Reconciler:
 
     def touch(self, kind: Kind, key: tuple[str, str]) -> None:
         self.pending[(kind, key)] = None
+        if kind == "route":  # its status may have changed behind our back (or it was re-created): compare it
+            self.checks.add(("udproute", key))
         OPERATOR_PENDING_KEYS.set(len(self.pending))
+        self._wake()
+
+    def check(self, target: Target) -> None:
+        """Compare one written object with the API's copy in the next pass (a MeshNode event, a retry)."""
+        if target[0] == "meshnode":
+            self.digests.pop(target[1], None)
+        self.checks.add(target)
+        self._wake()
+
+    def _wake(self) -> None:
         self.idle.clear()
         self.wake.set()
 
     async def run(self) -> None:
         await self.ready.wait()
+        resync = asyncio.create_task(self._resync_loop(), name="aether-resync")
+        try:
+            while True:
+                await self._one_pass()
+        finally:
+            resync.cancel()
+
+    async def _resync_loop(self) -> None:
         while True:
-            await self.wake.wait()
-            await asyncio.sleep(self.debounce)
-            self.wake.clear()
-            batch, self.pending = self.pending, {}
-            OPERATOR_PENDING_KEYS.set(0)
-            self.pass_started = time.monotonic()
-            failed = False
-            try:
-                for kind, key in batch:
-                    self.model.apply(kind, key, self.lookup(kind, key))
-                out = self.model.reconcile()
-                await self.write(out)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                failed = True
-                OPERATOR_RECONCILE_ERRORS.labels(kind=error_kind(exc)).inc()
-                log.exception("reconcile failed; retrying the batch")
-                for item in batch:
-                    self.pending[item] = None
-                OPERATOR_PENDING_KEYS.set(len(self.pending))
-                self.model.dirty_nodes |= set(self.model.nodes)
-                self.digests.clear()
-                self.wake.set()
-            self._pass_done(self.pass_started)
-            if failed:
-                await asyncio.sleep(1.0)
-            self.cycles += 1
-            if not self.pending:
-                self.idle.set()
+            await asyncio.sleep(self.resync)
+            self.resyncs += 1
+            OPERATOR_RESYNCS.inc()
+            self.checks.update(("meshnode", name) for name in self.desired)
+            self.checks.update(("udproute", (ns, name)) for ns, routes in self.model.routes.items() for name in routes)
+            self.checks.update(t for t in self.attempts if t[0] == "delete")
+            self._wake()
+
+    async def _one_pass(self) -> None:
+        await self.wake.wait()
+        await asyncio.sleep(self.debounce)
+        self.wake.clear()
+        batch, self.pending = self.pending, {}
+        checks, self.checks = self.checks, set()
+        OPERATOR_PENDING_KEYS.set(0)
+        self.pass_started = time.monotonic()
+        failed = False
+        try:
+            for kind, key in batch:
+                self.model.apply(kind, key, self.lookup(kind, key))
+            out = self.model.reconcile()
+            await self.write(out, checks)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the model itself failed (a bug): retry the whole batch, everything re-checked
+            failed = True
+            OPERATOR_RECONCILE_ERRORS.labels(kind=error_kind(exc)).inc()
+            log.exception("reconcile failed; retrying the batch")
+            for item in batch:
+                self.pending[item] = None
+            OPERATOR_PENDING_KEYS.set(len(self.pending))
+            self.model.dirty_nodes |= set(self.model.nodes)
+            self.checks |= checks
+            self.digests.clear()
+            self.wake.set()
+        self._pass_done(self.pass_started)
+        if failed:
+            await asyncio.sleep(1.0)
+        self.cycles += 1
+        if not self.pending and not self.checks:
+            self.idle.set()
 
     def _pass_done(self, started: float) -> None:
         self.pass_started, self.last_pass = None, time.monotonic()
@@ -119,52 +168,83 @@ class Reconciler:
         return {
             "passes": self.cycles,
             "pendingKeys": len(self.pending),
+            "retryingWrites": len(self.attempts),
             "secondsSinceLastPass": None if self.last_pass is None else round(clock - self.last_pass, 3),
             "passRunningForSeconds": None if self.pass_started is None else round(clock - self.pass_started, 3),
         }
 
-    async def write(self, out: Output) -> None:
+    def verdicts(self, key: tuple[str, str]) -> tuple[Verdict, ...]:
+        result = self.model.results.get(key[0])
+        return result.route_verdicts.get(key, ()) if result is not None else ()
+
+    async def write(self, out: Output, checks: set[Target] | None = None) -> None:
+        checks = checks or set()
         for route, backend, reason in sorted(out.new_discards):
             UDP_UNSUPPORTED.labels(reason=reason).inc()
             log.info("UDPRoute %s: backend %s discarded (%s)", route, backend, reason)
-        jobs = [self._node(name, desired) for name, desired in out.desired.items()]
-        jobs += [self._delete_node(name) for name in out.removed_nodes]
-        jobs += [self._route(key, verdicts) for key, verdicts in out.routes.items()]
+        self.desired.update(out.desired)
+        jobs: list[Coroutine[Any, Any, None]] = []
+        for name, desired in out.desired.items():
+            jobs.append(self._guard(("meshnode", name), self._node(name, desired, ("meshnode", name) in checks)))
+        for name in out.removed_nodes:
+            self.desired.pop(name, None)
+            jobs.append(self._guard(("delete", name), self._delete_node(name)))
+        for target in sorted(t for t in checks if t[0] == "delete" and t[1] not in out.removed_nodes):
+            if target[1] not in self.model.nodes:
+                jobs.append(self._guard(target, self._delete_node(target[1])))
+        for target in sorted(t for t in checks if t[0] == "meshnode" and t[1] not in out.desired):
+            known = self.desired.get(target[1])
+            if known is not None:
+                jobs.append(self._guard(target, self._node(target[1], known, True)))
+        routes = {key: (verdicts, False) for key, verdicts in out.routes.items()}
+        for target in checks:
+            if target[0] == "udproute" and target[1] not in routes:
+                routes[target[1]] = (self.verdicts(target[1]), True)
+        for key, (verdicts, drift) in routes.items():
+            jobs.append(self._guard(("udproute", key), self._route(key, verdicts, drift)))
         await asyncio.gather(*jobs)
 
-    async def _node(self, name: str, desired: NodeDesired) -> None:
+    async def _guard(self, target: Target, job: Coroutine[Any, Any, None]) -> None:
+        """Run one object's write; on failure schedule that object alone again, with backoff."""
+        try:
+            await job
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            attempt = self.attempts.get(target, 0) + 1
+            self.attempts[target] = attempt
+            delay = min(RETRY_BASE * 2 ** (attempt - 1), RETRY_MAX)
+            kind = error_kind(exc)
+            OPERATOR_RECONCILE_ERRORS.labels(kind=kind).inc()
+            OPERATOR_WRITE_RETRIES.labels(kind=target[0], error=kind).inc()
+            log.warning("%s %s: write failed (%s: %s); retry %d in %.2f s", *target, kind, exc, attempt, delay)
+            asyncio.get_running_loop().call_later(delay, self.check, target)
+        else:
+            self.attempts.pop(target, None)
+
+    async def _node(self, name: str, desired: NodeDesired, verify: bool) -> None:
         want = desired.digest  # cheap: namespace result digests + this node's pods
-        if self.digests.get(name) == want:
+        if not verify and self.digests.get(name) == want:
             OPERATOR_MESHNODE_WRITES.labels(outcome="unchanged").inc()
             return
         owned = desired.owned
-        async with self.sem:
-            await asyncio.to_thread(self._write_node, name, owned, want)
-
-    def _write_node(self, name: str, owned: dict[str, Any], want: str) -> None:
         current = self.meshnode(name)
-        for attempt in range(6):
-            if current is None:
-                node = self.model.nodes.get(name)
-                if node is None:
-                    return
-                current = self.writer.create_meshnode(name, node.uid)
-                OPERATOR_MESHNODE_WRITES.labels(outcome="created").inc()
-            if same_owned(current.get("status"), owned):
+        if current is not None and same_owned(current.get("status"), owned):  # the API's copy already holds it
+            self.digests[name] = want
+            if not verify:
                 OPERATOR_MESHNODE_WRITES.labels(outcome="unchanged").inc()
-                break
-            rv = (current.get("metadata") or {}).get("resourceVersion")
-            try:
-                self.writer.patch_meshnode_status(name, status_patch(owned, current.get("status"), rv, now()))
-                self.node_writes.append(name)
-                OPERATOR_MESHNODE_WRITES.labels(outcome="patched").inc()
-                break
-            except ApiException as exc:
-                if exc.status not in (404, 409) or attempt == 5:
-                    raise
-                OPERATOR_MESHNODE_WRITES.labels(outcome="conflict_retry").inc()
-                current = self.writer.get_meshnode(name)
-        self.digests[name] = want
+            return
+        node = self.model.nodes.get(name)
+        async with self.sem:
+            outcome = await asyncio.to_thread(
+                write_node, self.writer, self.refusals, name, owned, current, node.uid if node else None
+            )
+        if outcome == "patched":
+            self.node_writes.append(name)
+            if verify:
+                OPERATOR_DRIFT_CORRECTIONS.labels(kind="meshnode").inc()
+        if outcome in ("patched", "unchanged"):
+            self.digests[name] = want
 
     async def _delete_node(self, name: str) -> None:
         self.digests.pop(name, None)
@@ -172,46 +252,18 @@ class Reconciler:
             await asyncio.to_thread(self.writer.delete_meshnode, name)
         OPERATOR_MESHNODE_WRITES.labels(outcome="deleted").inc()
 
-    async def _route(self, key: tuple[str, str], verdicts: tuple[Verdict, ...]) -> None:
+    async def _route(self, key: tuple[str, str], verdicts: tuple[Verdict, ...], drift: bool) -> None:
         view = self.lookup("route", key)
         if not isinstance(view, RouteView):
             return  # gone
         existing = list(view.status_parents)
-        if comparable(parents_status(verdicts, existing, view.generation, now())) == comparable(existing):
-            OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="unchanged").inc()
+        if comparable(parents_status(verdicts, existing, view.generation, "")) == comparable(existing):
+            if not drift:
+                OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="unchanged").inc()
             return  # what the index holds already says this: no GET, no PATCH
         async with self.sem:
-            await asyncio.to_thread(self._write_route, key, verdicts)
-
-    def _write_route(self, key: tuple[str, str], verdicts: tuple[Verdict, ...]) -> None:
-        for attempt in range(6):
-            route = self.writer.get_route(*key)
-            if route is None:
-                return
-            meta, status = route.get("metadata") or {}, route.get("status")
-            existing = (status or {}).get("parents") if isinstance(status, dict) else None
-            existing = existing if isinstance(existing, list) else []
-            raw_gen = meta.get("generation")
-            generation = raw_gen if isinstance(raw_gen, int) else 0
-            parents = parents_status(verdicts, existing, generation, now())
-            if comparable(parents) == comparable(existing):
-                OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="unchanged").inc()
-                return
-            patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": {"parents": parents}}
-            try:
-                self.writer.patch_route_status(key[0], key[1], patch)
-            except ApiException as exc:
-                if exc.status == 409 and attempt < 5:
-                    OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="conflict_retry").inc()
-                    continue
-                if exc.status == 404:
-                    return
-                raise
+            outcome = await asyncio.to_thread(write_route, self.writer, self.refusals, key, verdicts)
+        if outcome == "patched":
             self.route_writes.append(key)
-            OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="patched").inc()
-            for ev in transition_events(verdicts, existing):
-                try:
-                    self.writer.post_event(route, ev.type, ev.reason, ev.message)
-                except ApiException as exc:
-                    log.warning("could not post an Event for UDPRoute %s/%s: %s", key[0], key[1], exc.reason)
-            return
+            if drift:
+                OPERATOR_DRIFT_CORRECTIONS.labels(kind="udproute").inc()

@@ -19,10 +19,11 @@ from typing import Any, TypeVar
 import kmock
 import yaml
 
+from aether.testing.apitestbed.faults import Fault
 from aether.testing.apitestbed.server import AuditRecord, TestBedHandler
 from aether.testing.apitestbed.store import ApiError, Store
 
-__all__ = ["ApiError", "AuditRecord", "Store", "TestBed", "TestBedHandler", "start", "write_kubeconfig"]
+__all__ = ["ApiError", "AuditRecord", "Fault", "Store", "TestBed", "TestBedHandler", "start", "write_kubeconfig"]
 
 T = TypeVar("T")
 
@@ -110,6 +111,41 @@ class TestBed:
             return result
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(30)
+
+    def _on_loop(self, fn: Callable[[TestBedHandler], T]) -> T:
+        assert self.handler is not None
+        handler = self.handler
+
+        async def run() -> T:
+            return fn(handler)
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(30)
+
+    def inject(self, fault: Fault) -> Fault:
+        """Answer the requests `fault` matches with its error (faults.py); returns it (its `.hits` count)."""
+
+        def add(h: TestBedHandler) -> Fault:
+            h.faults.append(fault)
+            return fault
+
+        return self._on_loop(add)
+
+    def clear_faults(self) -> None:
+        self._on_loop(lambda h: h.faults.clear())
+
+    def cut_watches(self) -> None:
+        """End every open watch stream now."""
+        self._on_loop(lambda h: h.cut_watches())
+
+    def set_down(self, down: bool) -> None:
+        """Down: every resource request answers 503 and every open watch ends (an API server gone away)."""
+
+        def apply(h: TestBedHandler) -> None:
+            h.down = down
+            if down:
+                h.cut_watches()
+
+        self._on_loop(apply)
 
     def stop(self) -> None:
         if self._stop is not None and self._thread.is_alive():

@@ -15,6 +15,7 @@ import attrs
 import kmock
 import yaml
 
+from aether.testing.apitestbed.faults import Fault
 from aether.testing.apitestbed.patches import PatchError, json_patch, merge_patch, strip_directives
 from aether.testing.apitestbed.resources import ALL_VERBS, ResourceType
 from aether.testing.apitestbed.selectors import Selector
@@ -90,6 +91,8 @@ class TestBedHandler(kmock.KubernetesEmulator):
     store: Store = attrs.field(factory=Store)
     audit: list[AuditRecord] = attrs.field(factory=list)
     audit_path: Path | None = None
+    faults: list[Fault] = attrs.field(factory=list)
+    down: bool = False  # every resource request answers 503 (the API server is unreachable)
     _stopping: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -195,6 +198,7 @@ class TestBedHandler(kmock.KubernetesEmulator):
             raise ApiError(404, "NotFound", f"{t.plural} is not namespaced")
         params = dict(raw.query)
         verb = _verb(raw.method, t, params)
+        self._injected(verb, t)
         selector = Selector.parse(params.get("labelSelector"), params.get("fieldSelector"))
         if verb == "watch":
             if t.name:
@@ -234,6 +238,15 @@ class TestBedHandler(kmock.KubernetesEmulator):
             items = result["items"] if verb == "list" else [result]
             result = table(rt.printer_columns, items, str(self.store.rv))
         return aiohttp.web.json_response(result, status=code)
+
+    def _injected(self, verb: str, t: Target) -> None:
+        """Raise the injected fault this request meets, if any (faults.py)."""
+        if self.down:
+            raise ApiError(503, "ServiceUnavailable", "the API test bed is down (injected)")
+        for fault in self.faults:
+            if fault.matches(verb, t.plural, t.name, t.namespace, t.subresource):
+                fault.hits += 1
+                raise ApiError(fault.code, fault.reason, f"{fault.message} ({verb} {t.plural}/{t.name or ''})")
 
     @staticmethod
     async def _body(raw: aiohttp.web.BaseRequest) -> Any:
@@ -315,5 +328,9 @@ class TestBedHandler(kmock.KubernetesEmulator):
 
     def close_watches(self) -> None:
         self._stopping = True
+        self.cut_watches()
+
+    def cut_watches(self) -> None:
+        """End every open watch stream (clients see the connection close and must re-watch)."""
         for w in list(self.store.watchers):
             w.queue.put_nowait(None)

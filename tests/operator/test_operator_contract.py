@@ -222,6 +222,8 @@ def test_sidecar_owned_pairs_survive_and_unchanged_status_is_not_rewritten(
     )
     mesh.service("w2", "10.96.4.2", [("10.1.4.2", True, None)])
     mesh.wait_arm("w2", f"udp:{mesh.ns}/w2")
+    # the Service and its EndpointSlice may land in two passes: wait for the second one's write too
+    wait_for(lambda: (mesh.arm("w2") or {}).get("endpoints"), what="w2's endpoints", ignore=READ_ERRORS)
     status = (cluster.meshnode(mesh.n1) or {})["status"]
     assert status["quic"]["pairs"] == [pair] and status["quic"]["pairCount"] == 1
     assert "Programmed" in [c["type"] for c in status["conditions"]]

@@ -1,0 +1,134 @@
+"""One object's write, level-based (sync, run in a worker thread): compare what the API holds with what is
+computed, write the difference, re-read on a conflict. A 422 for a body is remembered by the body's digest so the
+same body is not sent again (`Refusals`); any other error propagates to the loop, which retries with backoff."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from aether.api.client import ApiException, now
+from aether.metrics import OPERATOR_MESHNODE_WRITES, OPERATOR_UDPROUTE_STATUS_WRITES, OPERATOR_WRITE_REFUSALS
+from aether.operator.kubeapi import KubeWriter
+from aether.operator.nodestatus import digest, same_owned, status_patch
+from aether.operator.reconcile.routes import Verdict
+from aether.operator.routestatus import comparable, parents_status, transition_events
+
+log = logging.getLogger("aether.operator")
+CONFLICT_RETRIES = 5
+
+
+def body_digest(body: Any) -> str:
+    return hashlib.blake2b(json.dumps(body, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+@dataclass
+class Refusals:
+    """What the API refused (422) per object: the digest of the refused body and the API's message."""
+
+    refused: dict[tuple[str, Any], str] = field(default_factory=dict)
+
+    def already(self, what: tuple[str, Any], body: str) -> bool:
+        return self.refused.get(what) == body
+
+    def note(self, what: tuple[str, Any], body: str, exc: ApiException) -> None:
+        self.refused[what] = body
+        OPERATOR_WRITE_REFUSALS.labels(kind=what[0]).inc()
+        detail = (exc.body or exc.reason or "")[:2000] if isinstance(exc.body, str) else exc.reason
+        log.warning("the API refused the %s write for %s (422), not retried until it changes: %s", *what, detail)
+
+    def clear(self, what: tuple[str, Any]) -> None:
+        self.refused.pop(what, None)
+
+
+def write_node(
+    writer: KubeWriter,
+    refusals: Refusals,
+    name: str,
+    owned: dict[str, Any],
+    current: dict[str, Any] | None,
+    node_uid: str | None,
+) -> str:
+    """Make MeshNode `name`'s status hold `owned`. -> outcome: patched, unchanged, refused, gone (no Node)."""
+    what = ("meshnode", name)
+    wanted = digest(owned)
+    for attempt in range(CONFLICT_RETRIES + 1):
+        if current is None:
+            if node_uid is None:
+                return "gone"
+            current = writer.create_meshnode(name, node_uid)
+            OPERATOR_MESHNODE_WRITES.labels(outcome="created").inc()
+        if same_owned(current.get("status"), owned):
+            refusals.clear(what)
+            return "unchanged"
+        if refusals.already(what, wanted):
+            return "refused"
+        rv = (current.get("metadata") or {}).get("resourceVersion")
+        try:
+            writer.patch_meshnode_status(name, status_patch(owned, current.get("status"), rv, now()))
+        except ApiException as exc:
+            if exc.status == 422:
+                refusals.note(what, wanted, exc)
+                return "refused"
+            if exc.status not in (404, 409) or attempt == CONFLICT_RETRIES:
+                raise
+            OPERATOR_MESHNODE_WRITES.labels(outcome="conflict_retry").inc()
+            current = writer.get_meshnode(name)
+            continue
+        refusals.clear(what)
+        OPERATOR_MESHNODE_WRITES.labels(outcome="patched").inc()
+        return "patched"
+    raise AssertionError("unreachable")
+
+
+def write_route(
+    writer: KubeWriter,
+    refusals: Refusals,
+    key: tuple[str, str],
+    verdicts: tuple[Verdict, ...],
+) -> str:
+    """Make UDPRoute `key`'s status.parents hold our entries for `verdicts` (other controllers' kept), with
+    observedGeneration the generation read. -> outcome: patched, unchanged, refused, gone."""
+    what = ("udproute", key)
+    for attempt in range(CONFLICT_RETRIES + 1):
+        route = writer.get_route(*key)
+        if route is None:
+            return "gone"
+        meta, status = route.get("metadata") or {}, route.get("status")
+        existing = (status or {}).get("parents") if isinstance(status, dict) else None
+        existing = existing if isinstance(existing, list) else []
+        raw_gen = meta.get("generation")
+        generation = raw_gen if isinstance(raw_gen, int) else 0
+        parents = parents_status(verdicts, existing, generation, now())
+        if comparable(parents) == comparable(existing):
+            refusals.clear(what)
+            OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="unchanged").inc()
+            return "unchanged"
+        wanted = body_digest([str(meta.get("uid")), comparable(parents)])
+        if refusals.already(what, wanted):
+            return "refused"
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": {"parents": parents}}
+        try:
+            writer.patch_route_status(key[0], key[1], patch)
+        except ApiException as exc:
+            if exc.status == 409 and attempt < CONFLICT_RETRIES:
+                OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="conflict_retry").inc()
+                continue
+            if exc.status == 404:
+                return "gone"
+            if exc.status == 422:
+                refusals.note(what, wanted, exc)
+                return "refused"
+            raise
+        refusals.clear(what)
+        OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="patched").inc()
+        for ev in transition_events(verdicts, existing):
+            try:
+                writer.post_event(route, ev.type, ev.reason, ev.message)
+            except ApiException as exc:
+                log.warning("could not post an Event for UDPRoute %s/%s: %s", key[0], key[1], exc.reason)
+        return "patched"
+    raise AssertionError("unreachable")
