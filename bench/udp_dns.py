@@ -1,6 +1,7 @@
 """DNS through the mesh vs direct with programs nobody here wrote, in one run (needs root: netns, nftables).
 
-    .venv/bin/python -m bench.udp_dns [--seconds S] [--rounds R] [--clients C] [--sidecar-arg ARG ...]
+    .venv/bin/python -m bench.udp_dns [--seconds S] [--rounds R] [--clients C] [--concurrency N] [--skip-sweep]
+                                      [--sidecar-arg ARG ...]
 
 One node netns with Envoy 1.40 served by the sidecar, one client pod (tproxy capture), a dnsmasq backend pod and an
 iperf3 server pod. "direct" dials the backend pod's IP; "mesh" dials the Service VIP on 18082.
@@ -57,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=8, help="dnsperf -c")
     p.add_argument("--sweep-seconds", type=float, default=1.0)
     p.add_argument("--rate", default="50M", help="iperf3 -b for the size sweep")
+    p.add_argument("--skip-sweep", action="store_true")
+    p.add_argument("--concurrency", type=int, default=1, help="Envoy --concurrency (worker threads)")
     p.add_argument("--sidecar-arg", action="append", default=[], help="extra `aether xds` flag (repeat)")
     args = p.parse_args(argv)
     if not is_root():
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp, Lab() as lab:
         work = Path(tmp)
-        bed = NodeBed(lab, work, sidecar_args=args.sidecar_arg, envoy_args=["--concurrency", "1"])
+        bed = NodeBed(lab, work, sidecar_args=args.sidecar_arg, envoy_args=["--concurrency", str(args.concurrency)])
         client = bed.add_client("client-0")
         dns = add_app_backend(bed, "dns", DNS_VIP, DNS_IP, PORT, dnsmasq_argv(DNS_IP, PORT, "192.0.2.9", work))
         perf = add_app_backend(bed, "iperf", IPERF_VIP, IPERF_IP, IPERF_PORT, iperf3_server_argv(IPERF_IP, IPERF_PORT))
@@ -77,9 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         bed.wait_programmed()
         for host, port in ((DNS_IP, PORT), (DNS_VIP, L4_OUTBOUND_PORT)):
             wait_for(partial(_answers, client.netns, host, port), what=f"dnsmasq at {host}:{port}")
-        print(
-            f"bench.udp_dns: {args.rounds} pairs of {args.seconds:g}s, dnsperf -c {args.clients}, Envoy --concurrency 1"
-        )
+        head = f"bench.udp_dns: {args.rounds} pairs of {args.seconds:g}s, dnsperf -c {args.clients}"
+        print(f"{head}, Envoy --concurrency {args.concurrency}")
         print(f"  sidecar flags: {' '.join(args.sidecar_arg) or '(defaults)'}")
         for label, line, edns in (
             ("A who.test", f"{WHO_NAME} A", False),
@@ -105,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"    mesh/direct median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
             )
             print(f"    lost: direct {lost['direct']}, mesh {lost['mesh']}")
+        if args.skip_sweep:
+            return 0
         print(f"  size sweep (iperf3 -u -b {args.rate}, {args.sweep_seconds:g}s per run; receiver's view):")
         print(f"    {'bytes':>6} {'dir':>3} {'direct Mbit/s':>13} {'lost%':>6} {'mesh Mbit/s':>11} {'lost%':>6}")
         for size in SIZES:

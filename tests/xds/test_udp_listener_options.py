@@ -5,12 +5,12 @@ That every size and flow count passes on the real data path is tests/xds/test_ud
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from aether.testing.envoy import validate
 from aether.testing.samples import node_with, records_for
 from aether.xds.resources import CLUSTER, LISTENER, ResourceDict, Resources, TranslateOptions
 from aether.xds.sidecar.bootstrap import static_bootstrap
@@ -27,18 +27,8 @@ def _listener(options: TranslateOptions, tmp: str = "/run/netns") -> ResourceDic
     return listener
 
 
-def _validate(envoy_bin: Path, tmp_path: Path, resources: Resources) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "bootstrap.json"
-    path.write_text(json.dumps(static_bootstrap("node-a", resources)))
-    return subprocess.run(
-        [
-            *(str(envoy_bin), "--mode", "validate", "-c", str(path), "--disable-hot-restart"),
-            *("--base-id", str(60_000 + secrets.randbelow(5000)), "-l", "error"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _validate(resources: Resources) -> subprocess.CompletedProcess[str]:
+    return validate(static_bootstrap("node-a", resources))
 
 
 RX = {"maxRxDatagramSize": 65_535}
@@ -104,7 +94,7 @@ def test_envoy_validates_each_combination(envoy_bin: Path, tmp_path: Path, gro: 
     options = TranslateOptions(areas=("udp",), udp_prefer_gro=gro, udp_gso_writer=gso)
     node = node_with(3, 1)
     resources = translate(node, records_for(node, str(tmp_path / "netns")), options)
-    out = _validate(envoy_bin, tmp_path, resources)
+    out = _validate(resources)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK" in out.stdout
 
@@ -119,5 +109,5 @@ def test_validate_rejects_a_misspelled_writer(envoy_bin: Path, tmp_path: Path) -
     listener = json.loads(json.dumps(resources[LISTENER][name]))
     listener["udpListenerConfig"]["udpPacketPacketWriterConfig"]["typedConfig"]["@type"] += "Typo"
     resources[LISTENER][name] = listener
-    out = _validate(envoy_bin, tmp_path, resources)
+    out = _validate(resources)
     assert out.returncode != 0
