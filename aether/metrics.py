@@ -25,7 +25,8 @@ XDS_NACKS = Counter(
 )
 XDS_GATE_REFUSALS = Counter(
     "aether_xds_gate_refusals",
-    "States refused by our own validation gates before serving, by gate",
+    "Refusals by our own validation gates before serving, by gate: a resource removed from the served state (the "
+    "rest is served; once per change of what is removed) or a whole state refused",
     ["gate"],
     registry=REGISTRY,
 )

@@ -95,6 +95,11 @@ class _Reader:
         self.read.add(namespace)
         return self.m.pods.get((namespace, name))
 
+    def vip_owner(self, vip: str) -> ServiceView | None:
+        claims = [self.m.services[ns][n] for ns, n in sorted(self.m.vip_claims.get(vip, ()))]
+        self.read.update(s.namespace for s in claims)
+        return min(claims, key=lambda s: s.order, default=None)
+
 
 class ClusterModel:
     def __init__(self, trust_domain: str = DEFAULT_TRUST_DOMAIN) -> None:
@@ -108,6 +113,7 @@ class ClusterModel:
         self.slices_by_service: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.routes: dict[str, dict[str, RouteView]] = defaultdict(dict)
         self.grants: dict[str, dict[str, GrantView]] = defaultdict(dict)
+        self.vip_claims: dict[str, set[tuple[str, str]]] = defaultdict(set)  # ClusterIP -> Services with it
         self.results: dict[str, NamespaceResult] = {}
         self.readers: dict[str, set[str]] = defaultdict(set)  # namespace -> results that read it
         self.reads: dict[str, frozenset[str]] = {}
@@ -157,9 +163,13 @@ class ClusterModel:
                     self.slices_by_service[(ns, view.service)].add(name)
             self.dirty_ns.add(ns)
         elif kind == "service":
-            self.services[ns].pop(name, None)
+            old_svc = self.services[ns].pop(name, None)
+            if old_svc is not None and old_svc.cluster_ip:
+                self._claim(old_svc.cluster_ip, key, False)
             if isinstance(view, ServiceView):
                 self.services[ns][name] = view
+                if view.cluster_ip:
+                    self._claim(view.cluster_ip, key, True)
         elif kind == "route":
             self.routes[ns].pop(name, None)
             if isinstance(view, RouteView):
@@ -170,6 +180,17 @@ class ClusterModel:
                 self.grants[ns][name] = view
         if kind in ("service", "route", "grant"):
             self.dirty_ns.add(ns)
+
+    def _claim(self, vip: str, key: tuple[str, str], add: bool) -> None:
+        """Track who claims a ClusterIP; every namespace with a claimant is recomputed (the owner may change)."""
+        claims = self.vip_claims[vip]
+        if add:
+            claims.add(key)
+        else:
+            claims.discard(key)
+        self.dirty_ns.update(n for n, _ in claims)
+        if not claims:
+            del self.vip_claims[vip]
 
     def apply_raw(self, kind: Kind, obj: dict[str, Any], deleted: bool = False) -> None:
         """apply() from a raw API object (what tests and benchmarks feed)."""

@@ -30,7 +30,7 @@ from aether.operator.reconcile.views import ServiceView
 from aether.operator.reconcile.world import World
 
 MULTIPLE_UDP_PORTS, MULTIPLE_TCP_PORTS = "MultipleUDPPorts", "MultipleTCPPorts"
-INVALID_SERVICE, NO_CLUSTER_IP = "InvalidService", "NoClusterIP"
+INVALID_SERVICE, NO_CLUSTER_IP, DUPLICATE_VIP = "InvalidService", "NoClusterIP", "DuplicateVIP"
 NO_READY_ENDPOINTS, MIXED_SERVICE_ACCOUNTS, UNKNOWN_ENDPOINT_PODS = (
     "NoReadyEndpoints",
     "MixedServiceAccounts",
@@ -75,7 +75,7 @@ def _plain_arm(world: World, svc: ServiceView, protocol: str) -> tuple[ServiceAr
         return None, []
     sref = ref(svc.namespace, svc.name)
     if svc.cluster_ip is None:
-        if protocol == "UDP":
+        if protocol == "UDP" and not svc.bad_vip:  # a bad one is reported as InvalidService
             return None, [
                 UnsupportedShape(route=sref, reason=NO_CLUSTER_IP, message="headless Service: no VIP to match")
             ]
@@ -100,6 +100,17 @@ def _plain_arm(world: World, svc: ServiceView, protocol: str) -> tuple[ServiceAr
         endpoints=list(endpoints_at(world, svc, ports[0])),
     )
     return arm, shapes
+
+
+def duplicate_vip(svc: ServiceView, owner: ServiceView) -> UnsupportedShape:
+    """The shape of a Service whose ClusterIP an older Service keeps: no UDP or TCP arm, the winner named."""
+    return UnsupportedShape(
+        route=ref(svc.namespace, svc.name),
+        reason=DUPLICATE_VIP,
+        discarded=[ref(svc.namespace, svc.name)],
+        message=f"ClusterIP {svc.cluster_ip} is also Service {ref(owner.namespace, owner.name)}'s, which keeps it "
+        "(the older Service, ties by namespace/name): this Service gets no arm",
+    )
 
 
 def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestination | None:
@@ -147,8 +158,13 @@ def compute_namespace(world: World, namespace: str) -> NamespaceResult:
     meshed = mesh_member(world, namespace)
     for svc in sorted(world.services_in(namespace), key=lambda s: s.name):
         sref = ref(svc.namespace, svc.name)
-        route = winners.get(svc.key)
-        if route is not None:
+        owner = world.vip_owner(svc.cluster_ip) if svc.cluster_ip else None
+        lost = owner is not None and owner.key != svc.key
+        route = None if lost else winners.get(svc.key)
+        if lost and owner is not None:
+            if meshed:
+                udp_shapes.append(duplicate_vip(svc, owner))
+        elif route is not None:
             found: tuple[ServiceArm, Verdict] | None = None
             for i, parent in enumerate(route.parents):
                 if (parent.namespace or route.namespace, parent.name) == svc.key and parent.ours:
@@ -168,10 +184,11 @@ def compute_namespace(world: World, namespace: str) -> NamespaceResult:
             continue
         if svc.problems:
             udp_shapes.append(UnsupportedShape(route=sref, reason=INVALID_SERVICE, message="; ".join(svc.problems)))
-        tcp_arm, shapes = _plain_arm(world, svc, "TCP")
-        if tcp_arm is not None:
-            tcp_arms.append(tcp_arm)
-        tcp_shapes.extend(shapes)
+        if not lost:
+            tcp_arm, shapes = _plain_arm(world, svc, "TCP")
+            if tcp_arm is not None:
+                tcp_arms.append(tcp_arm)
+            tcp_shapes.extend(shapes)
         q = _quic(world, svc)
         if isinstance(q, QuicDestination):
             dests.append(q)

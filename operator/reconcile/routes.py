@@ -77,7 +77,17 @@ def _parent_mismatch(svc: ServiceView | None, parent: ParentRef, route: RouteVie
     if not mesh_member(world, svc.namespace):
         return f"{target} is not in a mesh namespace (label mesh.aether.dev/enabled=true)"
     if svc.cluster_ip is None:
-        return f"{target} has no ClusterIP"
+        return (
+            f"{target} has no usable ClusterIP: {'; '.join(svc.problems)}"
+            if svc.bad_vip
+            else f"{target} has no ClusterIP"
+        )
+    owner = world.vip_owner(svc.cluster_ip)
+    if owner is not None and owner.key != svc.key:
+        return (
+            f"{target}: its ClusterIP {svc.cluster_ip} is kept by the older Service {owner.namespace}/{owner.name} "
+            "(DuplicateVIP)"
+        )
     udp = svc.ports_of("UDP")
     if not udp:
         return f"{target} has no UDP port"

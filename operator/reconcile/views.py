@@ -44,6 +44,23 @@ def _ip(value: Any) -> str | None:
         return None
 
 
+def unroutable(ip: str) -> str | None:
+    """Why an address cannot be a Service VIP (None: it can): loopback, unspecified, link-local, multicast, or
+    zoned (an IPv6 scope such as fe80::1%eth0, which names one host's interface)."""
+    if "%" in ip:
+        return "zoned (it carries an interface scope)"
+    addr = ipaddress.ip_address(ip)
+    for what, bad in (
+        ("loopback", addr.is_loopback),
+        ("unspecified", addr.is_unspecified),
+        ("link-local", addr.is_link_local),
+        ("multicast", addr.is_multicast),
+    ):
+        if bad:
+            return what
+    return None
+
+
 def _port(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535 else None
 
@@ -130,6 +147,13 @@ class ServiceView:
     cluster_ip: str | None
     ports: tuple[ServicePort, ...]
     problems: tuple[str, ...] = ()
+    created: str = ""  # creationTimestamp: of two Services with one ClusterIP the older keeps it
+    bad_vip: bool = False  # spec.clusterIP is set but unusable (a problem says why): not headless
+
+    @property
+    def order(self) -> tuple[str, str, str]:
+        """Who keeps a duplicated ClusterIP: the oldest Service, ties by namespace/name."""
+        return (self.created, self.namespace, self.name)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -145,8 +169,13 @@ def parse_service(obj: Raw) -> ServiceView:
     problems: list[str] = []
     raw_ip = spec.get("clusterIP")
     cluster_ip = _ip(raw_ip)
+    bad_vip = False
     if raw_ip not in (None, "", "None") and cluster_ip is None:
         problems.append(f"spec.clusterIP {raw_ip!r} is not an IP address")
+        bad_vip = True
+    elif cluster_ip is not None and (why := unroutable(cluster_ip)) is not None:
+        problems.append(f"spec.clusterIP {raw_ip!r} is {why}: no pod can dial it as a Service VIP")
+        cluster_ip, bad_vip = None, True
     ports = []
     for i, p in enumerate(_l(spec.get("ports"))):
         p = _d(p)
@@ -160,7 +189,13 @@ def parse_service(obj: Raw) -> ServiceView:
             continue
         ports.append(ServicePort(str(p.get("name") or ""), number, protocol))
     return ServiceView(
-        str(meta.get("namespace", "")), str(meta.get("name", "")), cluster_ip, tuple(ports), tuple(problems)
+        str(meta.get("namespace", "")),
+        str(meta.get("name", "")),
+        cluster_ip,
+        tuple(ports),
+        tuple(problems),
+        str(meta.get("creationTimestamp") or ""),
+        bad_vip,
     )
 
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+from typing import Any
 
 from aether.api.meshnode import MeshNode, ServiceArm
 from aether.api.naming import BLACKHOLE_CLUSTER
+from aether.metrics import XDS_GATE_REFUSALS
 from aether.netns.records import PodRecord
 from aether.testing.samples import node_with, records_for
-from aether.xds.gates.core import arms_resolve, netns_exist, run_gates, unique_binds, unique_vips
+from aether.xds.ads.cache import SnapshotCache
+from aether.xds.gates.core import arms_resolve, clusters_named_by, netns_exist, run_gates, unique_binds, unique_vips
+from aether.xds.gates.refuse import refuse_arms, refuse_listeners
 from aether.xds.resources import CLUSTER, LISTENER, Resources, TranslateOptions
+from aether.xds.sidecar.loop import Sidecar
 from aether.xds.translate.compose import translate as translate_all
 
 L4 = TranslateOptions(areas=("udp", "tcp-floor"))
@@ -89,3 +94,80 @@ def test_run_gates_reports_all() -> None:
     ]["typedConfig"]["cluster"] = "nowhere"
     gates = sorted(f.gate for f in run_gates(node, res, lambda p: False))
     assert gates == ["arm-names-cluster", "duplicate-vip", "netns-exists"]
+
+
+# ---- per-resource refusal (refuse.py, the sidecar loop): one bad resource refused, the rest served ------------
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def publish(self, node_name: str, conditions: list[Any]) -> None:
+        self.seen.append(conditions[0])
+
+
+def _udp_arms(resources: Resources) -> set[str]:
+    return {c for listener in resources[LISTENER].values() for c in clusters_named_by(listener)}
+
+
+def test_a_duplicate_vip_refuses_both_arms_and_serves_every_other() -> None:
+    node = node_with(4, 1)
+    dup = copy.deepcopy(node)
+    dup.status.udp.services[1] = dup.status.udp.services[1].model_copy(update={"vip": dup.status.udp.services[0].vip})
+    kept, failures = refuse_arms(dup)
+    assert [f.gate for f in failures] == ["duplicate-vip"]
+    assert [a.service for a in kept.status.udp.services] == [a.service for a in node.status.udp.services[2:]]
+    assert unique_vips(kept) == [] and refuse_arms(node) == (node, [])
+
+
+def test_a_vip_no_pod_can_dial_is_refused_alone() -> None:
+    node = node_with(3, 1)
+    for bad in ("127.0.0.1", "0.0.0.0", "fe80::1%eth0", "169.254.0.1"):
+        odd = copy.deepcopy(node)
+        odd.status.udp.services[0] = odd.status.udp.services[0].model_copy(update={"vip": bad})
+        kept, failures = refuse_arms(odd)
+        assert [f.gate for f in failures] == ["invalid-vip"] and bad in failures[0].reason
+        assert len(kept.status.udp.services) == 2
+
+
+def test_a_listener_into_a_missing_netns_is_refused_alone() -> None:
+    node = node_with(2, 2)
+    records = records_for(node)
+    missing = next(iter(records))
+    records = {k: v if k != missing else v.model_copy(update={"netns": "/run/netns/gone"}) for k, v in records.items()}
+    res = translate(node, records)
+    kept, failures = refuse_listeners(res, lambda p: "gone" not in p)
+    assert [f.gate for f in failures] == ["netns-exists"] * len(failures) and failures
+    assert 0 < len(kept[LISTENER]) < len(res[LISTENER])
+    assert netns_exist(kept, lambda p: "gone" not in p) == []
+
+
+def test_the_sidecar_serves_the_rest_of_a_state_with_a_duplicate_vip_and_says_so() -> None:
+    cache = SnapshotCache()
+    sink = _Sink()
+    sc = Sidecar("node-a", cache, sink, options=L4, path_exists=_ok)
+    node = node_with(4, 1)
+    sc.on_records(records_for(node))
+    sc.on_state(node)
+    before = XDS_GATE_REFUSALS.labels(gate="duplicate-vip")._value.get()
+    changed = copy.deepcopy(node)
+    changed.status.udp.services[1] = changed.status.udp.services[1].model_copy(
+        update={"vip": changed.status.udp.services[0].vip}
+    )
+    changed.status.udp.services[3] = changed.status.udp.services[3].model_copy(update={"endpoints": []})
+    sc.on_state(changed)
+    snap = cache.get("node-a")
+    assert snap is not None and snap.version == sc.served_version  # the new state is served, less the two arms
+    udp_clusters = _udp_arms(snap.resources)
+    dialled = {a.service for a in changed.status.udp.services}
+    assert f"udp:{changed.status.udp.services[0].service}" not in udp_clusters
+    assert f"udp:{changed.status.udp.services[2].service}" in udp_clusters and len(dialled) == 4
+    cond = sink.seen[-1]
+    assert (cond.status, cond.reason) == ("Unknown", "Pending") and "duplicate-vip" in cond.message
+    sc.on_ack("node-a", LISTENER, snap.version)
+    cond = sink.seen[-1]
+    assert (cond.status, cond.reason) == ("True", "AcceptedWithRefusals") and "duplicate-vip" in cond.message
+    sc.poll_secrets()
+    sc.on_records(records_for(node))
+    assert XDS_GATE_REFUSALS.labels(gate="duplicate-vip")._value.get() == before + 1, "counted once per change"

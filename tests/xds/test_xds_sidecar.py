@@ -12,7 +12,7 @@ from aether.api.meshnode import Condition
 from aether.metrics import XDS_GATE_REFUSALS
 from aether.testing.samples import node_with, records_for
 from aether.xds.ads.cache import SnapshotCache
-from aether.xds.resources import TranslateOptions
+from aether.xds.resources import LISTENER, TranslateOptions
 from aether.xds.sidecar.loop import Sidecar
 from aether.xds.sidecar.sources import FileSource, FileStatusSink, read_status_file
 
@@ -33,7 +33,7 @@ def _sidecar(sink: Sink) -> tuple[Sidecar, SnapshotCache]:
     return sc, cache
 
 
-def test_a_gate_refusal_keeps_the_last_good_state_and_says_why() -> None:
+def test_a_gate_refusal_refuses_the_resource_serves_the_rest_and_says_why() -> None:
     sink = Sink()
     sc, cache = _sidecar(sink)
     good = node_with(3, 2)
@@ -45,21 +45,23 @@ def test_a_gate_refusal_keeps_the_last_good_state_and_says_why() -> None:
     bad = node_with(3, 2)
     bad.status.udp.services[1] = bad.status.udp.services[1].model_copy(update={"vip": bad.status.udp.services[0].vip})
     sc.on_state(bad)
-    assert cache.get("node-a") is served  # nothing of the bad state is served
+    now = cache.get("node-a")
+    assert now is not None and now is not served  # the rest of the new state is served
     cond = sink.seen[-1]
-    assert (cond.status, cond.reason) == ("False", "GateRefused")
-    assert "duplicate-vip" in cond.message and served.version in cond.message
+    assert (cond.status, cond.reason) == ("Unknown", "Pending")
+    assert "duplicate-vip" in cond.message and "refused, the rest served" in cond.message
     assert XDS_GATE_REFUSALS.labels(gate="duplicate-vip")._value.get() == before + 1
 
 
-def test_a_missing_netns_refuses_the_state() -> None:
+def test_a_missing_netns_refuses_its_listeners() -> None:
     sink = Sink()
     sc, cache = _sidecar(sink)
     node = node_with(2, 1)
     sc.on_records(records_for(node, "/run/netns/missing"))
     sc.on_state(node)
-    assert cache.get("node-a") is None
-    assert sink.seen[-1].reason == "GateRefused" and "netns-exists" in sink.seen[-1].message
+    snap = cache.get("node-a")
+    assert snap is not None and snap.resources[LISTENER] == {}
+    assert sink.seen[-1].reason == "Pending" and "netns-exists" in sink.seen[-1].message
 
 
 def test_invalid_state_and_wrong_node_keep_serving() -> None:

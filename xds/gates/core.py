@@ -1,6 +1,8 @@
 """Our own validation gates, run on the merged translation before anything is served (pure).
 
-A failing gate refuses the whole new state (the last good one keeps serving): never half a state. Envoy would
+`run_gates` reports every finding; the sidecar refuses only the resources a finding names (refuse.py) and serves
+the rest, and refuses the whole new state (the last good one keeps serving) only when something is still wrong
+after that. Envoy would
 not catch these: a connection-less UDP listener is invisible to any filter-chain walker, so a matcher arm naming
 a missing cluster just drops datagrams; a duplicate VIP silently collapses two arms into one map key; a listener
 on a missing netns is rejected only after everything else was pushed.
@@ -111,7 +113,7 @@ def unique_vips(node: MeshNode) -> list[GateFailure]:
     return out
 
 
-def _netns_of(listener: dict[str, Any]) -> str | None:
+def netns_of(listener: dict[str, Any]) -> str | None:
     path = listener.get("address", {}).get("socketAddress", {}).get("networkNamespaceFilepath")
     return path if isinstance(path, str) else None
 
@@ -120,10 +122,16 @@ def netns_exist(resources: Resources, path_exists: PathExists = os.path.exists) 
     """Every listener bound into a netns names a path that exists now."""
     out: list[GateFailure] = []
     for name, listener in sorted(resources.get(LISTENER, {}).items()):
-        path = _netns_of(listener)
+        path = netns_of(listener)
         if path is not None and not path_exists(path):
             out.append(GateFailure("netns-exists", f"listener {name!r} binds into {path}, which does not exist"))
     return out
+
+
+def bind_key(listener: dict[str, Any]) -> tuple[str, str, str, int]:
+    """What a listener binds: (netns, protocol, address, port)."""
+    sa = listener.get("address", {}).get("socketAddress", {})
+    return (netns_of(listener) or "", sa.get("protocol", "TCP"), sa.get("address", ""), int(sa.get("portValue", 0)))
 
 
 def unique_binds(resources: Resources) -> list[GateFailure]:
@@ -131,8 +139,7 @@ def unique_binds(resources: Resources) -> list[GateFailure]:
     seen: dict[tuple[str, str, str, int], str] = {}
     out: list[GateFailure] = []
     for name, listener in sorted(resources.get(LISTENER, {}).items()):
-        sa = listener.get("address", {}).get("socketAddress", {})
-        key = (_netns_of(listener) or "", sa.get("protocol", "TCP"), sa.get("address", ""), int(sa.get("portValue", 0)))
+        key = bind_key(listener)
         if key in seen:
             out.append(GateFailure("unique-bind", f"listeners {seen[key]!r} and {name!r} both bind {key}"))
         else:

@@ -1,8 +1,10 @@
 """The sidecar's control loop: desired state + pod records -> translate -> gates -> snapshot, and the
 `Programmed` condition (the only condition the sidecar owns).
 
-Programmed: Unknown/Pending once a state is served, True/Accepted when Envoy ACKs it, False with a reason when
-the state file is invalid (InvalidState), a gate refuses it (GateRefused), it does not encode (EncodeFailed) or
+Programmed: Unknown/Pending once a state is served, True/Accepted when Envoy ACKs it (True/AcceptedWithRefusals when
+our gates removed a resource that names a fault, such as an arm whose VIP two arms claim: the message lists each and
+the rest is served), False with a reason when the state file is invalid (InvalidState), a gate still refuses it
+(GateRefused), it does not encode (EncodeFailed) or
 Envoy NACKs it (Rejected, with Envoy's error_detail). In every False case the last good state keeps serving:
 a NACKed snapshot is rolled back in the cache and not served again until the desired state changes.
 """
@@ -22,7 +24,8 @@ from aether.netns.records import PodRecord, load_records
 from aether.xds.ads.cache import SnapshotCache, make_snapshot
 from aether.xds.ads.server import Events
 from aether.xds.codec.protojson import CodecError
-from aether.xds.gates.core import PathExists, run_gates
+from aether.xds.gates.core import GateFailure, PathExists, run_gates
+from aether.xds.gates.refuse import refuse_arms, refuse_listeners
 from aether.xds.resources import TranslateOptions, count, short_type
 from aether.xds.sidecar.secrets import SecretKeeper
 from aether.xds.sidecar.sources import StateSource, StatusSink
@@ -61,6 +64,8 @@ class Sidecar(Events):
         self.acked_version: str | None = None
         self.rejected: set[str] = set()
         self.condition: Condition | None = None
+        self.refused_now: tuple[str, ...] = ()  # what the gates removed from the served state (refuse.py)
+        self._refusal_changed = False
 
     # -- condition ---------------------------------------------------------------------------------
     def _set(self, status: str, reason: str, message: str) -> None:
@@ -113,10 +118,13 @@ class Sidecar(Events):
     def _reconcile(self) -> None:
         if self.desired is None:
             return
-        resources = translate(self.desired, self.records, self.options)
-        failures = run_gates(self.desired, resources, self.path_exists)
+        node, refused = refuse_arms(self.desired)  # one bad arm or listener is refused, the rest served
+        resources = translate(node, self.records, self.options)
+        resources, dropped = refuse_listeners(resources, self.path_exists)
+        self._note_refused([*refused, *dropped])
+        failures = run_gates(node, resources, self.path_exists)
         if not failures and self.secrets is not None:
-            resources, failures = self.secrets.finish(self.desired, self.records, self.options, resources)
+            resources, failures = self.secrets.finish(node, self.records, self.options, resources)
         if failures:
             for failure in failures:
                 XDS_GATE_REFUSALS.labels(gate=failure.gate).inc()
@@ -132,12 +140,34 @@ class Sidecar(Events):
             return  # already NACKed: the condition says why; wait for a new desired state
         self.cache.set_snapshot(self.node_name, snap)
         stale = self.condition is None or self.condition.status == "False"
-        if snap.version != self.served_version or stale:
+        if snap.version != self.served_version or stale or self._refusal_changed:
+            self._refusal_changed = False
             self.served_version = snap.version
             if snap.version == self.acked_version:  # e.g. back to the state Envoy holds after a rejected one
-                self._set("True", "Accepted", f"Envoy accepted version {snap.version}")
+                self._accepted(snap.version)
             else:
-                self._set("Unknown", "Pending", f"serving version {snap.version} {count(resources)}; waiting for Envoy")
+                self._set(
+                    "Unknown",
+                    "Pending",
+                    f"serving version {snap.version} {count(resources)}; waiting for Envoy{self._refusal_note()}",
+                )
+
+    def _note_refused(self, refused: list[GateFailure]) -> None:
+        """Keep what the gates removed; count each refusal once per change of it (not on every re-translation)."""
+        text = tuple(str(f) for f in refused)
+        if text == self.refused_now:
+            return
+        for failure in refused:
+            if str(failure) not in self.refused_now:
+                XDS_GATE_REFUSALS.labels(gate=failure.gate).inc()
+        self.refused_now, self._refusal_changed = text, True
+
+    def _refusal_note(self) -> str:
+        return f"; refused, the rest served: {'; '.join(self.refused_now)}" if self.refused_now else ""
+
+    def _accepted(self, version: str) -> None:
+        reason = "AcceptedWithRefusals" if self.refused_now else "Accepted"
+        self._set("True", reason, f"Envoy accepted version {version}{self._refusal_note()}")
 
     # -- Envoy's answers (server Events) ---------------------------------------------------------------
     def on_ack(self, node: str, type_url: str, snapshot_version: str) -> None:
@@ -148,7 +178,7 @@ class Sidecar(Events):
                 self.acked_version = snapshot_version
             pending = self.condition is not None and self.condition.reason == "Pending"
             if node == self.node_name and snapshot_version == self.served_version and pending:
-                self._set("True", "Accepted", f"Envoy accepted version {snapshot_version}")
+                self._accepted(snapshot_version)
 
     def on_nack(self, node: str, type_url: str, snapshot_version: str, error_detail: str) -> None:
         super().on_nack(node, type_url, snapshot_version, error_detail)
