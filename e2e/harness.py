@@ -80,6 +80,7 @@ class Mesh:
     tag: str | None = None
     areas: str = "udp,tcp-floor"  # the east-west area needs certificates this harness does not issue
     operator_args: tuple[str, ...] = ()  # extra `aether operator` flags, e.g. ("--debounce", "0.01")
+    sidecar_args: tuple[str, ...] = ()  # extra `aether xds` flags for every node, e.g. ("--udp-preserve-source",)
     # One CA for the whole mesh: the harness issues each pod's SVID into a PEM directory every sidecar reads
     # (--certs-dir), as a cert-manager/spiffe-helper would. Without it each sidecar uses its own built-in CA,
     # which is enough on one node but not across nodes.
@@ -175,6 +176,7 @@ class Mesh:
         argv += ["--kubeconfig", self.kubeconfig, "--records", str(node.records), "--areas", self.areas]
         if self.shared_ca:
             argv += ["--certs-dir", str(self.certs_dir)]
+        argv += self.sidecar_args
         log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115 (the child process owns it)
         node.sidecar = self.lab.spawn(None, argv, stdout=log, stderr=log)
         self.progress(f"node {node.name}: xds sidecar started (aether xds --node {node.name}: watches its MeshNode)")

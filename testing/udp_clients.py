@@ -71,6 +71,11 @@ def socat_echo_argv(ip: str, port: int) -> list[str]:
     return [program("socat"), "-T", "1", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "PIPE"]
 
 
+def socat_peer_argv(ip: str, port: int) -> list[str]:
+    """Answers each datagram with the sender's address as the backend saw it, and a newline."""
+    return [program("socat"), "-T", "1", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:echo $SOCAT_PEERADDR"]
+
+
 def socat_count_argv(ip: str, port: int) -> list[str]:
     """Answers each datagram with its length in ASCII: a large request and a small reply."""
     return [program("socat"), "-T", "1", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:wc -c"]

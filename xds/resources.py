@@ -59,6 +59,9 @@ class TranslateOptions:
     udp_gso_writer: bool = False
     udp_max_rx_datagram_size: int = 65_535  # both sides of udp_proxy; Envoy's own default (1,500) drops larger
     udp_max_sessions: int = 100_000  # concurrent udp_proxy sessions per Service (the cluster's max_connections)
+    # backends see the client pod's address (udp_proxy use_original_src_ip); needs the node return path
+    # (aether.netns.node_return) installed where Envoy runs
+    udp_preserve_source: bool = False
     cluster_connect_timeout_s: float = 1.0
     # which builders run (names in aether.xds.translate.compose.AREAS); empty = all of them
     areas: tuple[str, ...] = ()

@@ -111,3 +111,12 @@ def test_validate_rejects_a_misspelled_writer(envoy_bin: Path, tmp_path: Path) -
     resources[LISTENER][name] = listener
     out = _validate(resources)
     assert out.returncode != 0
+
+
+def test_preserve_source_is_opt_in_and_envoy_accepts_it() -> None:
+    assert "useOriginalSrcIp" not in _proxy(_listener(TranslateOptions(areas=("udp",))))
+    options = TranslateOptions(areas=("udp",), udp_preserve_source=True)
+    assert _proxy(_listener(options))["useOriginalSrcIp"] is True
+    node = node_with(2, 1)
+    out = _validate(translate(node, records_for(node, "/run/netns"), options))
+    assert out.returncode == 0, out.stderr[-3000:]

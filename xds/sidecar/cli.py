@@ -130,6 +130,12 @@ def _serve(argv: list[str]) -> int:
         "(the udp clusters' max_connections; default 100000)",
     )
     p.add_argument(
+        "--udp-preserve-source",
+        action="store_true",
+        help="UDP backends see the client pod's address instead of the node's; needs `aether node-return install` "
+        "where Envoy runs",
+    )
+    p.add_argument(
         "--certs-dir",
         help="east-west: a PEM directory per identity (docs/identity.md); without it a built-in CA "
         "(tests and the demo only: nodes do not share it)",
@@ -168,6 +174,7 @@ def _serve(argv: list[str]) -> int:
         udp_upstream_prefer_gro=None if args.udp_upstream_gro is None else args.udp_upstream_gro == "on",
         udp_gso_writer=args.udp_gso == "on",
         udp_max_sessions=args.udp_max_sessions,
+        udp_preserve_source=args.udp_preserve_source,
     )
     if options.udp_gso_writer:
         log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")

@@ -101,7 +101,10 @@ def capture_listener(name: str, netns: str, arms: Arms, options: TranslateOption
     upstream: ResourceDict = {"maxRxDatagramSize": options.udp_max_rx_datagram_size}
     if options.udp_upstream_prefer_gro is not None:
         upstream["preferGro"] = options.udp_upstream_prefer_gro
-    listener["listenerFilters"][0]["typedConfig"]["upstreamSocketConfig"] = upstream
+    proxy: ResourceDict = listener["listenerFilters"][0]["typedConfig"]
+    proxy["upstreamSocketConfig"] = upstream
+    if options.udp_preserve_source:
+        proxy["useOriginalSrcIp"] = True  # the replies come back through aether.netns.node_return
     return listener
 
 

@@ -1,0 +1,75 @@
+"""--udp-preserve-source across two nodes, through the whole mesh: a backend on the other node and one on the client's
+node each see the client pod's own address, and the replies come back from the VIP, every size included. The return
+path (aether.netns.node_return) is installed in both nodes' netns, as the DaemonSet's init container would."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from functools import partial
+
+import pytest
+
+from aether.e2e.harness import Mesh, MeshPod
+from aether.netns import node_return
+from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.netns.nsthread import run_in_netns
+from aether.testing.udp_clients import socat_echo_argv, socat_peer_argv
+from aether.testing.wait import wait_for
+
+pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[Mesh]:
+    m = Mesh(namespace="e2e", sidecar_args=("--udp-preserve-source",))
+    try:
+        a, b = m.add_node("node-a"), m.add_node("node-b")
+        for node in (a, b):
+            node_return.install(node.net.path)
+        m.start_node_proxies()
+        m.add_pod(a, "client")
+        m.add_backend(b, "far", socat_peer_argv)
+        m.add_backend(a, "near", socat_peer_argv)
+        m.add_backend(b, "echo", socat_echo_argv)
+        for svc in ("far", "near", "echo"):
+            m.add_service(svc, [svc])
+        m.wait_arms(a, {vip: f"udp:e2e/{svc}" for svc, vip in m.services.items()})
+        m.wait_listeners(a, 1)
+        yield m
+    finally:
+        m.close()
+
+
+def _ask(client: MeshPod, vip: str, payload: bytes) -> tuple[bytes, tuple[str, int]] | None:
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(1.0)
+        return s
+
+    sock = run_in_netns(client.netns_path, make)
+    try:
+        sock.sendto(payload, (vip, L4_OUTBOUND_PORT))
+        data, src = sock.recvfrom(65535)
+        return data, src
+    except TimeoutError:
+        return None
+    finally:
+        sock.close()
+
+
+def test_backends_on_both_nodes_see_the_client_pod(mesh: Mesh) -> None:
+    client = mesh.pods["client"]
+    for svc in ("far", "near"):
+        vip = mesh.services[svc]
+        got = wait_for(partial(_ask, client, vip, b"who"), what=f"{svc} through the mesh")
+        assert got == (f"{client.ip}\n".encode(), (vip, L4_OUTBOUND_PORT)), (svc, got, mesh.diagnostics())
+
+
+def test_every_size_across_nodes(mesh: Mesh) -> None:
+    client, vip = mesh.pods["client"], mesh.services["echo"]
+    for size in (64, 1453, 9000, 65507):
+        payload = os.urandom(size)
+        got = _ask(client, vip, payload)
+        assert got is not None and got[0] == payload, f"{size} B across nodes with the source preserved"
