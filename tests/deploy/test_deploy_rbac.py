@@ -7,17 +7,19 @@ also pins the shape of the roles (tests/deploy/README is the rule: extend the li
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from aether.testing.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -259,9 +261,8 @@ def test_operator_calls_in_the_audit_log_are_allowed(
 def _run_until(proc: subprocess.Popen[bytes], done: Callable[[], bool], timeout: float) -> None:
     """Poll until `done()` (or the process exits, or `timeout`), then stop the process."""
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not done() and proc.poll() is None:
-            time.sleep(0.1)
+        with contextlib.suppress(TimeoutError):  # the caller asserts on what the run did
+            wait_for(lambda: done() or proc.poll() is not None, timeout, what="the run to finish")
     finally:
         proc.terminate()
         try:
