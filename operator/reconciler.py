@@ -37,7 +37,7 @@ from aether.operator.reconcile.gateway import RouteView
 from aether.operator.reconcile.model import ClusterModel, Kind, Output, View
 from aether.operator.reconcile.nodes import NodeDesired
 from aether.operator.reconcile.routes import Verdict
-from aether.operator.routestatus import comparable, parents_status
+from aether.operator.routestatus import comparable, parents_status, unnamed_events
 from aether.operator.writes import Refusals, write_node, write_route
 
 log = logging.getLogger("aether.operator")
@@ -80,6 +80,7 @@ class Reconciler:
         self.resyncs = 0
         self.node_writes: list[str] = []
         self.route_writes: list[tuple[str, str]] = []
+        self.warned: dict[tuple[str, str], tuple[str, ...]] = {}  # route -> the unnamed-parent Events posted
         self.idle = asyncio.Event()
         self.pass_started: float | None = None  # time.monotonic() while a pass runs
         self.last_pass: float | None = None  # time.monotonic() when the last pass ended
@@ -256,6 +257,7 @@ class Reconciler:
         view = self.lookup("route", key)
         if not isinstance(view, RouteView):
             return  # gone
+        await self._warn_unnamed(view, verdicts)
         existing = list(view.status_parents)
         if comparable(parents_status(verdicts, existing, view.generation, "")) == comparable(existing):
             if not drift:
@@ -267,3 +269,19 @@ class Reconciler:
             self.route_writes.append(key)
             if drift:
                 OPERATOR_DRIFT_CORRECTIONS.labels(kind="udproute").inc()
+
+    async def _warn_unnamed(self, view: RouteView, verdicts: tuple[Verdict, ...]) -> None:
+        """A verdict without a parent to name (no parentRefs, ...) has no status.parents entry: post it as a Warning
+        Event, once per generation and message."""
+        events = unnamed_events(verdicts)
+        said = (str(view.generation), *(e.message for e in events))
+        if not events or self.warned.get(view.key) == said:
+            return
+        self.warned[view.key] = said
+        route = {"metadata": {"name": view.name, "namespace": view.namespace, "uid": view.uid}}
+        for ev in events:
+            log.info("UDPRoute %s/%s: %s", view.namespace, view.name, ev.message)
+            try:
+                await asyncio.to_thread(self.writer.post_event, route, ev.type, ev.reason, ev.message)
+            except ApiException as exc:
+                log.warning("could not post an Event for UDPRoute %s/%s: %s", view.namespace, view.name, exc.reason)

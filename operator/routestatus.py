@@ -72,7 +72,7 @@ def parents_status(
     seen: list[dict[str, Any]] = []
     for v in verdicts:
         ref = v.parent.echo()
-        if ref in seen:
+        if ref in seen or unnamed(v):
             continue
         seen.append(ref)
         old = next((p for p in ours_old if _same_parent(p.get("parentRef"), ref)), None)
@@ -82,6 +82,20 @@ def parents_status(
             c["lastTransitionTime"] = times.get((c["type"], c["status"]), now)
         result.append({"parentRef": ref, "controllerName": CONTROLLER_NAME, "conditions": conds})
     return result
+
+
+def unnamed(v: Verdict) -> bool:
+    """A verdict for no nameable parent (no parentRefs, a parentRef without a name or not an object): the Gateway
+    API's status.parents entry needs parentRef.name, so the verdict is told in a Warning Event instead."""
+    return not v.parent.name
+
+
+def unnamed_events(verdicts: tuple[Verdict, ...]) -> list[RouteEvent]:
+    return [
+        RouteEvent("Warning", v.accepted_reason, f"not attached to any parent: {v.accepted_message}")
+        for v in verdicts
+        if unnamed(v)
+    ]
 
 
 def comparable(parents: list[Any]) -> list[Any]:
@@ -102,6 +116,8 @@ def transition_events(verdicts: tuple[Verdict, ...], existing: list[Any]) -> lis
     """An Event when our Accepted condition for a parent appears or changes status or reason."""
     events = []
     for v in verdicts:
+        if unnamed(v):
+            continue
         ref = v.parent.echo()
         old = next(
             (

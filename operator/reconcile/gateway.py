@@ -71,6 +71,7 @@ class RouteView:
     backends: tuple[BackendRef, ...]
     problems: tuple[str, ...] = ()
     status_parents: tuple[Raw, ...] = field(default=(), compare=False, hash=False)
+    uid: str = field(default="", compare=False, hash=False)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -176,6 +177,7 @@ def parse_route(obj: Raw) -> RouteView:
         tuple(backends),
         tuple(problems),
         status_parents,
+        str(meta.get("uid") or ""),
     )
 
 

@@ -3,7 +3,9 @@ HTTP server on its own thread so sync clients, kubectl, subprocesses and asyncio
 
     bed = start(port=0, kubeconfig_path=...)   # -> TestBed; .url, .kubeconfig_path, .audit, .stop()
 
-It is an emulator: no schema validation, no RBAC, no controllers except the ownerReference garbage
+It is an emulator: custom resources are pruned and validated against their CRD's openAPIV3Schema (schema.py; a
+422 Invalid with the field paths in details.causes), built-in kinds are not validated; no RBAC, no controllers
+except the ownerReference garbage
 collection in store.py. `.audit` lists every request as (verb, apiGroup, resource, subresource, namespace).
 """
 
@@ -48,8 +50,15 @@ class TestBed:
     __test__ = False  # not a pytest class
 
     def __init__(
-        self, port: int, kubeconfig_path: Path | None, audit_path: Path | None, host: str, crds: bool = True
+        self,
+        port: int,
+        kubeconfig_path: Path | None,
+        audit_path: Path | None,
+        host: str,
+        crds: bool = True,
+        validate: bool = True,
     ) -> None:
+        self._validate = validate
         self.handler: TestBedHandler | None = None
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -91,7 +100,7 @@ class TestBed:
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
-        handler = TestBedHandler(audit_path=self._audit_path)
+        handler = TestBedHandler(store=Store(validate=self._validate), audit_path=self._audit_path)
         async with handler, kmock.Server(handler, host=self._host, port=self._port or None) as server:
             self.handler, self.port = handler, server.port
             self._ready.set()
@@ -175,7 +184,10 @@ def start(
     audit_path: Path | None = None,
     host: str = "127.0.0.1",
     crds: bool = True,
+    validate: bool = True,
 ) -> TestBed:
     """Start the test bed on host:port (0 = a free port), write a kubeconfig for it, and (crds) install the
-    MeshNode and Gateway API test CRDs, as a cluster set up for aether would have them."""
-    return TestBed(port, kubeconfig_path, audit_path, host, crds)
+    MeshNode and Gateway API test CRDs, as a cluster set up for aether would have them. `validate`: custom
+    resources are pruned and validated against their CRD's schema, as kube-apiserver does (schema.py); off, the
+    bed stores whatever it is sent (to feed the operator objects a real API server would refuse)."""
+    return TestBed(port, kubeconfig_path, audit_path, host, crds, validate)

@@ -18,6 +18,7 @@ class ResourceType:
     subresources: frozenset[str] = field(default_factory=frozenset)
     short_names: tuple[str, ...] = ()
     printer_columns: tuple[tuple[str, str, str], ...] = ()  # (name, type, jsonPath)
+    schema: dict[str, Any] | None = field(default=None, compare=False, hash=False)  # a CRD's openAPIV3Schema
 
     @property
     def key(self) -> tuple[str, str]:
@@ -79,6 +80,7 @@ def from_crd(crd: dict[str, Any]) -> list[ResourceType]:
                 subs,
                 tuple(names.get("shortNames") or ()),
                 columns,
+                (ver.get("schema") or {}).get("openAPIV3Schema"),
             )
         )
     return out

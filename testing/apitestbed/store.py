@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aether.testing.apitestbed.resources import BUILTIN, ResourceType, from_crd
+from aether.testing.apitestbed.schema import admit
 from aether.testing.apitestbed.selectors import Selector
 
 Obj = dict[str, Any]
@@ -27,12 +28,12 @@ EVENT_LOG_SIZE = 20000
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def status(self) -> Obj:
-        return {
+        out: Obj = {
             "apiVersion": "v1",
             "kind": "Status",
             "metadata": {},
@@ -41,6 +42,22 @@ class ApiError(Exception):
             "reason": self.reason,
             "message": self.message,
         }
+        if self.details is not None:
+            out["details"] = self.details
+        return out
+
+
+def _admitted(rt: ResourceType, obj: Obj, validate: bool) -> Obj:
+    """The object pruned and validated against its CRD's schema (schema.py); a 422 Invalid naming each field."""
+    if not validate or rt.schema is None:
+        return obj
+    stored, problems = admit(obj, rt.schema)
+    if problems:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        message = f'{rt.kind}.{rt.group} "{name}" is invalid: ' + ", ".join(c["message"] for c in problems)
+        details = {"name": name, "group": rt.group, "kind": rt.plural, "causes": problems}
+        raise ApiError(422, "Invalid", message, details)
+    return stored
 
 
 def _now() -> str:
@@ -60,7 +77,8 @@ class Watcher:
 
 
 class Store:
-    def __init__(self) -> None:
+    def __init__(self, validate: bool = True) -> None:
+        self.validate = validate  # custom resources checked against their CRD's openAPIV3Schema (schema.py)
         self.rv = 0
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         self.objects: dict[tuple[str, str], dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
@@ -195,6 +213,7 @@ class Store:
         if rt.plural == "namespaces":
             obj["status"] = {"phase": "Active"}
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        obj = _admitted(rt, obj, self.validate)
         self._bump(obj)
         self.objects[rt.key][(ns, name)] = obj
         self._emit(rt, "ADDED", obj)
@@ -243,6 +262,7 @@ class Store:
             if _spec_part(obj) != _spec_part(old):
                 meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
+        obj = _admitted(rt, obj, self.validate)
         if obj == {**old, "apiVersion": rt.api_version, "kind": rt.kind}:
             return self._versioned(rt, old)  # a no-op write does not bump resourceVersion
         self._bump(obj)

@@ -105,21 +105,24 @@ def test_route_status_drift_is_undone(mesh: Mesh) -> None:
     want = wait_for(lambda: mesh.ours("r"), what="the route's status", ignore=READ_ERRORS)
 
     # a fake Accepted=True entry under our controllerName for a parent the route does not name
+    accepted: dict[str, Any] = {
+        "type": "Accepted",
+        "status": "True",
+        "reason": "Accepted",
+        "message": "fake",
+        "observedGeneration": 1,
+        "lastTransitionTime": "2020-01-01T00:00:00Z",
+    }
     fake = {
         "parentRef": {"group": "", "kind": "Service", "name": "ghost"},
         "controllerName": CONTROLLER_NAME,
-        "conditions": [
-            {
-                "type": "Accepted",
-                "status": "True",
-                "reason": "Accepted",
-                "message": "fake",
-                "observedGeneration": 1,
-                "lastTransitionTime": "2020-01-01T00:00:00Z",
-            }
-        ],
+        "conditions": [accepted],
     }
-    other = {"parentRef": {"name": "gw"}, "controllerName": "example.com/other", "conditions": []}
+    other = {
+        "parentRef": {"name": "gw"},
+        "controllerName": "example.com/other",
+        "conditions": [{**accepted, "message": "someone else's"}],
+    }
     mesh.patch_status(*ROUTE, "r", {"status": {"parents": [want, fake, other]}}, mesh.ns)
 
     def cleaned() -> bool:

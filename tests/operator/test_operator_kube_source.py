@@ -10,13 +10,24 @@ from typing import Any
 import pytest
 
 from aether.api.meshnode import Condition, QuicPair
-from aether.testing.apitestbed import TestBed
+from aether.testing.apitestbed import TestBed, start
 from aether.testing.apitestbed.harness import Cluster, unique
 from aether.xds.sidecar.kube_source import source, status_sink
 from aether.xds.sidecar.sources import StateUpdate
 
 MN = ("mesh.aether.dev/v1alpha1", "MeshNode")
 MERGE = "application/merge-patch+json"
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[tuple[str, TestBed | None]]:
+    """A bed that stores what a validating API server would refuse (a MeshNode status with a bad arm): the sidecar
+    must still report it as an error, as it would behind an older CRD or a server without the schema."""
+    bed = start(validate=False)
+    try:
+        yield str(bed.kubeconfig_path), bed
+    finally:
+        bed.stop()
 
 
 @pytest.fixture
