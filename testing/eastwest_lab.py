@@ -27,13 +27,14 @@ from aether.xds.sidecar.bootstrap import ads_bootstrap
 CLIENT = r"""
 import http.client, json, sys, time
 host, port, hostname, n, pause = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+extra = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {}
 out = []
 conn = None
 for i in range(n):
     try:
         if conn is None:
             conn = http.client.HTTPConnection(host, port, timeout=10)
-        conn.request("GET", "/", headers={"Host": hostname})
+        conn.request("GET", "/", headers={"Host": hostname, **extra})
         r = conn.getresponse()
         out.append([r.status, r.read().decode(errors="replace")])
     except Exception as exc:
@@ -139,10 +140,13 @@ def http_in_netns(
     port: int = 18080,
     pause: float = 0.0,
     timeout: float = 120.0,
+    headers: dict[str, str] | None = None,
 ) -> list[tuple[int, str]]:
-    """GET http://<ip>:<port>/ with `Host: hostname`, n times on one keep-alive connection, from inside `netns`."""
+    """GET http://<ip>:<port>/ with `Host: hostname` (and `headers`), n times on one keep-alive connection, from
+    inside `netns`."""
+    argv = [sys.executable, "-c", CLIENT, ip, str(port), hostname, str(n), str(pause), json.dumps(headers or {})]
     out = subprocess.run(
-        ["ip", "netns", "exec", netns, sys.executable, "-c", CLIENT, ip, str(port), hostname, str(n), str(pause)],
+        ["ip", "netns", "exec", netns, *argv],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -108,13 +108,15 @@ class Mesh:
         sec[SECRET].update(secret_overrides or {})
         self.ads.set("node-a", res if res is not None else self.resources_a(), sec)
 
-    def serve_b(self, secret_overrides: dict[str, dict[str, Any]] | None = None) -> None:
+    def serve_b(self, secret_overrides: dict[str, dict[str, Any]] | None = None, res: Resources | None = None) -> None:
         sec = secrets(self.ca, [WEB])
         sec[SECRET].update(secret_overrides or {})
-        self.ads.set("node-b", self.resources_b(), sec)
+        self.ads.set("node-b", res if res is not None else self.resources_b(), sec)
 
-    def get(self, pod: Pod, n: int = 1, via_vip: bool = True) -> list[tuple[int, str]]:
-        return http_in_netns(pod.netns, HOST, n=n, ip=VIP if via_vip else "127.0.0.1")
+    def get(
+        self, pod: Pod, n: int = 1, via_vip: bool = True, headers: dict[str, str] | None = None
+    ) -> list[tuple[int, str]]:
+        return http_in_netns(pod.netns, HOST, n=n, ip=VIP if via_vip else "127.0.0.1", headers=headers)
 
     def access_b(self) -> list[str]:
         path = self.workdir / "access-b.log"

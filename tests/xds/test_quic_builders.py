@@ -61,7 +61,16 @@ def test_inbound_tcp_and_quic_share_one_downstream_tls_context() -> None:
         assert sa["networkNamespaceFilepath"] == "/run/netns/sample-client"
     tcp_ctx = tcp["filterChains"][0]["transportSocket"]["typedConfig"]
     quic_ts = quic["filterChains"][0]["transportSocket"]["typedConfig"]
-    assert {k: v for k, v in tcp_ctx.items() if k != "@type"} == quic_ts["downstreamTlsContext"]
+    # the same certificate and peer rules; TCP adds its own switches (QUIC has enableResumption) and ALPN h2
+    tcp_only = ("disableStatelessSessionResumption", "disableStatefulSessionResumption")
+    assert {k: v for k, v in tcp_ctx.items() if k not in ("@type", *tcp_only, "commonTlsContext")} == {
+        k: v for k, v in quic_ts["downstreamTlsContext"].items() if k != "commonTlsContext"
+    }
+    assert {k: v for k, v in tcp_ctx["commonTlsContext"].items() if k != "alpnProtocols"} == quic_ts[
+        "downstreamTlsContext"
+    ]["commonTlsContext"]
+    assert [tcp_ctx[k] for k in tcp_only] == [True, True]
+    assert tcp_ctx["commonTlsContext"]["alpnProtocols"] == ["h2"]
     assert tcp_ctx["requireClientCertificate"] is True
     common = tcp_ctx["commonTlsContext"]
     assert common["tlsCertificateSdsSecretConfigs"] == [

@@ -12,6 +12,7 @@ from aether.xds.gates.quic import (
     identity_hashable,
     quic_no_resumption,
     run_quic_gates,
+    tcp_no_resumption,
     twin_per_identity,
 )
 from aether.xds.resources import CLUSTER, LISTENER, ROUTE, Resources, TranslateOptions
@@ -146,3 +147,34 @@ def test_same_named_service_accounts_in_two_namespaces_get_a_twin_each() -> None
     failures = twin_per_identity(res)
     assert len(failures) == 2 and all("quic:shop/web@team-a/web-client" in f.reason for f in failures)
     assert parse_meshnode(node.wire()) == node
+
+
+def _tcp_inbound_contexts(res: Resources) -> list[dict[str, Any]]:
+    chains = res[LISTENER]["inbound-h2:default/client-0"]["filterChains"]
+    return [c["transportSocket"]["typedConfig"] for c in chains]
+
+
+def test_tcp_resumption_gate_is_red_when_a_switch_is_missing_or_false() -> None:
+    assert tcp_no_resumption(_res()) == []
+    ctx = _tcp_inbound_contexts(_res())[0]
+    assert ctx["disableStatelessSessionResumption"] is ctx["disableStatefulSessionResumption"] is True
+    assert ctx["commonTlsContext"]["alpnProtocols"] == ["h2"]
+    for field in ("disableStatelessSessionResumption", "disableStatefulSessionResumption"):
+        for value in (None, False):
+            res = _res()
+            ctx = _tcp_inbound_contexts(res)[0]
+            if value is None:
+                del ctx[field]
+            else:
+                ctx[field] = value
+            failures = tcp_no_resumption(res)
+            assert [f.gate for f in failures] == ["tcp-no-resumption"] and field in failures[0].reason
+            assert "tcp-no-resumption" in {f.gate for f in run_quic_gates(res)}
+
+
+def test_tcp_resumption_gate_ignores_tls_without_client_certificates() -> None:
+    res = _res()
+    for ctx in _tcp_inbound_contexts(res):
+        ctx["requireClientCertificate"] = False
+        del ctx["disableStatelessSessionResumption"]
+    assert tcp_no_resumption(res) == []

@@ -3,6 +3,10 @@
 Each guards a failure Envoy accepts silently:
 - R4 `quic-no-resumption`: every mTLS QUIC chain writes `enable_early_data: false` and `enable_resumption: false`.
   QUIC never re-verifies a client certificate on a resumed session, and an absent field is a default that moves.
+- `tcp-no-resumption`: every mTLS TCP chain (a DownstreamTlsContext requiring a client certificate) writes
+  `disable_stateless_session_resumption: true` and `disable_stateful_session_resumption: true`. A resumed TLS
+  session presents no certificate: with tickets (TLS 1.3, 48 h by default) or the session cache (TLS 1.2) a
+  client keeps the identity it once proved past its SVID's expiry (`tests/xds/test_inbound_tls.py` shows it).
 - R5 `classes-separated`: the plaintext UDP class (udp_proxy) and the QUIC class never share a port, and each
   sits on its own role's port (plaintext on 18082, QUIC on 18008/18009), so a datagram is told apart by port
   before any matcher runs.
@@ -21,7 +25,7 @@ from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT, L4_OUTBOUND_PORT
 from aether.xds.gates.core import GateFailure
 from aether.xds.resources import LISTENER, ROUTE, Resources
 from aether.xds.translate.eastwest.outbound import CLUSTER_ACTION_TYPE, MATCHER_SPECIFIER_TYPE, SET_FILTER_STATE_TYPE
-from aether.xds.translate.eastwest.tls import HASHABLE_FACTORY, IDENTITY_KEY, QUIC_DOWNSTREAM
+from aether.xds.translate.eastwest.tls import DOWNSTREAM_TLS, HASHABLE_FACTORY, IDENTITY_KEY, QUIC_DOWNSTREAM
 
 UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
 QUIC_PORTS: Final = frozenset({INBOUND_PORT, EAST_WEST_PORT})
@@ -62,6 +66,26 @@ def quic_no_resumption(resources: Resources) -> list[GateFailure]:
                         GateFailure(
                             "quic-no-resumption",
                             f"listener {name!r} chain {i}: mTLS QUIC without explicit false for {missing} (R4)",
+                        )
+                    )
+    return out
+
+
+def tcp_no_resumption(resources: Resources) -> list[GateFailure]:
+    out = []
+    for name, listener in sorted(resources.get(LISTENER, {}).items()):
+        for i, chain in enumerate(_get(listener, "filterChains") or []):
+            for ctx in _find(chain, DOWNSTREAM_TLS):
+                if not _get(ctx, "requireClientCertificate"):
+                    continue
+                fields = ("disableStatelessSessionResumption", "disableStatefulSessionResumption")
+                missing = [f for f in fields if _get(ctx, f) is not True]
+                if missing:
+                    out.append(
+                        GateFailure(
+                            "tcp-no-resumption",
+                            f"listener {name!r} chain {i}: mTLS TCP without {missing} true (a resumed session "
+                            "presents no certificate)",
                         )
                     )
     return out
@@ -154,6 +178,7 @@ def run_quic_gates(resources: Resources) -> list[GateFailure]:
     """All east-west gates; an empty list means the state may be served."""
     return [
         *quic_no_resumption(resources),
+        *tcp_no_resumption(resources),
         *classes_separated(resources),
         *identity_hashable(resources),
         *twin_per_identity(resources),

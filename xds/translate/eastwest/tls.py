@@ -64,7 +64,16 @@ def downstream_tls(server_identity: str, trust_domain: str, config_source: dict[
 
 
 def tcp_downstream_socket(ctx: dict[str, Any]) -> dict[str, Any]:
-    return {"name": TLS_SOCKET, "typed_config": ctx}
+    """The TCP inbound: no session resumption of either kind (a resumed session presents no client certificate, so
+    a ticket would outlive the SVID that earned it; `aether.xds.gates.quic.tcp_no_resumption`), ALPN h2 (the HCM
+    speaks HTTP/2 only)."""
+    typed = {
+        **ctx,
+        "common_tls_context": {**ctx["common_tls_context"], "alpn_protocols": ["h2"]},
+        "disable_stateless_session_resumption": True,
+        "disable_stateful_session_resumption": True,
+    }
+    return {"name": TLS_SOCKET, "typed_config": typed}
 
 
 def quic_downstream_socket(ctx: dict[str, Any]) -> dict[str, Any]:
