@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Final
+import re
+from typing import Final, NamedTuple
 
 DEFAULT_TRUST_DOMAIN: Final = "cluster.local"
 DEFAULT_MESH_DOMAIN: Final = "mesh.aether.internal"
 BLACKHOLE_CLUSTER: Final = "blackhole"
+QUIC_TWIN_PREFIX: Final = "quic:"
 
 
 def ref(namespace: str, name: str) -> str:
@@ -35,6 +37,40 @@ def quic_twin(namespace: str, service: str, source_sa: str, source_namespace: st
     if source_namespace is None or source_namespace == namespace:
         return f"quic:{namespace}/{service}@{source_sa}"
     return f"quic:{namespace}/{service}@{source_namespace}/{source_sa}"
+
+
+class QuicTwinName(NamedTuple):
+    """A twin name taken apart: the destination `<namespace>/<service>` and the source `<source ns>/<source sa>`."""
+
+    namespace: str
+    service: str
+    source_namespace: str
+    source_sa: str
+
+
+_LABEL: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # namespaces and Services: DNS-1123 labels
+_SUBDOMAIN: Final = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # ServiceAccounts: DNS-1123 subdomains
+
+
+def parse_quic_twin(name: str) -> QuicTwinName:
+    """The inverse of `quic_twin`: `quic:<ns>/<svc>@<sa>` or `quic:<ns>/<svc>@<source ns>/<sa>`; ValueError for
+    anything `quic_twin` cannot produce (another shape, a part that is not a Kubernetes name, or the long spelling
+    for a same-namespace source): `quic_twin(t.namespace, t.service, t.source_sa, t.source_namespace) == n` for
+    `t = parse_quic_twin(n)`."""
+    if not name.startswith(QUIC_TWIN_PREFIX):
+        raise ValueError(f"{name!r}: not a twin name (expected {QUIC_TWIN_PREFIX}<ns>/<svc>@[<source ns>/]<sa>)")
+    dest, at, source = name[len(QUIC_TWIN_PREFIX) :].partition("@")
+    namespace, _, service = dest.partition("/")
+    source_namespace, slash, source_sa = source.rpartition("/")
+    if not slash:
+        source_namespace = namespace
+    elif source_namespace == namespace:
+        raise ValueError(f"{name!r}: a same-namespace source is spelled @<sa>, not @<ns>/<sa>")
+    if not (at and _LABEL.fullmatch(namespace) and _LABEL.fullmatch(service) and _LABEL.fullmatch(source_namespace)):
+        raise ValueError(f"{name!r}: not a twin name (expected {QUIC_TWIN_PREFIX}<ns>/<svc>@[<source ns>/]<sa>)")
+    if not _SUBDOMAIN.fullmatch(source_sa):
+        raise ValueError(f"{name!r}: {source_sa!r} is not a ServiceAccount name")
+    return QuicTwinName(namespace, service, source_namespace, source_sa)
 
 
 def spiffe_id(namespace: str, service_account: str, trust_domain: str = DEFAULT_TRUST_DOMAIN) -> str:
