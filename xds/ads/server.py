@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
+import stat
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -212,15 +214,36 @@ class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: 
         yield resp
 
 
+UNIX_SOCKET_MODE: Final = 0o600
+
+
 def serve(servicer: DeltaAdsServer, listen: str, max_workers: int = 32) -> tuple[grpc.Server, int]:
-    """Start a grpc server on `host:port` or `unix:PATH`; returns (server, bound port; 0 for unix)."""
+    """Start a grpc server on `host:port` or `unix:PATH`; returns (server, bound port; 0 for unix).
+
+    A unix socket is created mode 0600 (the umask is 0177 while grpc binds it, so it is never connectable by
+    others, then it is chmod-ed and checked): SDS serves workload private keys on this stream, and only the
+    socket's owner (the node pod's Envoy runs as the same user) may connect."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="ads"),
         options=[("grpc.max_send_message_length", 256 << 20), ("grpc.max_receive_message_length", 64 << 20)],
     )
     ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(servicer, server)
-    port = server.add_insecure_port(listen)
-    if port == 0 and not listen.startswith("unix:"):
-        raise OSError(f"cannot listen on {listen}")
-    server.start()
+    path = listen.removeprefix("unix:") if listen.startswith("unix:") else None
+    if path is not None and os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    old_umask = os.umask(0o177) if path is not None else None
+    try:
+        port = server.add_insecure_port(listen)
+        if port == 0 and path is None:
+            raise OSError(f"cannot listen on {listen}")
+        server.start()
+    finally:
+        if old_umask is not None:
+            os.umask(old_umask)
+    if path is not None:
+        os.chmod(path, UNIX_SOCKET_MODE)
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        if mode != UNIX_SOCKET_MODE:
+            server.stop(0)
+            raise OSError(f"{path}: socket mode {mode:o}, expected {UNIX_SOCKET_MODE:o}")
     return server, port

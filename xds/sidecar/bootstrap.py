@@ -9,7 +9,9 @@ from aether.api.addresses import parse_addr
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources
 
 XDS_CLUSTER: Final = "aether-xds"
-DEFAULT_XDS_ADDR: Final = "127.0.0.1:18000"
+# The sidecar's delta-ADS address, a unix socket (mode 0600): the stream carries SDS, every local workload's private
+# key. The DaemonSet passes the same path (deploy/node/daemonset.yaml, an emptyDir shared by sidecar and Envoy only).
+DEFAULT_XDS_ADDR: Final = "unix:/run/aether-xds/ads.sock"
 HTTP_PROTOCOL_OPTIONS: Final = "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 

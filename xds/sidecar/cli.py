@@ -1,12 +1,15 @@
 """`aether xds`: the node sidecar, `aether xds render` and `aether xds bootstrap`.
 
-    aether xds --node N [--state FILE | --kubeconfig F] [--listen ADDR] [--records DIR] [--status-out FILE]
-               [--metrics ADDR]
+    aether xds --node N [--state FILE | --kubeconfig F] [--listen ADDR] [--allow-sds-over-tcp] [--records DIR]
+               [--status-out FILE] [--metrics ADDR]
     aether xds render --state FILE [--records DIR]
     aether xds bootstrap --node N [--xds ADDR] [--admin ADDR]
 
-ADDR is host:port or unix:PATH (default 127.0.0.1:18000). Without --state the sidecar watches MeshNode N in
-the cluster through `aether.xds.sidecar.kube_source` (imported only then).
+ADDR is host:port or unix:PATH (default unix:/run/aether-xds/ads.sock, created 0600). The stream serves SDS, the
+private keys of every local workload's SVID: on a TCP address any process that can connect (every hostNetwork pod
+of the node, for 127.0.0.1) would get them, so the sidecar refuses one while it serves secrets (the east-west area)
+unless `--allow-sds-over-tcp` says so, and then logs it as an error. Without --state the sidecar watches MeshNode N
+in the cluster through `aether.xds.sidecar.kube_source` (imported only then).
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ from aether.netns.records import load_records, state_dir
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
 
 log = logging.getLogger("aether.xds")
+
+SDS_OVER_TCP_REFUSED = (
+    "aether xds: refusing to serve SDS secrets (every local workload's private key) on TCP {listen}: any process "
+    "that can connect would get them. Listen on a unix socket (the default, unix:/run/aether-xds/ads.sock, is "
+    "created 0600) or pass --allow-sds-over-tcp"
+)
+SDS_OVER_TCP_ALLOWED = (
+    "--allow-sds-over-tcp: serving SDS secrets (workload private keys) on TCP %s: ANY process that can connect "
+    "gets every local workload's private key"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,7 +115,14 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--node", required=True, help="node name: the MeshNode and Envoy's node id")
     p.add_argument("--state", help="MeshNode file (re-read on change); the cluster's MeshNode when absent")
     p.add_argument("--kubeconfig", help="cluster mode (no --state): kubeconfig file (in-cluster config otherwise)")
-    p.add_argument("--listen", type=_addr, default=DEFAULT_XDS_ADDR, help="host:port or unix:PATH")
+    p.add_argument(
+        "--listen", type=_addr, default=DEFAULT_XDS_ADDR, help=f"unix:PATH (default {DEFAULT_XDS_ADDR}) or host:port"
+    )
+    p.add_argument(
+        "--allow-sds-over-tcp",
+        action="store_true",
+        help="serve SDS secrets (workload private keys) on a TCP --listen address: anyone who connects gets them",
+    )
     p.add_argument("--records", help="pod records directory (default $AETHER_STATE_DIR or /run/aether/pods)")
     p.add_argument("--status-out", help="file mode: where the Programmed condition goes (default <state>.status.json)")
     p.add_argument("--metrics", type=_hostport, help="serve Prometheus metrics on host:port")
@@ -150,6 +170,12 @@ def _serve(argv: list[str]) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    serves_secrets = not areas or "eastwest" in areas
+    if serves_secrets and not isinstance(parse_addr(args.listen), str):
+        if not args.allow_sds_over_tcp:
+            print(SDS_OVER_TCP_REFUSED.format(listen=args.listen), file=sys.stderr)
+            return 2
+        log.error(SDS_OVER_TCP_ALLOWED, args.listen)
     from aether.xds.ads.cache import SnapshotCache
     from aether.xds.ads.server import DeltaAdsServer, serve
     from aether.xds.resources import TranslateOptions
@@ -179,7 +205,7 @@ def _serve(argv: list[str]) -> int:
     if options.udp_gso_writer:
         log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")
     keeper = None
-    if not areas or "eastwest" in areas:
+    if serves_secrets:
         from aether.xds.sidecar.secrets import SecretKeeper, make_source
 
         if not args.certs_dir:
