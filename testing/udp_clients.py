@@ -8,6 +8,7 @@ Backends are argv lists for `Lab.spawn` in the backend pod's netns; clients run 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import select
@@ -108,10 +109,15 @@ class Iperf:
 def iperf3(
     netns: str, host: str, port: int, size: int, seconds: float, rate: str = "50M", reverse: bool = False
 ) -> Iperf:
-    """An iperf3 UDP run of `size`-byte datagrams at `rate` (reverse: the server sends, the client receives)."""
-    argv = [program("iperf3"), "-c", host, "-p", str(port), "-u", "-l", str(size), "-b", rate, "-t", str(seconds)]
+    """An iperf3 UDP run of `size`-byte datagrams at `rate` (reverse: the server sends, the client receives).
+    iperf3 takes whole seconds (`-t 0` would run forever): `seconds` is rounded up to at least 1."""
+    whole = max(1, math.ceil(seconds))
+    argv = [program("iperf3"), "-c", host, "-p", str(port), "-u", "-l", str(size), "-b", rate, "-t", str(whole)]
     argv += ["--json", "--connect-timeout", "3000", *(["-R"] if reverse else [])]
-    out = subprocess.run(["ip", "netns", "exec", netns, *argv], capture_output=True, text=True, timeout=seconds + 30)
+    try:
+        out = subprocess.run(["ip", "netns", "exec", netns, *argv], capture_output=True, text=True, timeout=whole + 30)
+    except subprocess.TimeoutExpired:
+        return Iperf(0.0, 100.0, 0, f"iperf3 did not finish within {whole + 30} s")
     try:
         doc = json.loads(out.stdout)
     except ValueError:
