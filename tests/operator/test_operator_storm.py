@@ -52,7 +52,9 @@ def bed() -> Iterator[TestBed]:
 
 def snapshot(store: Store) -> dict[str, list[dict[str, Any]]]:
     every = Selector.parse(None, None)
-    out = {kind: store.list(store.lookup(*gvr), None, every)["items"] for kind, gvr in KINDS.items()}
+    out: dict[str, list[dict[str, Any]]] = {
+        kind: store.list(store.lookup(*gvr), None, every)["items"] for kind, gvr in KINDS.items()
+    }
     out["meshnode"] = store.list(store.lookup("mesh.aether.dev", "v1alpha1", "meshnodes"), None, every)["items"]
     return out
 
@@ -61,7 +63,7 @@ def differences(objs: dict[str, list[dict[str, Any]]]) -> list[str]:
     """What the API holds that a from-scratch reconcile of the same objects would not write."""
     model = ClusterModel()
     for kind in KINDS:
-        for obj in objs[kind]:
+        for obj in objs[str(kind)]:
             model.apply_raw(kind, obj)
     out = model.reconcile(full=True)
     wrong = []
