@@ -34,3 +34,21 @@ def records_for(node: MeshNode, netns_prefix: str = "/run/netns/test") -> dict[s
         p.uid: PodRecord(uid=p.uid, namespace=p.namespace, name=p.name, netns=f"{netns_prefix}-{p.name}")
         for p in node.status.pods
     }
+
+
+QUIC_DOWNSTREAM = "type.googleapis.com/envoy.extensions.transport_sockets.quic.v3.QuicDownstreamTransport"
+
+
+def quic_listener(**quic: object) -> dict[str, object]:
+    """A hand-written inbound QUIC listener with `quic` set on its QuicDownstreamTransport (codec tests)."""
+    return {
+        "name": "q",
+        "filterChains": [
+            {
+                "transportSocket": {
+                    "name": "envoy.transport_sockets.quic",
+                    "typedConfig": {"@type": QUIC_DOWNSTREAM, "downstreamTlsContext": {}, **quic},
+                }
+            }
+        ],
+    }

@@ -24,10 +24,6 @@ KNOWN_LONG: dict[str, str] = {
     # Over 400 lines with no reason line yet, none edited here (each is another engineer's work in progress): give it
     # a `Long because:` line or split it, then drop its entry.
     "tests/operator/test_operator_badinput.py": "under another engineer's uncommitted edit",
-    "tests/xds/test_xds_codec.py": (
-        "past 400 since 7d71c9c; it splits at its own divider: the codec's unit tests, and the fast filler against"
-        " json_format.ParseDict over the corpus"
-    ),
 }
 
 
