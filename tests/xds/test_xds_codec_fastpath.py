@@ -222,7 +222,12 @@ def corpus() -> tuple[tuple[str, Resources], ...]:
     l4, l4_records = _l4_node()
     cases += _by_area("l4", l4, l4_records, OPTS)
     udp_knobs = replace(
-        OPTS, udp_gso_writer=True, udp_prefer_gro=False, udp_upstream_prefer_gro=True, udp_session_idle_s=0.25
+        OPTS,
+        udp_gso_writer=True,
+        udp_prefer_gro=False,
+        udp_upstream_prefer_gro=True,
+        udp_session_idle_s=0.25,
+        udp_preserve_source=True,
     )
     cases += _by_area("l4-knobs", l4, l4_records, udp_knobs)
     cases += _by_area("l4-upstream-gro-off", l4, l4_records, replace(OPTS, udp_upstream_prefer_gro=False))
