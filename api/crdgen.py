@@ -63,6 +63,8 @@ def meshnode_crd() -> dict[str, Any]:
         {"name": "QUIC Pairs", "type": "integer", "jsonPath": ".status.quic.pairCount"},
         {"name": "Dormant Pairs", "type": "integer", "jsonPath": ".status.quic.dormantPairCount"},
         {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+        {"name": "Programmed", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Programmed")].status'},
+        {"name": "Degraded", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Degraded")].status'},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
     return {

@@ -140,7 +140,7 @@ def transition_events(verdicts: tuple[Verdict, ...], existing: list[Any]) -> lis
             )
             events.append(
                 RouteEvent(
-                    "Normal" if v.accepted else "Warning",
+                    "Normal" if v.accepted and v.chosen is not None else "Warning",  # blackholed: a warning too
                     v.accepted_reason,
                     f"{target}: {v.accepted_message}",
                 )

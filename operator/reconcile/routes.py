@@ -146,13 +146,20 @@ def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: Ser
         discarded.append((c.backend.ref, reason))
     vip = svc.cluster_ip or ""
     route_ref = ref(route.namespace, route.name)
+    resolved_reason = RESOLVED
+    for r in (REF_NOT_PERMITTED, INVALID_KIND, BACKEND_NOT_FOUND, UNSUPPORTED_VALUE):
+        if any(reason == r for _, reason, _ in bad):
+            resolved_reason = r
+            break
+    # the arm's reason is the real one: every backend refused -> the refusal's; some usable but none live -> none healthy
+    blackhole_reason = resolved_reason if not usable and bad else NO_HEALTHY_BACKEND
     if winner is None:
         arm = ServiceArm(
             service=ref(svc.namespace, svc.name),
             vip=vip,
             cluster=BLACKHOLE_CLUSTER,
             route=route_ref,
-            reason=NO_HEALTHY_BACKEND,
+            reason=blackhole_reason,
         )
     else:
         arm = ServiceArm(
@@ -163,11 +170,6 @@ def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: Ser
             route=route_ref,
             endpoints=list(winner.endpoints),
         )
-    resolved_reason = RESOLVED
-    for r in (REF_NOT_PERMITTED, INVALID_KIND, BACKEND_NOT_FOUND, UNSUPPORTED_VALUE):
-        if any(reason == r for _, reason, _ in bad):
-            resolved_reason = r
-            break
     verdict = Verdict(
         parent=parent,
         accepted=True,
@@ -175,6 +177,8 @@ def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: Ser
         accepted_message=(
             f"routes {ref(svc.namespace, svc.name)} to {winner.cluster}"
             if winner
+            else f"no usable backend: the arm goes to the blackhole ({blackhole_reason})"
+            if blackhole_reason != NO_HEALTHY_BACKEND
             else "no live backend: the arm goes to the blackhole (NoHealthyBackend)"
         ),
         resolved=not bad,

@@ -13,7 +13,9 @@ MESH_LABEL = "mesh.aether.dev/enabled"
 EGRESS_ANNOTATION = "mesh.aether.dev/egress"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
-MAX_BACKEND_REFS = 64
+# Our own bounds, the v1alpha2 UDPRoute CRD's (16 rules x 16 backendRefs, 32 parentRefs): a route the CRD admits is
+# never refused for its size; one beyond them (a server without the schema) is refused naming the number.
+MAX_BACKEND_REFS = 256
 MAX_PARENT_REFS = 32
 
 Raw = dict[str, Any]

@@ -52,6 +52,8 @@ def test_meshnode_crd_shape() -> None:
         "QUIC Pairs",
         "Dormant Pairs",
         "Ready",
+        "Programmed",
+        "Degraded",
         "Age",
     ]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]

@@ -256,6 +256,8 @@ def test_meshnode_printer_columns_as_a_table(bed: TestBed, client: Any) -> None:
         "QUIC Pairs",
         "Dormant Pairs",
         "Ready",
+        "Programmed",
+        "Degraded",
         "Age",
     ]
-    assert t["rows"][0]["cells"][:6] == ["tb-table", 3, 2, 1, 0, "True"]
+    assert t["rows"][0]["cells"][:8] == ["tb-table", 3, 2, 1, 0, "True", None, "False"]
