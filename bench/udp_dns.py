@@ -51,6 +51,15 @@ def _answers(netns: str, host: str, port: int) -> list[str]:
     return dig(netns, host, port, WHO_NAME).answers
 
 
+def switch_sidecar(bed: NodeBed, flags: list[str]) -> None:
+    """Restart the sidecar with `flags` and wait until Envoy has the listeners they make (nothing warming)."""
+    if bed.sidecar_args == flags:
+        return
+    from bench.xds_udp_path import restart_sidecar
+
+    restart_sidecar(bed, flags)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.udp_dns")
     p.add_argument("--seconds", type=float, default=5.0)
@@ -61,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-sweep", action="store_true")
     p.add_argument("--concurrency", type=int, default=1, help="Envoy --concurrency (worker threads)")
     p.add_argument("--sidecar-arg", action="append", default=[], help="extra `aether xds` flag (repeat)")
+    p.add_argument(
+        "--versus",
+        action="append",
+        default=[],
+        help="a second set of `aether xds` flags (repeat) that changes the capture listener: each round runs both "
+        "sets, the sidecar restarted between them",
+    )
     args = p.parse_args(argv)
     if not is_root():
         print("bench.udp_dns: needs root (network namespaces, nftables)", file=sys.stderr)
@@ -83,30 +99,44 @@ def main(argv: list[str] | None = None) -> int:
         head = f"bench.udp_dns: {args.rounds} pairs of {args.seconds:g}s, dnsperf -c {args.clients}"
         print(f"{head}, Envoy --concurrency {args.concurrency}")
         print(f"  sidecar flags: {' '.join(args.sidecar_arg) or '(defaults)'}")
+        configs = [("defaults" if not args.sidecar_arg else " ".join(args.sidecar_arg), list(args.sidecar_arg))]
+        if args.versus:
+            configs.append((" ".join(args.versus), list(args.versus)))
         for label, line, edns in (
             ("A who.test", f"{WHO_NAME} A", False),
             ("TXT big.test (~3 KB, EDNS)", f"{BIG_TXT_NAME} TXT", True),
         ):
             data = work / "queries.txt"
             data.write_text(line + "\n")
-            ratios: list[float] = []
-            lost = {"mesh": 0, "direct": 0}
-            qps: dict[str, list[float]] = {"mesh": [], "direct": []}
+            extra = ["-e"] if edns else []
+            ratios: dict[str, list[float]] = {name: [] for name, _ in configs}
+            lost: dict[str, int] = {name: 0 for name, _ in configs}
+            qps: dict[str, list[float]] = {f"{name}/{arm}": [] for name, _ in configs for arm in ("direct", "mesh")}
             for _ in range(args.rounds):
-                for arm, (host, port) in (("direct", (dns.backend.ip, PORT)), ("mesh", (dns.vip, L4_OUTBOUND_PORT))):
-                    extra = ["-e"] if edns else []
-                    r = dnsperf(client.netns, host, port, data, args.seconds, args.clients, extra)
-                    qps[arm].append(r.qps)
-                    lost[arm] += r.lost
-                ratios.append(qps["mesh"][-1] / qps["direct"][-1])
+                for name, flags in configs:
+                    if len(configs) > 1:
+                        switch_sidecar(bed, flags)
+                    got = {}
+                    for arm, (host, port) in (
+                        ("direct", (dns.backend.ip, PORT)),
+                        ("mesh", (dns.vip, L4_OUTBOUND_PORT)),
+                    ):
+                        r = dnsperf(client.netns, host, port, data, args.seconds, args.clients, extra)
+                        qps[f"{name}/{arm}"].append(r.qps)
+                        lost[name] += r.lost
+                        got[arm] = r.qps
+                    ratios[name].append(got["mesh"] / got["direct"] if got["direct"] else 0.0)
             print(f"  dnsperf {label}:")
-            print(
-                f"    direct {statistics.median(qps['direct']):9.0f} q/s   mesh {statistics.median(qps['mesh']):9.0f} q/s"
-            )
-            print(
-                f"    mesh/direct median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
-            )
-            print(f"    lost: direct {lost['direct']}, mesh {lost['mesh']}")
+            for name, _ in configs:
+                dq, mq, rs = (
+                    statistics.median(qps[f"{name}/direct"]),
+                    statistics.median(qps[f"{name}/mesh"]),
+                    ratios[name],
+                )
+                print(f"    [{name}] direct {dq:9.0f} q/s   mesh {mq:9.0f} q/s   lost {lost[name]}")
+                print(
+                    f"    [{name}] mesh/direct median {statistics.median(rs):.3f} (min {min(rs):.3f}, max {max(rs):.3f})"
+                )
         if args.skip_sweep:
             return 0
         print(f"  size sweep (iperf3 -u -b {args.rate}, {args.sweep_seconds:g}s per run; receiver's view):")
