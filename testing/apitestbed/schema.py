@@ -73,13 +73,25 @@ _REASONS = {
 }
 
 
+def _nullable_inner(err: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """A `nullable` field (anyOf [schema, null]) that fails its schema: report the inner error, as the API server
+    does (status.summary.pods, not status.summary)."""
+    while err.validator == "anyOf" and err.context:
+        inner = [e for e in err.context if e.relative_schema_path and e.relative_schema_path[0] == 0]
+        if not inner:
+            break
+        err = jsonschema.exceptions.best_match(inner) or err
+    return err
+
+
 def causes(obj: Obj, schema: Obj) -> list[Obj]:
     """Every violation as a Status cause: {reason, message, field}."""
     body = {k: v for k, v in obj.items() if k not in SKIP}
     props = {k: v for k, v in (schema.get("properties") or {}).items() if k not in SKIP}
     validator = jsonschema.Draft4Validator(_json_schema({**schema, "properties": props}))
     out = []
-    for err in sorted(validator.iter_errors(body), key=lambda e: (list(map(str, e.absolute_path)), e.message)):
+    errors = [_nullable_inner(e) for e in validator.iter_errors(body)]
+    for err in sorted(errors, key=lambda e: (list(map(str, e.absolute_path)), e.message)):
         parts = list(err.absolute_path)
         if err.validator == "required" and (missing := re.match(r"'([^']*)' is a required property", err.message)):
             parts.append(missing.group(1))
