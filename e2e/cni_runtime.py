@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aether.netns.contract import POD_ANNOTATIONS_CAPABILITY
+from aether.testing.netlab import GATEWAY_LL
+
 CNI_VERSION = "1.0.0"
+NODE_LINKS = "10.250.0.0/16"
 
 
 class CniFailed(RuntimeError):
@@ -39,15 +43,28 @@ class PodSandbox:
     netns_path: str
     ip: str
     container_id: str
+    # the pod's annotations, passed the way containerd does for an entry declaring the capability (runtimeConfig)
+    annotations: tuple[tuple[str, str], ...] = ()
 
 
 def _config(sandbox: PodSandbox) -> dict[str, Any]:
     prev = {
         "cniVersion": CNI_VERSION,
         "interfaces": [{"name": "eth0", "sandbox": sandbox.netns_path}],
-        "ips": [{"address": f"{sandbox.ip}/32", "interface": 0}],
+        # the Lab's pods route via GATEWAY_LL on every node: the pod's own node proxy reaches it from there
+        "ips": [{"address": f"{sandbox.ip}/32", "gateway": GATEWAY_LL, "interface": 0}],
     }
-    return {"cniVersion": CNI_VERSION, "name": "aether-e2e", "type": "aether-cni", "prevResult": prev}
+    # meshSources: the harness links nodes on 10.250.<n>.0/30 (e2e/harness.py), and a node proxy delivers plaintext
+    # UDP/TCP services to another node's pods from its own address there; STRICT inbound drops anything else
+    return {
+        "cniVersion": CNI_VERSION,
+        "name": "aether-e2e",
+        "type": "aether-cni",
+        "meshSources": [NODE_LINKS],
+        "capabilities": {POD_ANNOTATIONS_CAPABILITY: True},
+        "runtimeConfig": {POD_ANNOTATIONS_CAPABILITY: dict(sandbox.annotations)},
+        "prevResult": prev,
+    }
 
 
 def _env(command: str, sandbox: PodSandbox, state_dir: Path) -> dict[str, str]:

@@ -33,7 +33,7 @@ from aether.api.naming import spiffe_id
 from aether.e2e import cni_runtime
 from aether.e2e.kube import Kube, pod_uids, udp_arms
 from aether.e2e.node_proxy import MeshNodeProxy, connected
-from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
+from aether.netns.contract import INBOUND_ANNOTATION, L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
 from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import start as start_testbed
@@ -85,6 +85,11 @@ class Mesh:
     # (--certs-dir), as a cert-manager/spiffe-helper would. Without it each sidecar uses its own built-in CA,
     # which is enough on one node but not across nodes.
     shared_ca: bool = False
+    # Every pod's `mesh.aether.dev/inbound` annotation (None: none, the CNI entry's STRICT). Source-preserving UDP
+    # (--udp-preserve-source) reaches backends from the client pod's own address, which STRICT cannot tell from a
+    # direct datagram (docs/limits.md#security), so such a mesh runs PERMISSIVE; so does a test that compares the
+    # mesh with the direct path.
+    inbound: str | None = None
     lab: Lab = field(init=False)
     api: TestBed | None = None
     kube: Kube = field(init=False)
@@ -217,7 +222,9 @@ class Mesh:
             self._issue_svid(sa)
         uid = self.kube.pod(self.namespace, name, node.name, sa)
         net = self.lab.add_pod(node.net, name, ip)
-        sandbox = cni_runtime.PodSandbox(self.namespace, name, uid, net.path, ip, f"ctr-{self.tag}-{name}")
+        inbound = "permissive" if "--udp-preserve-source" in self.sidecar_args else self.inbound
+        annotations = ((INBOUND_ANNOTATION, inbound),) if inbound else ()
+        sandbox = cni_runtime.PodSandbox(self.namespace, name, uid, net.path, ip, f"ctr-{self.tag}-{name}", annotations)
         cni_runtime.add(sandbox, node.records)
         if capture is not CaptureMode.TPROXY:
             install_capture(net.path, capture)

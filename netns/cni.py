@@ -1,6 +1,7 @@
 """`aether-cni`: the chained CNI plugin (spec 1.0.0) that installs the capture and records the pod.
 
-- ADD: install the tproxy capture in CNI_NETNS, write `<state dir>/<pod uid>.json` (AETHER_STATE_DIR, default
+- ADD: install the tproxy capture in CNI_NETNS with the pod's inbound enforcement (`CniRequest.inbound_policy`:
+  STRICT unless the pod annotation `mesh.aether.dev/inbound: permissive` or the entry's `inbound` says otherwise), write `<state dir>/<pod uid>.json` (AETHER_STATE_DIR, default
   /run/aether/pods), print prevResult unchanged. A failure leaves nothing behind (the record is written after the
   capture, and a failed record write removes the capture again).
 - CHECK: the capture is exactly right and the record names this netns and container; any drift is an error.
@@ -77,7 +78,7 @@ def _record_fields(req: CniRequest) -> dict[str, Any]:
 def cmd_add(req: CniRequest, directory: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     _require_netns(req)
     try:
-        install_capture(req.netns, CaptureMode.TPROXY)
+        install_capture(req.netns, CaptureMode.TPROXY, inbound=req.inbound_policy())
     except CaptureError as exc:
         raise CniError(
             ERR_CAPTURE_INSTALL, f"installing the capture in {req.netns} failed", str(exc), req.cni_version
@@ -101,7 +102,7 @@ def cmd_add(req: CniRequest, directory: str | os.PathLike[str] | None = None) ->
 def cmd_check(req: CniRequest, directory: str | os.PathLike[str] | None = None) -> None:
     _require_netns(req)
     try:
-        check_capture(req.netns, CaptureMode.TPROXY)
+        check_capture(req.netns, CaptureMode.TPROXY, inbound=req.inbound_policy())
     except CaptureDrift as exc:
         raise CniError(
             ERR_CAPTURE_DRIFT, f"the capture in {req.netns} drifted", "; ".join(exc.reasons), req.cni_version

@@ -9,6 +9,7 @@ on stdout with a non-zero exit; codes 1-99 are the spec's, 100+ are this plugin'
 from __future__ import annotations
 
 from aether.netns import litejson as json
+from aether.netns.contract import INBOUND_ANNOTATION, POD_ANNOTATIONS_CAPABILITY, InboundMode, InboundPolicy
 
 TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
 if TYPE_CHECKING:
@@ -75,6 +76,44 @@ class CniRequest(Record):
     prev_result: dict[str, Any] | None = None
     cni_args: Mapping[str, str] | None = None
     pod: PodIdentity | None = None
+
+    def inbound_policy(self) -> InboundPolicy:
+        """The pod's inbound enforcement: the pod annotation `mesh.aether.dev/inbound` (from the runtime's pod
+        annotations in `runtimeConfig`, which containerd fills when the conflist entry declares the
+        `io.kubernetes.cri.pod-annotations` capability), else the entry's `inbound` (node-wide), else `strict`.
+        Mesh sources: the entry's `meshSources` (the nodes' addresses: remote node proxies deliver plaintext UDP/TCP
+        services from them) and the pod's gateways from prevResult (its own node proxy's source). Raises CniError(7)
+        on a value it does not know: a typo must not silently open or close a pod."""
+        config = self.config or {}
+        runtime = config.get("runtimeConfig")
+        annotations = runtime.get(POD_ANNOTATIONS_CAPABILITY) if isinstance(runtime, dict) else None
+        raw = annotations.get(INBOUND_ANNOTATION) if isinstance(annotations, dict) else None
+        where = f"pod annotation {INBOUND_ANNOTATION}"
+        if raw is None:
+            raw, where = config.get("inbound", InboundMode.STRICT.value), "the aether-cni entry's 'inbound'"
+        try:
+            mode = InboundMode(str(raw).lower())
+        except ValueError:
+            raise CniError(
+                ERR_INVALID_CONFIG,
+                f"{where} is {raw!r}",
+                f"expected one of {', '.join(m.value for m in InboundMode)}",
+                self.cni_version,
+            ) from None
+        sources = config.get("meshSources", [])
+        if not isinstance(sources, list) or not all(isinstance(x, str) for x in sources):
+            raise CniError(
+                ERR_INVALID_CONFIG,
+                "the aether-cni entry's 'meshSources' must be a list of strings",
+                "",
+                self.cni_version,
+            )
+        out = list(sources)
+        for entry in (self.prev_result or {}).get("ips") or []:
+            gateway = entry.get("gateway") if isinstance(entry, dict) else None
+            if isinstance(gateway, str) and gateway and gateway not in out:
+                out.append(gateway)
+        return InboundPolicy(mode, tuple(out))
 
     def pod_ips(self) -> list[str]:
         """Addresses from prevResult (`ips[].address`, prefix length dropped), in order, without duplicates."""

@@ -27,6 +27,29 @@ class CaptureMode(StrChoice):
     REDIRECT = "redirect"
 
 
+class InboundMode(StrChoice):
+    """What may reach a meshed pod. `strict` (the default): new inbound TCP connections and UDP flows only on the
+    mesh's inbound port (18008) or from the mesh's proxies (loopback, and the sources the node proxies deliver
+    from); everything else dropped and counted. `permissive`: anything, as before (for migration)."""
+
+    STRICT = "strict"
+    PERMISSIVE = "permissive"
+
+
+class InboundPolicy(Record):
+    """The inbound enforcement of one pod: its mode and the source prefixes (`a.b.c.d[/len]`, IPv6 too) the node
+    proxies deliver from: the pod's gateway on its own node, the nodes' addresses across nodes."""
+
+    mode: InboundMode
+    mesh_sources: tuple[str, ...] = ()
+
+
+# The pod annotation that picks the inbound mode, read by the CNI plugin from the runtime's pod annotations
+# (containerd passes them in runtimeConfig when the conflist entry declares the capability below).
+INBOUND_ANNOTATION: Final = "mesh.aether.dev/inbound"
+POD_ANNOTATIONS_CAPABILITY: Final = "io.kubernetes.cri.pod-annotations"
+
+
 class PortRole(Record):
     name: str
     number: int

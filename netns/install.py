@@ -21,6 +21,7 @@ from aether.netns.contract import (
     CAPTURE_RULE_PRIORITY,
     CAPTURED_PORTS,
     CaptureMode,
+    InboundPolicy,
     Transport,
 )
 from aether.netns.libnft import Nft, NftError
@@ -90,9 +91,14 @@ def _read_state(nft: Nft, rtnl: RtnlSocket) -> CaptureState:
     )
 
 
-def drift_reasons(state: CaptureState, mode: CaptureMode, ports: Mapping[Transport, Sequence[int]]) -> list[str]:
-    """Pure: how `state` differs from what `mode` asks for (empty when it is exactly right)."""
-    wanted = nftrules.canonical(build_ruleset(mode, ports))
+def drift_reasons(
+    state: CaptureState,
+    mode: CaptureMode,
+    ports: Mapping[Transport, Sequence[int]],
+    inbound: InboundPolicy | None = None,
+) -> list[str]:
+    """Pure: how `state` differs from what `mode` (and `inbound`) asks for (empty when it is exactly right)."""
+    wanted = nftrules.canonical(build_ruleset(mode, ports, inbound))
     reasons = nftrules.diff(wanted, state.table)
     want_routing = CaptureMode(mode) is CaptureMode.TPROXY
     divert_rules = [r for r in state.rules if r == DIVERT_RULE]
@@ -124,8 +130,10 @@ def _remove_all(nft: Nft, rtnl: RtnlSocket) -> None:
         rtnl.delete_route(route)
 
 
-def _install_here(path: str, mode: CaptureMode, ports: Mapping[Transport, Sequence[int]]) -> None:
-    ruleset = build_ruleset(mode, ports)
+def _install_here(
+    path: str, mode: CaptureMode, ports: Mapping[Transport, Sequence[int]], inbound: InboundPolicy | None
+) -> None:
+    ruleset = build_ruleset(mode, ports, inbound)
     with Nft() as nft, RtnlSocket() as rtnl:
         # a fresh netns (the CNI ADD case): create, deleting nothing; if the table exists: replace it whole
         res = nft.run(nftrules.create_table_commands(ruleset))
@@ -148,7 +156,7 @@ def _install_here(path: str, mode: CaptureMode, ports: Mapping[Transport, Sequen
                 rtnl.delete_rule(DIVERT_RULE)
                 for route in rtnl.routes(CAPTURE_ROUTE_TABLE):
                     rtnl.delete_route(route)
-            reasons = drift_reasons(_read_state(nft, rtnl), mode, ports)
+            reasons = drift_reasons(_read_state(nft, rtnl), mode, ports, inbound)
             if reasons:
                 raise CaptureError(f"{mode.value} capture in {path} did not load as asked: " + "; ".join(reasons))
         except BaseException as exc:
@@ -174,14 +182,16 @@ def install_capture(
     mode: CaptureMode = CaptureMode.TPROXY,
     *,
     ports: Mapping[Transport, Sequence[int]] = CAPTURED_PORTS,
+    inbound: InboundPolicy | None = None,
 ) -> None:
-    """Make the capture in the netns at `netns_path` exactly `mode` over `ports`, atomically; raise CaptureError
-    (with nothing left half-installed) when it cannot, or when what loaded differs from what was asked."""
+    """Make the capture in the netns at `netns_path` exactly `mode` over `ports` (with `inbound`'s enforcement when
+    it is STRICT), atomically; raise CaptureError (with nothing left half-installed) when it cannot, or when what
+    loaded differs from what was asked."""
     path = os.fspath(netns_path)
     mode = CaptureMode(mode)
     try:
         with _LOCK:
-            call_in_netns(path, lambda: _install_here(path, mode, ports))
+            call_in_netns(path, lambda: _install_here(path, mode, ports, inbound))
     except NetnsError as exc:
         raise _netns_error(path, exc) from exc
     except NftError as exc:
@@ -210,10 +220,12 @@ def check_capture(
     mode: CaptureMode = CaptureMode.TPROXY,
     *,
     ports: Mapping[Transport, Sequence[int]] = CAPTURED_PORTS,
+    inbound: InboundPolicy | None = None,
 ) -> None:
-    """Raise CaptureDrift, with every reason, unless the netns holds exactly the capture `mode` asks for."""
+    """Raise CaptureDrift, with every reason, unless the netns holds exactly the capture `mode` (and `inbound`)
+    asks for."""
     path = os.fspath(netns_path)
-    reasons = drift_reasons(capture_state(path), CaptureMode(mode), ports)
+    reasons = drift_reasons(capture_state(path), CaptureMode(mode), ports, inbound)
     if reasons:
         raise CaptureDrift(path, reasons)
 

@@ -11,6 +11,12 @@ in exactly the shape `nft -j list table inet aether` prints them back (minus han
   port): `<proto> dport <p> fib daddr type != local counter redirect to :<p>` (the same port: a port-rewriting
   capture matches but silently fails one way).
 
+Inbound enforcement (`inbound=InboundPolicy(STRICT, sources)`, the CNI plugin's default for a meshed pod) adds an
+`inbound_in` chain on hook `input`, priority filter, policy accept: replies to the pod's own connections and flows
+(`ct state established,related`), loopback (the capture's own divert and anything the pod sends itself), TCP and UDP
+to the inbound port 18008, and each mesh source (`ip saddr <prefix>`, counted) are accepted; every other TCP and UDP packet is
+counted and dropped (other protocols, ICMP among them, pass). `PERMISSIVE` (or no policy) builds no such chain.
+
 `redirect` is terminal: nft rejects any statement after it and, `-f` being atomic, then loads nothing at all. The
 builder checks its own output with `check_statement_order`, and the installer reads back what loaded.
 """
@@ -20,9 +26,12 @@ from __future__ import annotations
 from aether.netns.contract import (
     CAPTURE_DIVERT_FWMARK,
     CAPTURED_PORTS,
+    INBOUND_PORT,
     NFT_TABLE_FAMILY,
     NFT_TABLE_NAME,
     CaptureMode,
+    InboundMode,
+    InboundPolicy,
     Transport,
 )
 
@@ -35,8 +44,10 @@ if TYPE_CHECKING:
 
 DIVERT_CHAIN: Final = "divert_out"
 REDIRECT_CHAIN: Final = "redirect_out"
+INBOUND_CHAIN: Final = "inbound_in"
 PRIO_MANGLE: Final = -150
 PRIO_DSTNAT: Final = -100
+PRIO_FILTER: Final = 0
 
 # Statements after which nothing in a rule runs; nft rejects a rule that has anything after one of them.
 TERMINAL_STATEMENTS: Final = frozenset(
@@ -90,8 +101,97 @@ def _validated_ports(ports: Mapping[Transport, Sequence[int]]) -> list[tuple[Tra
     return out
 
 
-def build_ruleset(mode: CaptureMode, ports: Mapping[Transport, Sequence[int]] = CAPTURED_PORTS) -> Json:
-    """The nftables JSON that creates table `inet aether` for `mode` (pure; same input, same output)."""
+def _source_prefix(source: str) -> tuple[str, str | Json]:
+    """`a.b.c.d[/len]` or an IPv6 `x::y[/len]` -> (payload protocol, the match's right side as nft prints it back:
+    a bare address for a full-length prefix, else `{"prefix": ...}` with the host bits cleared for IPv4)."""
+    addr, sep, length_text = source.partition("/")
+    v6 = ":" in addr
+    full = 128 if v6 else 32
+    if not addr or (sep and not length_text.isdigit()):
+        raise RulesetError(f"mesh source {source!r} is not an address or prefix")
+    length = int(length_text) if sep else full
+    if not 0 < length <= full:
+        raise RulesetError(f"mesh source {source!r}: prefix length must be 1-{full}")
+    if not v6:
+        octets = addr.split(".")
+        if len(octets) != 4 or not all(o.isdigit() and int(o) < 256 for o in octets):
+            raise RulesetError(f"mesh source {source!r} is not an IPv4 address or prefix")
+        value = 0
+        for o in octets:
+            value = value * 256 + int(o)
+        value &= (0xFFFFFFFF << (32 - length)) & 0xFFFFFFFF
+        addr = ".".join(str((value >> shift) & 255) for shift in (24, 16, 8, 0))
+    else:
+        addr = _v6_network(source, addr, length)
+    proto = "ip6" if v6 else "ip"
+    return proto, addr if length == full else {"prefix": {"addr": addr, "len": length}}
+
+
+def _v6_network(source: str, addr: str, length: int) -> str:
+    """The IPv6 prefix's network address in RFC 5952 form (what nft prints), without `ipaddress` (it imports
+    functools: see aether.netns.lite)."""
+    head, dbl, tail = addr.partition("::")
+    left = [g for g in head.split(":") if g] if head else []
+    right = [g for g in tail.split(":") if g] if tail else []
+    groups = left + ["0"] * (8 - len(left) - len(right)) + right if dbl else left
+    hexdigits = "0123456789abcdefABCDEF"
+    if len(groups) != 8 or not all(0 < len(g) <= 4 and all(c in hexdigits for c in g) for g in groups):
+        raise RulesetError(f"mesh source {source!r} is not an IPv6 address or prefix")
+    value = 0
+    for g in groups:
+        value = (value << 16) | int(g, 16)
+    value &= ((1 << 128) - 1) ^ ((1 << (128 - length)) - 1)
+    words = [(value >> (16 * (7 - i))) & 0xFFFF for i in range(8)]
+    best, start = (0, 0), None  # the longest run of zero words (two or more) becomes "::"
+    for i, w in enumerate([*words, 1]):
+        if w == 0 and start is None:
+            start = i
+        elif w != 0 and start is not None:
+            if i - start > best[1] - best[0] and i - start > 1:
+                best = (start, i)
+            start = None
+    text = [format(w, "x") for w in words]
+    if best[1] - best[0] > 1:
+        return ":".join(text[: best[0]]) + "::" + ":".join(text[best[1] :])
+    return ":".join(text)
+
+
+def _accept() -> Json:
+    return {"accept": None}
+
+
+def _inbound_rules(policy: InboundPolicy) -> list[list[Json]]:
+    est = {"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}}
+    lo = {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": "lo"}}
+    out: list[list[Json]] = [[est, _accept()], [lo, _accept()]]
+    for transport in (Transport.TCP, Transport.UDP):
+        out.append([_port_match(transport, INBOUND_PORT), _accept()])
+    seen: list[tuple[str, Any]] = []
+    for source in policy.mesh_sources:
+        proto, right = _source_prefix(source)
+        if (proto, right) in seen:
+            continue
+        seen.append((proto, right))
+        out.append(
+            [
+                {"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": "saddr"}}, "right": right}},
+                _counter(),  # what the node proxies delivered, per source (tests pin the mechanism by it)
+                _accept(),
+            ]
+        )
+    for transport in (Transport.TCP, Transport.UDP):
+        l4 = {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": transport.value}}
+        out.append([l4, _counter(), {"drop": None}])
+    return out
+
+
+def build_ruleset(
+    mode: CaptureMode,
+    ports: Mapping[Transport, Sequence[int]] = CAPTURED_PORTS,
+    inbound: InboundPolicy | None = None,
+) -> Json:
+    """The nftables JSON that creates table `inet aether` for `mode` (pure; same input, same output), with the
+    inbound enforcement chain when `inbound` is STRICT."""
     mode = CaptureMode(mode)
     pairs = _validated_ports(ports)
     fam, table = NFT_TABLE_FAMILY, NFT_TABLE_NAME
@@ -106,6 +206,12 @@ def build_ruleset(mode: CaptureMode, ports: Mapping[Transport, Sequence[int]] = 
         terminal = _set_divert_mark() if mode is CaptureMode.TPROXY else _redirect(port)
         expr = [_port_match(transport, port), _non_local_daddr(), _counter(), terminal]
         commands.append({"add": {"rule": {"family": fam, "table": table, "chain": chain["name"], "expr": expr}}})
+    if inbound is not None and InboundMode(inbound.mode) is InboundMode.STRICT:
+        filt: Json = {"family": fam, "table": table, "name": INBOUND_CHAIN, "type": "filter", "hook": "input"}
+        filt |= {"prio": PRIO_FILTER, "policy": "accept"}
+        commands.append({"add": {"chain": filt}})
+        for expr in _inbound_rules(inbound):
+            commands.append({"add": {"rule": {"family": fam, "table": table, "chain": INBOUND_CHAIN, "expr": expr}}})
     ruleset = {"nftables": commands}
     check_statement_order(ruleset)
     return ruleset
@@ -206,6 +312,9 @@ def _describe_rule(expr: list[Json]) -> str:
             left = m["left"]
             if "payload" in left:
                 parts.append(f"{left['payload']['protocol']} {left['payload']['field']} {m['op']} {m['right']}")
+            elif "meta" in left or "ct" in left:
+                key = left.get("meta", left.get("ct", {})).get("key")
+                parts.append(f"{'meta' if 'meta' in left else 'ct'} {key} {m['op']} {m['right']}")
             elif "fib" in left:
                 parts.append(f"fib {' '.join(left['fib']['flags'])} {left['fib']['result']} {m['op']} {m['right']}")
             else:

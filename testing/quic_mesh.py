@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from aether.api.meshnode import Endpoint, ServiceArm
-from aether.netns.contract import CaptureMode
+from aether.netns.contract import CaptureMode, InboundMode, InboundPolicy
 from aether.netns.install import install_capture
 from aether.testing.eastwest_lab import AdsHarness, http_in_netns, start_echo, start_envoy
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.envoy import Envoy
-from aether.testing.netlab import Lab, Pod
+from aether.testing.netlab import GATEWAY_LL, Lab, Pod, sh
 from aether.testing.wait import wait_for
 from aether.xds.identity.ca import BuiltinCA
 from aether.xds.identity.sds import secrets, svid_secret
@@ -46,6 +47,7 @@ VIP = "10.96.0.20"
 VIP_UDP = "10.96.0.30"
 HOST = f"web.default.{MD}"
 TWIN = "quic:default/web@client"
+NODE_A_IP = "10.199.0.1"  # node A's end of the node link: node A's proxy reaches node B's pods from it
 QUIC_UPSTREAM_ACTIVE = r"^cluster\.quic_.*\.upstream_cx_active$"  # node A's connections on every twin
 
 
@@ -175,6 +177,33 @@ class Mesh:
         tree = route["inlineClusterSpecifierPlugin"]["extension"]["typedConfig"]["clusterMatcher"]["matcherTree"]
         tree["exactMatchMap"]["map"][CLIENT]["action"]["typedConfig"]["cluster"] = name
         return res
+
+    # -- inbound enforcement on web-0 ---------------------------------------------------------------------------
+    def enforce(self, mode: InboundMode) -> InboundPolicy:
+        """web-0's capture with `mode`'s inbound enforcement, the mesh sources a CNI ADD would give it here: its
+        gateway (node B's proxy, same node) and node A's address (node A's proxy delivering plaintext UDP)."""
+        policy = InboundPolicy(mode, (GATEWAY_LL, NODE_A_IP))
+        install_capture(self.web.path, CaptureMode.TPROXY, inbound=policy)
+        return policy
+
+    def inbound_counters(self) -> dict[str, int]:
+        """web-0's inbound_in counters: `saddr <source>` per mesh source, `drop tcp` / `drop udp` (0 without it)."""
+        out: dict[str, int] = {}
+        listed = sh("nft", "-j", "list", "table", "inet", "aether", netns=self.web.netns)
+        for item in json.loads(listed)["nftables"]:
+            rule = item.get("rule")
+            if not rule or rule["chain"] != "inbound_in":
+                continue
+            expr = rule["expr"]
+            packets = next((e["counter"]["packets"] for e in expr if "counter" in e), None)
+            if packets is None:
+                continue
+            m = expr[0]["match"]
+            if "drop" in expr[-1]:
+                out[f"drop {m['right']}"] = packets
+            else:
+                out[f"saddr {m['right']}"] = packets
+        return out
 
     # -- waiting on Envoy ---------------------------------------------------------------------------------------
     def wait_applied(self, node: Envoy, needle: str, timeout: float = 30.0) -> None:

@@ -24,8 +24,16 @@ from typing import Any
 
 PLUGIN_TYPE = "aether-cni"
 CONFIG_SUFFIXES = (".conf", ".conflist", ".json")
-# The plugin takes no options of its own (its record directory is AETHER_STATE_DIR, default /run/aether/pods).
-DEFAULT_ENTRY: dict[str, Any] = {"type": PLUGIN_TYPE}
+# The plugin's options (its record directory is AETHER_STATE_DIR, default /run/aether/pods): `inbound`, the node-wide
+# inbound mode (strict unless a pod's `mesh.aether.dev/inbound` annotation says otherwise, which the runtime passes
+# because the entry declares the pod-annotations capability: containerd does), and `meshSources`, the addresses
+# other nodes' proxies deliver plaintext UDP/TCP services from (--mesh-sources: the nodes' address range).
+ANNOTATIONS_CAPABILITY = "io.kubernetes.cri.pod-annotations"  # aether.netns.contract.POD_ANNOTATIONS_CAPABILITY
+DEFAULT_ENTRY: dict[str, Any] = {
+    "type": PLUGIN_TYPE,
+    "capabilities": {ANNOTATIONS_CAPABILITY: True},
+    "inbound": "strict",
+}
 # The conflist versions aether-cni speaks (aether.netns.cni_request.SUPPORTED_VERSIONS; a test keeps them equal).
 # Chaining into a conflist of another version would fail every pod's ADD on the node, so the installer refuses.
 SUPPORTED_CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0")
@@ -184,11 +192,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cni-bin-dir", type=Path, default=Path("/host/opt/cni/bin"))
     ap.add_argument("--cni-net-dir", type=Path, default=Path("/host/etc/cni/net.d"))
     ap.add_argument("--entry", default=json.dumps(DEFAULT_ENTRY), help="our conflist entry, JSON")
+    ap.add_argument(
+        "--mesh-sources",
+        default=os.environ.get("AETHER_MESH_SOURCES", ""),
+        help="comma-separated prefixes the node proxies deliver from across nodes (the nodes' addresses); "
+        "added to the entry as meshSources",
+    )
     ap.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the primary CNI's config")
     ap.add_argument("--uninstall", action="store_true", help="remove our entry and shim (the bundle stays)")
     args = ap.parse_args(argv)
     try:
         entry = json.loads(args.entry)
+        sources = [x.strip() for x in args.mesh_sources.split(",") if x.strip()]
+        if sources:
+            entry = {**entry, "meshSources": sources}
         if args.uninstall:
             name = primary_config(os.listdir(args.cni_net_dir)) if args.cni_net_dir.is_dir() else None
             if name is not None:

@@ -49,7 +49,12 @@ def test_merge_replaces_an_older_entry_and_moves_it_last(cni_install: ModuleType
     old = dict(CALICO, plugins=[{"type": "aether-cni", "old": True}, *CALICO["plugins"]])
     merged = cni_install.merge_plugin(old)
     assert [p["type"] for p in merged["plugins"]] == ["calico", "portmap", "aether-cni"]
-    assert merged["plugins"][-1] == {"type": "aether-cni"}
+    assert merged["plugins"][-1] == cni_install.DEFAULT_ENTRY
+    assert cni_install.DEFAULT_ENTRY == {
+        "type": "aether-cni",
+        "capabilities": {"io.kubernetes.cri.pod-annotations": True},
+        "inbound": "strict",
+    }
 
 
 def test_single_plugin_conf_becomes_a_conflist(cni_install: ModuleType) -> None:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.privileged
 POD_UID = "3f1c2b9a-0000-4000-8000-00000000d3b1"
 
 
-def _install(cni_install: ModuleType, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+def _install(cni_install: ModuleType, tmp_path: Path, *more: str) -> tuple[Path, dict[str, Any]]:
     bundle = tmp_path / "image" / "python" / "bin"
     bundle.mkdir(parents=True)
     (bundle / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
@@ -44,6 +44,7 @@ def _install(cni_install: ModuleType, tmp_path: Path) -> tuple[Path, dict[str, A
             f"--cni-bin-dir={host / 'opt' / 'cni' / 'bin'}",
             f"--cni-net-dir={net_d}",
             "--wait=0",
+            *more,
         ]
     )
     assert code == 0
@@ -75,7 +76,7 @@ def test_runtime_add_check_del_through_the_installed_shim(cni_install: ModuleTyp
     node = lab.add_node("n")
     pod = lab.add_pod(node, "p", "10.231.7.2")
     shim, conflist = _install(cni_install, tmp_path)
-    assert conflist["plugins"][-1] == {"type": "aether-cni"}
+    assert conflist["plugins"][-1] == cni_install.DEFAULT_ENTRY
     state = tmp_path / "pods"
     prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}], "ips": [{"address": "10.231.7.2/32"}]}
 
@@ -86,6 +87,7 @@ def test_runtime_add_check_del_through_the_installed_shim(cni_install: ModuleTyp
     assert record["netns"] == pod.path and record["ips"] == ["10.231.7.2"]
     ruleset = sh("nft", "list", "table", "inet", "aether", netns=pod.netns)
     assert "0x0000ae71" in ruleset or "0xae71" in ruleset
+    assert "chain inbound_in" in ruleset and "tcp dport 18008 accept" in ruleset  # STRICT, the entry's default
 
     check = _runtime_call(shim, conflist, "CHECK", pod.path, state, prev)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -98,3 +100,18 @@ def test_runtime_add_check_del_through_the_installed_shim(cni_install: ModuleTyp
     )
     assert gone.returncode != 0
     assert os.listdir(state) == []
+
+
+def test_mesh_sources_reach_the_entry_and_the_strict_ruleset(cni_install: ModuleType, lab: Lab, tmp_path: Path) -> None:
+    """--mesh-sources (AETHER_MESH_SOURCES in the DaemonSet) becomes the entry's meshSources; with prevResult's
+    gateway they are the sources a STRICT pod accepts new flows from."""
+    node = lab.add_node("n")
+    pod = lab.add_pod(node, "p", "10.231.7.3")
+    shim, conflist = _install(cni_install, tmp_path, "--mesh-sources=10.250.0.0/16, 192.0.2.0/24")
+    assert conflist["plugins"][-1]["meshSources"] == ["10.250.0.0/16", "192.0.2.0/24"]
+    prev = {"cniVersion": "1.0.0", "ips": [{"address": "10.231.7.3/32", "gateway": "169.254.1.1"}]}
+    add = _runtime_call(shim, conflist, "ADD", pod.path, tmp_path / "pods", prev)
+    assert add.returncode == 0, add.stdout + add.stderr
+    ruleset = sh("nft", "list", "table", "inet", "aether", netns=pod.netns)
+    for source in ("10.250.0.0/16", "192.0.2.0/24", "169.254.1.1"):
+        assert f"ip saddr {source} counter" in ruleset, ruleset

@@ -19,7 +19,7 @@ from aether.netns import cni, cni_request
 from aether.netns import install as inst
 from aether.netns import rules as nftrules
 from aether.netns.cni_request import CniError, Command, parse_request
-from aether.netns.contract import CAPTURE_ROUTE_TABLE, CaptureMode
+from aether.netns.contract import CAPTURE_ROUTE_TABLE, CaptureMode, InboundMode, InboundPolicy
 from aether.netns.install import check_capture
 from aether.netns.records import load_records, read_record
 from aether.testing.netlab import Lab, Pod, sh
@@ -32,6 +32,10 @@ PREV = {
     "ips": [{"address": "10.200.1.2/32", "gateway": "169.254.1.1", "interface": 0}],
     "routes": [{"dst": "0.0.0.0/0"}],
 }
+
+
+# what ADD installs for PREV by default: STRICT, the pod's gateway as the one mesh source
+STRICT_HERE = InboundPolicy(InboundMode.STRICT, ("169.254.1.1",))
 
 
 def conf(**over: Any) -> dict[str, Any]:
@@ -226,7 +230,7 @@ def test_add_check_del_with_the_script(pod: Pod, tmp_path: Path) -> None:
     code, out = run_cni(env(pod.path), stdin, state)
     assert code == 0, out
     assert json.loads(out) == PREV  # prevResult, unchanged
-    check_capture(pod.path)
+    check_capture(pod.path, inbound=STRICT_HERE)
     rec = read_record(state / f"{UID}.json")  # the pydantic model accepts what the stdlib writer wrote
     assert (rec.uid, rec.namespace, rec.name, rec.netns, rec.ips) == (
         UID,
@@ -239,7 +243,7 @@ def test_add_check_del_with_the_script(pod: Pod, tmp_path: Path) -> None:
     assert list(load_records(state)) == [UID]
     # ADD again (runtime retry): still one copy
     assert run_cni(env(pod.path), stdin, state)[0] == 0
-    check_capture(pod.path)
+    check_capture(pod.path, inbound=STRICT_HERE)
     assert run_cni(env(pod.path, "CHECK"), stdin, state) == (0, "")
     # drift: a rule deleted by hand
     sh("ip", "rule", "del", "pref", "100", netns=pod.netns)
@@ -280,7 +284,7 @@ def test_version_with_the_script(tmp_path: Path) -> None:
 
 @pytest.mark.privileged
 def test_failed_add_leaves_nothing_when_nft_rejects(pod: Pod, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def counter_after_mark(mode: CaptureMode, ports: Any = None) -> dict[str, Any]:
+    def counter_after_mark(mode: CaptureMode, ports: Any = None, inbound: Any = None) -> dict[str, Any]:
         rs = nftrules.build_ruleset(CaptureMode.REDIRECT)
         for cmd in rs["nftables"]:
             if "rule" in cmd["add"]:
@@ -300,3 +304,42 @@ def test_failed_record_write_removes_the_capture(pod: Pod, tmp_path: Path) -> No
     code, out = run_cni(env(pod.path), json.dumps(conf()).encode(), blocker)
     assert_cni_error(code, out, 102, "capture removed again")
     assert untouched(pod)
+
+
+def _policy(**over: Any) -> InboundPolicy:
+    return parse_request(env("/run/netns/p"), json.dumps(conf(**over)).encode()).inbound_policy()
+
+
+def test_inbound_policy_strict_by_default_with_the_gateway_as_mesh_source() -> None:
+    assert _policy() == STRICT_HERE
+    both = _policy(meshSources=["10.199.0.0/24", "169.254.1.1"])
+    assert both == InboundPolicy(InboundMode.STRICT, ("10.199.0.0/24", "169.254.1.1"))
+
+
+def test_inbound_policy_from_the_pod_annotation_then_the_entry() -> None:
+    annotated = {"io.kubernetes.cri.pod-annotations": {"mesh.aether.dev/inbound": "PERMISSIVE"}}
+    assert _policy(runtimeConfig=annotated).mode is InboundMode.PERMISSIVE
+    assert _policy(inbound="permissive").mode is InboundMode.PERMISSIVE
+    # the pod's annotation wins over the node-wide default, both ways
+    strict_pod = {"io.kubernetes.cri.pod-annotations": {"mesh.aether.dev/inbound": "strict"}}
+    assert _policy(inbound="permissive", runtimeConfig=strict_pod).mode is InboundMode.STRICT
+    assert _policy(runtimeConfig={"io.kubernetes.cri.pod-annotations": {"other": "x"}}).mode is InboundMode.STRICT
+
+
+def test_an_unknown_inbound_value_fails_the_add(pod: Pod, tmp_path: Path) -> None:
+    typo = {"io.kubernetes.cri.pod-annotations": {"mesh.aether.dev/inbound": "permisive"}}
+    code, out = run_cni(env(pod.path), json.dumps(conf(runtimeConfig=typo)).encode(), tmp_path)
+    err = assert_cni_error(code, out, 7, "pod annotation mesh.aether.dev/inbound is 'permisive'")
+    assert "strict, permissive" in err["details"]
+    code, out = run_cni(env(pod.path), json.dumps(conf(meshSources="10.0.0.0/8")).encode(), tmp_path)
+    assert_cni_error(code, out, 7, "'meshSources' must be a list")
+
+
+def test_add_permissive_installs_no_inbound_chain(pod: Pod, tmp_path: Path) -> None:
+    stdin = json.dumps(conf(inbound="permissive")).encode()
+    assert run_cni(env(pod.path), stdin, tmp_path)[0] == 0
+    check_capture(pod.path)  # exactly today's capture: no inbound_in chain
+    assert run_cni(env(pod.path, "CHECK"), stdin, tmp_path) == (0, "")
+    # CHECK with the STRICT default sees the missing enforcement as drift
+    err = assert_cni_error(*run_cni(env(pod.path, "CHECK"), json.dumps(conf()).encode(), tmp_path), 101, "drifted")
+    assert "missing chain 'inbound_in'" in err["details"]

@@ -103,7 +103,7 @@ def test_rejected_ruleset_raises_and_loads_nothing(lab: Lab, monkeypatch: pytest
     """Negative control: a counter after redirect makes nft refuse the whole transaction."""
     ns = lab.add_node("reject")
 
-    def counter_after_redirect(mode: CaptureMode, ports: Any = None) -> dict[str, Any]:
+    def counter_after_redirect(mode: CaptureMode, ports: Any = None, inbound: Any = None) -> dict[str, Any]:
         rs = nftrules.build_ruleset(mode)
         for cmd in rs["nftables"]:
             if "rule" in cmd["add"]:

@@ -64,7 +64,7 @@ def test_rig_fails_when_redirect_does_not_load_and_nothing_is_delivered(pod: Pod
 def test_rig_fails_on_counter_after_redirect(pod: Pod, monkeypatch: pytest.MonkeyPatch) -> None:
     """The historical failure: `redirect to :18082 counter` makes nft load nothing at all."""
 
-    def counter_after_redirect(mode: CaptureMode, ports: Any = None) -> dict[str, Any]:
+    def counter_after_redirect(mode: CaptureMode, ports: Any = None, inbound: Any = None) -> dict[str, Any]:
         rs = nftrules.build_ruleset(mode)
         if mode is CaptureMode.REDIRECT:
             for cmd in rs["nftables"]:

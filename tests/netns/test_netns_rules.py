@@ -10,9 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aether.netns.contract import CAPTURE_DIVERT_FWMARK, CAPTURED_PORTS, CaptureMode, Transport
+from aether.netns.contract import (
+    CAPTURE_DIVERT_FWMARK,
+    CAPTURED_PORTS,
+    CaptureMode,
+    InboundMode,
+    InboundPolicy,
+    Transport,
+)
 from aether.netns.rules import (
     DIVERT_CHAIN,
+    INBOUND_CHAIN,
     REDIRECT_CHAIN,
     RulesetError,
     build_ruleset,
@@ -30,6 +38,56 @@ GOLDEN = Path(__file__).parent / "golden"
 @pytest.mark.parametrize("mode", list(CaptureMode))
 def test_golden_ruleset(mode: CaptureMode) -> None:
     check_golden(GOLDEN / f"ruleset_{mode.value}.json", golden_json(build_ruleset(mode)))
+
+
+STRICT = InboundPolicy(InboundMode.STRICT, ("169.254.1.1", "10.199.0.0/24", "fd00:10::/64"))
+
+
+@pytest.mark.parametrize("inbound", list(InboundMode))
+def test_golden_inbound_ruleset(inbound: InboundMode) -> None:
+    """The CNI plugin's ruleset in both inbound modes (tproxy capture, the gateway and a node range as mesh
+    sources); PERMISSIVE is exactly today's capture."""
+    rs = build_ruleset(CaptureMode.TPROXY, inbound=STRICT._replace(mode=inbound))
+    check_golden(GOLDEN / f"ruleset_tproxy_inbound_{inbound.value}.json", golden_json(rs))
+    if inbound is InboundMode.PERMISSIVE:
+        assert rs == build_ruleset(CaptureMode.TPROXY)
+
+
+def test_strict_shape_accepts_the_mesh_then_counts_and_drops() -> None:
+    rs = build_ruleset(CaptureMode.TPROXY, inbound=STRICT)
+    chain = next(c["add"]["chain"] for c in rs["nftables"] if c["add"].get("chain", {}).get("name") == INBOUND_CHAIN)
+    assert (chain["type"], chain["hook"], chain["prio"], chain["policy"]) == ("filter", "input", 0, "accept")
+    rules = [r["expr"] for r in _rules(rs) if r["chain"] == INBOUND_CHAIN]
+    assert [next(iter(r[-1])) for r in rules] == ["accept"] * 7 + ["drop"] * 2
+    assert [r[-2] for r in rules[4:]] == [{"counter": {"packets": 0, "bytes": 0}}] * 5  # sources and drops
+    assert {r[0]["match"]["right"] for r in rules[2:4]} == {18008}
+    saddr = [r[0]["match"]["right"] for r in rules[4:7]]
+    assert saddr == [
+        "169.254.1.1",
+        {"prefix": {"addr": "10.199.0.0", "len": 24}},
+        {"prefix": {"addr": "fd00:10::", "len": 64}},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("source", "right"),
+    [
+        ("10.199.0.1/30", {"prefix": {"addr": "10.199.0.0", "len": 30}}),
+        ("10.1.2.3/32", "10.1.2.3"),
+        ("fd00::1/64", {"prefix": {"addr": "fd00::", "len": 64}}),
+        ("2001:db8:0:0:1:0:0:1", "2001:db8::1:0:0:1"),
+    ],
+)
+def test_mesh_sources_are_written_as_nft_prints_them(source: str, right: Any) -> None:
+    rs = build_ruleset(CaptureMode.TPROXY, inbound=InboundPolicy(InboundMode.STRICT, (source,)))
+    rules = [r["expr"] for r in _rules(rs) if r["chain"] == INBOUND_CHAIN]
+    assert rules[4][0]["match"]["right"] == right
+
+
+@pytest.mark.parametrize("bad", ["", "10.0.0.0/0", "10.0.0/8", "10.0.0.256", "fd00::/129", "x::y", "1.2.3.4/a"])
+def test_bad_mesh_sources_are_refused(bad: str) -> None:
+    with pytest.raises(RulesetError, match="mesh source"):
+        build_ruleset(CaptureMode.TPROXY, inbound=InboundPolicy(InboundMode.STRICT, (bad,)))
 
 
 def test_golden_mismatch_fails_and_is_not_rewritten(tmp_path: Path) -> None:
