@@ -9,7 +9,8 @@ The sidecar restarts from what it last persisted (the MeshNode status).
 Invariants: a subscribed twin is never answered absent (and, while connected, every subscribed name that passes the
 check is in the snapshot: no request can hit the 503 trap); no held-only twin admits a pair; no dormant pair is
 pruned by the fetch window; the snapshot is exactly the twins of admitted, non-dormant pairs; what is persisted is
-the state. The negative controls at the end break one rule each and must be caught.
+the state. The negative controls at the end break one rule each (the window prunes dormant pairs; removal drops
+subscribed pairs; a held twin admits its pair) and must be caught.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from aether.xds.pairs.values import (
     Environment,
     EnvironmentChanged,
     Event,
+    Evidence,
     EvidenceKind,
     Fetched,
     Pair,
@@ -250,17 +252,30 @@ def _removal_drops_subscribed(subscribed: bool) -> bool:
     return False  # the pre-dormancy rule: removal evidence always drops the pair
 
 
+_held_only = machine.held_only
+
+
+def _held_admits(w: Any, name: str) -> None:
+    """The first on-demand deploy's bug: a twin re-stated as held is admitted (and persisted) like a fetched one."""
+    pair = parse_pair(name)
+    if pair is not None and w.env.valid(pair) and name not in w.records:
+        w.admit(pair, Evidence(EvidenceKind.RESUBSCRIBE, w.now))
+    else:
+        _held_only(w, name)
+
+
 # (the rule replaced, the broken function, what must catch it). The removal control is judged by behaviour only: the
 # direct check on removal prunes is switched off, and the proxy must be seen waiting on a subscribed twin.
-BROKEN: list[tuple[str, Callable[..., bool], str]] = [
+BROKEN: list[tuple[str, Callable[..., Any], str]] = [
     ("window_may_prune", _window_prunes_dormant, "the fetch window pruned a dormant pair"),
     ("removal_keeps_dormant", _removal_drops_subscribed, "subscribed twins answered absent|503 NC"),
+    ("held_only", _held_admits, "admitted without a fetch or re-subscription"),
 ]
 
 
 @pytest.mark.parametrize(("rule_name", "broken", "caught_as"), BROKEN, ids=[b[0] for b in BROKEN])
 def test_a_broken_rule_is_caught(
-    monkeypatch: pytest.MonkeyPatch, rule_name: str, broken: Callable[..., bool], caught_as: str
+    monkeypatch: pytest.MonkeyPatch, rule_name: str, broken: Callable[..., Any], caught_as: str
 ) -> None:
     monkeypatch.setattr(machine, rule_name, broken)
     monkeypatch.setattr(PairLifecycle, "checked_removals", frozenset())

@@ -175,15 +175,14 @@ def held_only(w: _Work, name: str) -> None:
     if record is not None and w.valid(record.pair):
         w.used(name, Evidence(EvidenceKind.HELD, w.now))
         return
-    never_absent_when_subscribed(w, name)
-    w.out.append(AnswerAbsent(name, AbsentWhy.HELD_ONLY))
+    if never_absent_when_subscribed(w, name):
+        w.out.append(AnswerAbsent(name, AbsentWhy.HELD_ONLY))
 
 
-def never_absent_when_subscribed(w: _Work, name: str) -> None:
+def never_absent_when_subscribed(w: _Work, name: str) -> bool:
     """Rule: nothing the proxy holds an ODCDS subscription for is answered absent (a refusal aside: its name fails
-    the check). Checked before every AnswerAbsent."""
-    if w.subscribed is not None and name in w.subscribed:
-        raise AssertionError(f"{name}: subscribed, must not be answered absent")
+    the check). The guard before every AnswerAbsent: True when `name` may be answered absent."""
+    return not (w.subscribed is not None and name in w.subscribed)
 
 
 def window_may_prune(record: PairRecord, dormant: bool) -> bool:
