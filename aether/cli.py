@@ -15,7 +15,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dev-api": ("aether.testing.devapi", "run the API test bed as a local server and write a kubeconfig"),
     "xds": ("aether.xds.sidecar.cli", "the node xDS sidecar; also `xds render` and `xds bootstrap`"),
     "capture": ("aether.netns.capture_cli", "install or check the capture in a netns, outside the CNI runtime"),
-    "node-return": ("aether.netns.node_return", "the node's return path for --udp-preserve-source (install|check|remove)"),
+    "node-return": (
+        "aether.netns.node_return",
+        "the node's return path for --udp-preserve-source (install|check|remove)",
+    ),
     "demo": ("aether.e2e.demo", "the whole mesh locally: API test bed, operator, sidecar, real Envoy, netns pods"),
 }
 
