@@ -68,18 +68,19 @@ def dnsmasq_argv(ip: str, port: int, answer_ip: str, workdir: Path) -> list[str]
 
 def socat_echo_argv(ip: str, port: int) -> list[str]:
     """Every datagram back to its sender, byte for byte (64 KiB buffers: any UDP size). socat forks a child per
-    datagram; `-T 1` ends each child after 1 s idle, so a long run does not pile up thousands of them."""
-    return [program("socat"), "-T", "1", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "PIPE"]
+    datagram; `-T 0.2` ends each child after 0.2 s idle, so a long run does not pile up thousands of them (and a
+    child, which shares the listening socket, has little time to read a datagram meant for the next one)."""
+    return [program("socat"), "-T", "0.2", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "PIPE"]
 
 
 def socat_peer_argv(ip: str, port: int) -> list[str]:
     """Answers each datagram with the sender's address as the backend saw it, and a newline."""
-    return [program("socat"), "-T", "1", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:echo $SOCAT_PEERADDR"]
+    return [program("socat"), "-T", "0.2", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:echo $SOCAT_PEERADDR"]
 
 
 def socat_count_argv(ip: str, port: int) -> list[str]:
     """Answers each datagram with its length in ASCII: a large request and a small reply."""
-    return [program("socat"), "-T", "1", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:wc -c"]
+    return [program("socat"), "-T", "0.2", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:wc -c"]
 
 
 def add_app_backend(bed: NodeBed, name: str, vip: str, ip: str, port: int, argv: list[str]) -> Service:
@@ -126,6 +127,27 @@ def iperf3(
         return Iperf(0.0, 100.0, 0, str(doc["error"]))
     got = doc["end"]["sum_received"]
     return Iperf(float(got["bits_per_second"]), float(got["lost_percent"]), int(got["packets"]))
+
+
+def exchange(
+    netns_path: str, host: str, port: int, payload: bytes, timeout: float = 1.0
+) -> tuple[bytes, tuple[str, int]] | None:
+    """One datagram from a fresh socket made inside the pod's netns; the reply and where it came from, or None."""
+
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(timeout)
+        return s
+
+    sock = run_in_netns(netns_path, make)
+    try:
+        sock.sendto(payload, (host, port))
+        data, src = sock.recvfrom(65535)
+        return data, src
+    except TimeoutError:
+        return None
+    finally:
+        sock.close()
 
 
 # ---- DNS on the wire (just what the storm needs) --------------------------------------------------------------

@@ -5,7 +5,6 @@ path (aether.netns.node_return) is installed in both nodes' netns, as the Daemon
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from functools import partial
 
@@ -14,8 +13,7 @@ import pytest
 from aether.e2e.harness import Mesh, MeshPod
 from aether.netns import node_return
 from aether.netns.contract import L4_OUTBOUND_PORT
-from aether.netns.nsthread import run_in_netns
-from aether.testing.udp_clients import socat_echo_argv, socat_peer_argv
+from aether.testing.udp_clients import exchange, socat_echo_argv, socat_peer_argv
 from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
@@ -43,20 +41,7 @@ def mesh() -> Iterator[Mesh]:
 
 
 def _ask(client: MeshPod, vip: str, payload: bytes) -> tuple[bytes, tuple[str, int]] | None:
-    def make() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.settimeout(1.0)
-        return s
-
-    sock = run_in_netns(client.netns_path, make)
-    try:
-        sock.sendto(payload, (vip, L4_OUTBOUND_PORT))
-        data, src = sock.recvfrom(65535)
-        return data, src
-    except TimeoutError:
-        return None
-    finally:
-        sock.close()
+    return exchange(client.netns_path, vip, L4_OUTBOUND_PORT, payload)
 
 
 def test_backends_on_both_nodes_see_the_client_pod(mesh: Mesh) -> None:

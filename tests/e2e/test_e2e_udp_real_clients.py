@@ -35,6 +35,7 @@ from aether.testing.udp_clients import (
     dns_answer_count,
     dns_query,
     dnsmasq_argv,
+    exchange,
     fresh_socket_lookups,
     socat_count_argv,
     socat_echo_argv,
@@ -89,19 +90,8 @@ def _who(client: MeshPod, vip: str) -> list[str]:
 
 
 def _exchange(client: MeshPod, host: str, port: int, payload: bytes) -> bytes | None:
-    def make() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.settimeout(1.0)
-        return s
-
-    sock = run_in_netns(client.netns_path, make)
-    try:
-        sock.sendto(payload, (host, port))
-        return sock.recv(65535)
-    except TimeoutError:
-        return None
-    finally:
-        sock.close()
+    got = exchange(client.netns_path, host, port, payload)
+    return None if got is None else got[0]
 
 
 def test_size_sweep_across_nodes_matches_direct(mesh: Mesh) -> None:

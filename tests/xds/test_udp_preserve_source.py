@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,8 @@ import pytest
 from aether.netns import node_return
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.testing.netlab import Lab, Pod
-from aether.testing.nodebed import NodeBed, udp_socket_in
-from aether.testing.udp_clients import add_app_backend, socat_echo_argv, socat_peer_argv
+from aether.testing.nodebed import NodeBed
+from aether.testing.udp_clients import add_app_backend, exchange, socat_echo_argv, socat_peer_argv
 from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
@@ -53,19 +54,11 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
 
 
 def _ask(bed: Bed, vip: str, payload: bytes) -> tuple[bytes, tuple[str, int]] | None:
-    sock = udp_socket_in(bed.client.path, timeout=1.0)
-    try:
-        sock.sendto(payload, (vip, L4_OUTBOUND_PORT))
-        data, src = sock.recvfrom(65535)
-        return data, src
-    except TimeoutError:
-        return None
-    finally:
-        sock.close()
+    return exchange(bed.client.path, vip, L4_OUTBOUND_PORT, payload)
 
 
 def test_backend_sees_the_client_pod_and_the_reply_comes_from_the_vip(bed: Bed) -> None:
-    got = _ask(bed, WHO_VIP, b"who am i")
+    got = wait_for(partial(_ask, bed, WHO_VIP, b"who am i"), what="an answer from the who backend")
     assert got == (f"{bed.client.ip}\n".encode(), (WHO_VIP, L4_OUTBOUND_PORT)), got
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.testing.netlab import Lab, Pod, sh
-from aether.testing.nodebed import NodeBed, Service, udp_socket_in
+from aether.testing.nodebed import NodeBed, Service
 from aether.testing.udp_clients import (
     BIG_TXT,
     BIG_TXT_NAME,
@@ -30,6 +30,7 @@ from aether.testing.udp_clients import (
     add_app_backend,
     dig,
     dnsmasq_argv,
+    exchange,
     fresh_socket_lookups,
     socat_count_argv,
     socat_echo_argv,
@@ -107,15 +108,7 @@ def old_bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
 def _exchange(
     bed: Bed, host: str, port: int, payload: bytes, timeout: float = 1.0
 ) -> tuple[bytes, tuple[str, int]] | None:
-    sock = udp_socket_in(bed.client.path, timeout=timeout)
-    try:
-        sock.sendto(payload, (host, port))
-        data, src = sock.recvfrom(65535)
-        return data, src
-    except TimeoutError:
-        return None
-    finally:
-        sock.close()
+    return exchange(bed.client.path, host, port, payload, timeout)
 
 
 def _sweep(bed: Bed, host_port: dict[str, tuple[str, int]]) -> dict[int, dict[str, bytes | None]]:
