@@ -259,12 +259,14 @@ class Reconciler:
             return  # gone
         await self._warn_unnamed(view, verdicts)
         existing = list(view.status_parents)
-        if comparable(parents_status(verdicts, existing, view.generation, "")) == comparable(existing):
+        computed = self.model.routes.get(key[0], {}).get(key[1])  # the view the verdicts were computed from
+        generation = computed.generation if computed is not None else view.generation
+        if comparable(parents_status(verdicts, existing, generation, "")) == comparable(existing):
             if not drift:
                 OPERATOR_UDPROUTE_STATUS_WRITES.labels(outcome="unchanged").inc()
             return  # what the index holds already says this: no GET, no PATCH
         async with self.sem:
-            outcome = await asyncio.to_thread(write_route, self.writer, self.refusals, key, verdicts)
+            outcome = await asyncio.to_thread(write_route, self.writer, self.refusals, key, verdicts, generation)
         if outcome == "patched":
             self.route_writes.append(key)
             if drift:

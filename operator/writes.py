@@ -89,9 +89,11 @@ def write_route(
     refusals: Refusals,
     key: tuple[str, str],
     verdicts: tuple[Verdict, ...],
+    computed_from: int | None = None,
 ) -> str:
     """Make UDPRoute `key`'s status.parents hold our entries for `verdicts` (other controllers' kept), with
-    observedGeneration the generation read. -> outcome: patched, unchanged, refused, gone."""
+    observedGeneration `computed_from` (the generation of the route the verdicts were computed from; default the
+    generation read). -> outcome: patched, unchanged, refused, gone."""
     what = ("udproute", key)
     for attempt in range(CONFLICT_RETRIES + 1):
         route = writer.get_route(*key)
@@ -101,7 +103,7 @@ def write_route(
         existing = (status or {}).get("parents") if isinstance(status, dict) else None
         existing = existing if isinstance(existing, list) else []
         raw_gen = meta.get("generation")
-        generation = raw_gen if isinstance(raw_gen, int) else 0
+        generation = computed_from if computed_from is not None else raw_gen if isinstance(raw_gen, int) else 0
         parents = parents_status(verdicts, existing, generation, now())
         if comparable(parents) == comparable(existing):
             refusals.clear(what)

@@ -228,6 +228,9 @@ def test_sidecar_owned_pairs_survive_and_unchanged_status_is_not_rewritten(
     assert status["quic"]["pairs"] == [pair] and status["quic"]["pairCount"] == 1
     assert "Programmed" in [c["type"] for c in status["conditions"]]
     rec = operator.config.reconciler[0]
+    # every write already due has landed: a resync has compared every MeshNode with the API since, and the loop is idle
+    resyncs = rec.resyncs
+    wait_for(lambda: rec.resyncs > resyncs and rec.idle.is_set(), timeout=15, what="a resync and an idle loop")
     writes, cycles = len(rec.node_writes), rec.cycles
     cluster.apply(
         {
