@@ -1,6 +1,7 @@
 """Create/delete/update storms with operator restarts in the sequence end in the state the last event implies: a
 hypothesis state machine drives the API test bed (routes created, deleted, re-created under their name, edited,
-their status wiped, Services' endpoints flipped) and restarts the real operator; at the end the API must hold
+their status wiped, Services' endpoints flipped and their ClusterIPs duplicated and given back) and restarts the
+real operator; at the end the API must hold
 what a from-scratch reconcile of the final objects computes (every MeshNode's operator-owned status and every
 route's entries under our controllerName, observedGeneration included).
 
@@ -132,6 +133,11 @@ class Storm(RuleBasedStateMachine):
     def flip_endpoints(self, svc: str, ready: bool) -> None:
         i = SERVICES.index(svc)
         self.k.apply(o.endpoint_slice(self.ns, svc, SL, [(f"10.95.1.{i + 1}", ready, None)]))
+
+    @rule(svc=st.sampled_from(SERVICES), like=st.sampled_from(SERVICES))
+    def take_vip(self, svc: str, like: str) -> None:
+        """Give `svc` the ClusterIP of `like` (a duplicate VIP, or its own back when svc == like)."""
+        self.k.apply(o.service(self.ns, svc, f"10.96.95.{SERVICES.index(like) + 1}", UDP))
 
     @rule()
     def restart(self) -> None:
