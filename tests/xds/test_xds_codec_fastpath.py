@@ -69,10 +69,11 @@ LISTENER_KINDS: Final = {
     "UDP listener: DestinationIPInput Route UdpProxyConfig",  # UDP capture
     "UDP listener: DestinationIPInput Route UdpGsoBatchWriterFactory UdpProxyConfig",  # with --udp-gso
     "UDP listener: Route UdpProxyConfig",  # UDP capture, no service: the blackhole only
-    "TCP listener: DownstreamTlsContext HttpConnectionManager Router TlsInspector",  # inbound h2
-    "TCP listener: DownstreamTlsContext FileAccessLog HttpConnectionManager Router TlsInspector",
-    "UDP listener: HttpConnectionManager QuicDownstreamTransport Router",  # inbound h3
-    "UDP listener: FileAccessLog HttpConnectionManager QuicDownstreamTransport Router",
+    # inbound h2 and h3, with their JSON access log on stdout (and the tests' text file)
+    "TCP listener: DownstreamTlsContext HttpConnectionManager Router StdoutAccessLog TlsInspector",
+    "TCP listener: DownstreamTlsContext FileAccessLog HttpConnectionManager Router StdoutAccessLog TlsInspector",
+    "UDP listener: HttpConnectionManager QuicDownstreamTransport Router StdoutAccessLog",
+    "UDP listener: FileAccessLog HttpConnectionManager QuicDownstreamTransport Router StdoutAccessLog",
     "TCP listener: HttpConnectionManager OnDemand Router set_filter_state.Config",  # HTTP outbound
     "TCP listener: FileAccessLog HttpConnectionManager OnDemand Router set_filter_state.Config",
     "TCP listener: QuicDownstreamTransport",  # hand-written: enable_resumption true

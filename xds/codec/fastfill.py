@@ -115,6 +115,9 @@ def _fill(msg: message.Message, data: Any, resolve: Callable[[str], Any]) -> Non
     if name == "google.protobuf.Any":
         _fill_any(msg, data, resolve)
         return
+    if name == "google.protobuf.Struct" and isinstance(data, dict):
+        msg.update(data)  # as ParseDict does (numbers become doubles)
+        return
     if name in _FALLBACK_WKT or not isinstance(data, dict):
         raise Unsupported(name)
     table = _table(desc)

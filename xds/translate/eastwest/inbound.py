@@ -3,7 +3,8 @@
 Both listeners carry the same DownstreamTlsContext (`tls.downstream_tls`) and the same filter chains:
 one chain per application port matched by the SNI `<port>.<sa>.<ns>.<mesh-domain>`, and a catch-all chain to the
 primary port. The HCM sets XFCC from the verified client certificate (`SANITIZE_SET`, URI): the app sees the
-source's SPIFFE ID and nothing a client wrote itself.
+source's SPIFFE ID and nothing a client wrote itself. Each request is logged as one JSON object on Envoy's stdout
+(`json_log_format`, docs/operations.md#inbound-access-log).
 """
 
 from __future__ import annotations
@@ -47,7 +48,42 @@ def app_cluster_name(pod: LocalPod, port: int) -> str:
     return f"inbound:{pod.namespace}/{pod.name}:{port}"
 
 
-def access_logs(path: str | None) -> list[dict[str, Any]]:
+STDOUT_LOG_TYPE: Final = "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog"
+
+
+def json_log_format(pod: LocalPod, port: int) -> dict[str, Any]:
+    """One JSON object per request on Envoy's stdout (docs/operations.md#inbound-access-log): who called (the
+    verified peer's SPIFFE ID), which Service it asked for (the request's authority, the Service host the source
+    dialled), the pod and app port it reached, over which protocol, with which status."""
+    return {
+        "log": "aether-inbound",
+        "time": "%START_TIME%",
+        "source": "%DOWNSTREAM_PEER_URI_SAN%",
+        "destinationService": "%REQ(:AUTHORITY)%",
+        "destinationPod": f"{pod.namespace}/{pod.name}",
+        "appPort": port,
+        "protocol": "%PROTOCOL%",
+        "status": "%RESPONSE_CODE%",
+        "responseFlags": "%RESPONSE_FLAGS%",
+        "durationMs": "%DURATION%",
+        "sni": "%REQUESTED_SERVER_NAME%",
+        "peerSerial": "%DOWNSTREAM_PEER_SERIAL%",
+    }
+
+
+def access_logs(pod: LocalPod, port: int, options: EastWestOptions) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if options.access_log_json:
+        out.append(
+            {
+                "name": "envoy.access_loggers.stdout",
+                "typed_config": {"@type": STDOUT_LOG_TYPE, "log_format": {"json_format": json_log_format(pod, port)}},
+            }
+        )
+    return out + file_access_logs(options.access_log_path)
+
+
+def file_access_logs(path: str | None) -> list[dict[str, Any]]:
     if path is None:
         return []
     return [
@@ -83,7 +119,7 @@ def _hcm(pod: LocalPod, port: int, codec: str, options: EastWestOptions) -> dict
                 ],
             },
             "http_filters": [ROUTER],
-            "access_log": access_logs(options.access_log_path),
+            "access_log": access_logs(pod, port, options),
         },
     }
 

@@ -17,7 +17,7 @@ from aether.netns.contract import HTTP_OUTBOUND_PORT
 from aether.xds.identity.sds import ADS
 from aether.xds.identity.svid import parse_spiffe_id
 from aether.xds.resources import seconds
-from aether.xds.translate.eastwest.inbound import HCM_NAME, HCM_TYPE, ROUTER, access_logs
+from aether.xds.translate.eastwest.inbound import HCM_NAME, HCM_TYPE, ROUTER, file_access_logs
 from aether.xds.translate.eastwest.plan import Destination, EastWestOptions, LocalPod
 from aether.xds.translate.eastwest.tls import IDENTITY_KEY, h2_upstream_socket, quic_upstream_socket
 
@@ -72,7 +72,7 @@ def listener(pod: LocalPod, options: EastWestOptions) -> dict[str, Any]:
         "strip_any_host_port": True,
         "rds": {"route_config_name": options.http_outbound_route, "config_source": _cs(options)},
         "http_filters": [{"name": "envoy.filters.http.on_demand", "typed_config": on_demand}, ROUTER],
-        "access_log": access_logs(options.access_log_path),
+        "access_log": file_access_logs(options.access_log_path),
     }
     return {
         "name": listener_name(pod),

@@ -29,7 +29,8 @@ class EastWestOptions:
     default_app_ports: tuple[int, ...] = (8080,)
     app_ports: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # by pod uid
     prefer_gro: bool = True
-    access_log_path: str | None = None  # None: no access logs (cheapest); tests log %PROTOCOL% here
+    access_log_json: bool = True  # the inbound's JSON access log on Envoy's stdout (docs/operations.md)
+    access_log_path: str | None = None  # a text log file besides (tests log %PROTOCOL% here); None: none
     odcds_timeout_s: float = 2.0
     connect_timeout_s: float = 2.0
     # Where SDS secrets, EDS and RDS come from: ADS unless a test points them elsewhere.
