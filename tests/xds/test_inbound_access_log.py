@@ -33,7 +33,11 @@ def json_lines(node: Envoy) -> list[dict[str, Any]]:
 
 
 def _wait_lines(node: Envoy, n: int) -> list[dict[str, Any]]:
-    return wait_for(lambda: (lines := json_lines(node)) and len(lines) >= n and lines, 10, f"{n} JSON log lines")
+    def enough() -> list[dict[str, Any]] | None:
+        lines = json_lines(node)
+        return lines if len(lines) >= n else None
+
+    return wait_for(enough, 10, f"{n} JSON log lines in {node.node_id}'s stdout")
 
 
 def test_each_request_is_one_json_line_with_source_service_protocol_status(mesh: Mesh) -> None:
