@@ -25,6 +25,15 @@ EXPECTED = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole", "", "aether-node"),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "", "aether-operator"),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "", "aether-node"),
+    # cluster-scoped, but kustomize (kubectl's, here) does not know these kinds and stamps the namespace on them,
+    # which the API server drops for a cluster-scoped kind; kustomize_lite renders as kubectl does
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", "aether-system", "aether-node-own-meshnode"),
+    (
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding",
+        "aether-system",
+        "aether-node-own-meshnode",
+    ),
     ("apps/v1", "Deployment", "aether-system", "aether-operator"),
     ("apps/v1", "DaemonSet", "aether-system", "aether-node"),
     ("v1", "ConfigMap", "aether-system", "aether-envoy-bootstrap"),
