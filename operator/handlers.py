@@ -23,6 +23,7 @@ from aether.operator.reconcile.model import Kind, View
 from aether.operator.reconciler import Reconciler
 
 GATEWAY = "gateway.networking.k8s.io"
+WATCH_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *(30,) * 18)  # seconds between retries of one API request: 594 s in all
 
 # kind -> (kopf resource spec, parser)
 WATCHED: dict[Kind, tuple[tuple[str, ...], Callable[[dict[str, Any]], View]]] = {
@@ -111,6 +112,9 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         settings.peering.standalone = True
         settings.watching.server_timeout = 300
         settings.watching.client_timeout = 330
+        # kopf gives a watch up (and the operator stops) once these retries are spent: its default (54 s in all) is
+        # shorter than a control-plane upgrade; these ride out an API outage of about 10 minutes
+        settings.networking.error_backoffs = WATCH_BACKOFFS
         for kind in WATCHED:
             indexes[kind] = kwargs[f"aether_{kind}s"]  # kopf passes each index by its id
         meshnodes = kwargs["aether_meshnodes"]
