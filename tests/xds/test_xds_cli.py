@@ -36,3 +36,21 @@ def test_bad_inputs_fail_clearly(tmp_path: Path) -> None:
         out = _run(*args)
         assert out.returncode != 0, args
         assert message in out.stderr, (args, out.stderr)
+
+
+def test_render_refuses_a_duplicate_vip_and_prints_the_rest(tmp_path: Path) -> None:
+    """As the sidecar does: the two arms claiming one VIP are refused, the unrelated arm is still rendered."""
+    import yaml
+
+    from aether.testing.samples import node_with
+
+    node = node_with(3, 1)
+    arms = node.status.udp.services
+    arms[1] = arms[1].model_copy(update={"vip": arms[0].vip})
+    state = tmp_path / "meshnode.yaml"
+    state.write_text(yaml.safe_dump(node.wire()))
+    out = _run("render", "--state", str(state), "--records", str(tmp_path / "no-records"))
+    assert out.returncode == 0, out.stderr
+    assert "refused, the rest is served" in out.stderr and arms[0].vip in out.stderr
+    clusters = json.loads(out.stdout)["type.googleapis.com/envoy.config.cluster.v3.Cluster"]
+    assert arms[2].cluster in clusters and arms[0].cluster not in clusters and arms[1].cluster not in clusters

@@ -83,6 +83,7 @@ def _render(argv: list[str]) -> int:
     p.add_argument("--records", help=f"pod records directory (default ${'{'}AETHER_STATE_DIR{'}'} or {state_dir()})")
     args = p.parse_args(argv)
     from aether.xds.gates.core import run_gates
+    from aether.xds.gates.refuse import refuse_arms, refuse_listeners
     from aether.xds.translate.compose import translate
 
     try:
@@ -90,12 +91,16 @@ def _render(argv: list[str]) -> int:
     except MeshNodeFileError as exc:
         print(f"aether xds render: {exc}", file=sys.stderr)
         return 1
-    resources = translate(node, load_records(args.records))
+    # what the sidecar does: one bad arm or listener is refused and the rest is served
+    node, refused = refuse_arms(node)
+    resources, dropped = refuse_listeners(translate(node, load_records(args.records)))
     json.dump(resources, sys.stdout, indent=2, sort_keys=True)
     print()
+    for failure in [*refused, *dropped]:
+        print(f"aether xds render: refused, the rest is served: {failure}", file=sys.stderr)
     failures = run_gates(node, resources)
     for failure in failures:
-        print(f"aether xds render: gate refused: {failure}", file=sys.stderr)
+        print(f"aether xds render: gate refused the whole state: {failure}", file=sys.stderr)
     return 1 if failures else 0
 
 
