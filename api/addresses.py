@@ -1,6 +1,8 @@
-"""Listening and dialling addresses as flags spell them: `host:port` and `unix:PATH` (pure)."""
+"""Addresses as flags spell them (`host:port`, `unix:PATH`), and which IPs can be a Service VIP (pure)."""
 
 from __future__ import annotations
+
+import ipaddress
 
 
 class AddressError(ValueError):
@@ -29,3 +31,24 @@ def parse_hostport(addr: str) -> tuple[str, int]:
     if isinstance(parsed, str):
         raise AddressError(f"{addr!r}: expected host:port (e.g. 0.0.0.0:19091), port 1-65535")
     return parsed
+
+
+def unroutable_vip(ip: str) -> str | None:
+    """Why an address cannot be a Service VIP, or None when it can: not an IP address, zoned (an IPv6 scope such as
+    fe80::1%eth0 names one host's interface), loopback, unspecified, link-local or multicast. The operator refuses
+    such a Service (InvalidService) and the sidecar's gates refuse such an arm, with the same words."""
+    if "%" in ip:
+        return "zoned (it carries an interface scope)"
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return "not an IP address"
+    for what, bad in (
+        ("loopback", addr.is_loopback),
+        ("unspecified", addr.is_unspecified),
+        ("link-local", addr.is_link_local),
+        ("multicast", addr.is_multicast),
+    ):
+        if bad:
+            return what
+    return None

@@ -9,6 +9,8 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
+from aether.api.addresses import unroutable_vip
+
 MESH_LABEL = "mesh.aether.dev/enabled"
 EGRESS_ANNOTATION = "mesh.aether.dev/egress"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
@@ -44,23 +46,6 @@ def _ip(value: Any) -> str | None:
         return str(ipaddress.ip_address(value))
     except ValueError:
         return None
-
-
-def unroutable(ip: str) -> str | None:
-    """Why an address cannot be a Service VIP (None: it can): loopback, unspecified, link-local, multicast, or
-    zoned (an IPv6 scope such as fe80::1%eth0, which names one host's interface)."""
-    if "%" in ip:
-        return "zoned (it carries an interface scope)"
-    addr = ipaddress.ip_address(ip)
-    for what, bad in (
-        ("loopback", addr.is_loopback),
-        ("unspecified", addr.is_unspecified),
-        ("link-local", addr.is_link_local),
-        ("multicast", addr.is_multicast),
-    ):
-        if bad:
-            return what
-    return None
 
 
 def _port(value: Any) -> int | None:
@@ -175,7 +160,7 @@ def parse_service(obj: Raw) -> ServiceView:
     if raw_ip not in (None, "", "None") and cluster_ip is None:
         problems.append(f"spec.clusterIP {raw_ip!r} is not an IP address")
         bad_vip = True
-    elif cluster_ip is not None and (why := unroutable(cluster_ip)) is not None:
+    elif cluster_ip is not None and (why := unroutable_vip(cluster_ip)) is not None:
         problems.append(f"spec.clusterIP {raw_ip!r} is {why}: no pod can dial it as a Service VIP")
         cluster_ip, bad_vip = None, True
     ports = []

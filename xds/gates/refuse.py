@@ -6,10 +6,10 @@ binds. Each removal is a GateFailure, reported in Programmed's message and count
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections import Counter
 
+from aether.api.addresses import unroutable_vip
 from aether.api.meshnode import MeshNode, ServiceArm
 from aether.xds.gates.core import GateFailure, PathExists, bind_key, clusters_named_by, netns_of
 from aether.xds.resources import CLUSTER, LISTENER, ResourceDict, Resources
@@ -17,27 +17,9 @@ from aether.xds.resources import CLUSTER, LISTENER, ResourceDict, Resources
 DUPLICATE_VIP, BAD_VIP = "duplicate-vip", "invalid-vip"
 
 
-def _why_bad(vip: str) -> str | None:
-    if "%" in vip:
-        return "zoned"
-    try:
-        addr = ipaddress.ip_address(vip)
-    except ValueError:
-        return "not an IP address"
-    for what, bad in (
-        ("loopback", addr.is_loopback),
-        ("unspecified", addr.is_unspecified),
-        ("link-local", addr.is_link_local),
-        ("multicast", addr.is_multicast),
-    ):
-        if bad:
-            return what
-    return None
-
-
 def _keep(arms: list[ServiceArm], transport: str) -> tuple[list[ServiceArm], list[GateFailure]]:
     counts = Counter(a.vip for a in arms)
-    if len(counts) == len(arms) and not any(_why_bad(v) for v in counts):
+    if len(counts) == len(arms) and not any(unroutable_vip(v) for v in counts):
         return arms, []  # the common case
     kept, out = [], []
     for vip, n in sorted(counts.items()):
@@ -47,7 +29,7 @@ def _keep(arms: list[ServiceArm], transport: str) -> tuple[list[ServiceArm], lis
                 GateFailure(DUPLICATE_VIP, f"{transport} VIP {vip} is claimed by {n} arms {services}: all refused")
             )
     for a in arms:
-        why = _why_bad(a.vip)
+        why = unroutable_vip(a.vip)
         if why is not None:
             out.append(GateFailure(BAD_VIP, f"{transport} arm {a.service}: VIP {a.vip!r} is {why}: refused"))
         elif counts[a.vip] == 1:
