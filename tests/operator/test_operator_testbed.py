@@ -1,4 +1,5 @@
-"""The API test bed fixes what plain kmock 0.8 gets wrong (verified-here.md), seen through real clients."""
+"""The API test bed fixes what plain kmock 0.8 gets wrong (docs/limits.md, "The API test bed is an emulator"), seen
+through real clients."""
 
 from __future__ import annotations
 
