@@ -1,6 +1,9 @@
 """Hostile input through the API: a corpus of malformed objects plus hypothesis-generated routes. The operator
 never crashes, every bad object gets a condition saying why (a Warning Event when it names no parent that a
-status.parents entry could carry), and unrelated routes' arms do not change."""
+status.parents entry could carry), and unrelated routes' arms do not change.
+
+Long because: the corpus is data (one short builder per hostile object) run against one operator and one fixture;
+split, each half would start its own operator for a handful of cases."""
 
 from __future__ import annotations
 
