@@ -247,7 +247,9 @@ def test_a_dormant_pair_is_republished_with_no_request_when_the_source_returns()
     r = step(s, EnvironmentChanged(ENV, T0 + 3))
     assert r.decisions[0] == Publish(CLIENT) and not any(isinstance(d, Admit) for d in r.decisions)
     assert r.state.twins() == {CLIENT.twin}
-    assert [p.twin for p in r.decisions[1].pairs] == [CLIENT.twin]  # type: ignore[union-attr]
+    persisted = r.decisions[1]
+    assert isinstance(persisted, Persist)
+    assert [p.twin for p in persisted.pairs] == [CLIENT.twin]
 
 
 def test_a_dormant_pair_is_pruned_when_a_fresh_stream_does_not_resubscribe_it() -> None:
@@ -319,4 +321,4 @@ def test_steps_never_change_the_state_they_were_given() -> None:
     step(s, Fetched(frozenset({"quic:shop/web@ghost"}), T0 + 4))
     assert (dict(s.records), s.subscribed, dict(s.refused), s.env, s.now) == before
     with pytest.raises(TypeError):
-        s.records["x"] = s.records[CLIENT.twin]  # type: ignore[index]
+        s.records["x"] = s.records[CLIENT.twin]  # type: ignore[index]  # the point: the state's mapping is read-only
