@@ -4,6 +4,7 @@ API's error type, timestamps as the API spells them, and the user agents that na
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 import kubernetes
 
@@ -25,6 +26,24 @@ def api_client(kubeconfig: str | None, user_agent: str | None = None) -> kuberne
     if user_agent:
         client.user_agent = user_agent
     return client
+
+
+def served_version(
+    client: kubernetes.client.ApiClient, group: str, plural: str, preferred: tuple[str, ...]
+) -> str | None:
+    """The first of `preferred` whose discovery document (`/apis/<group>/<version>`) lists `plural`, None when the
+    API serves none of them (the CRD is missing, or serves only other versions). Other API errors are raised.
+    The discovery documents, not the CRD: they also say what an API server without CRDs (an aggregated API) serves."""
+    for version in preferred:
+        try:
+            found: Any = kubernetes.client.CustomObjectsApi(client).get_api_resources(group, version)
+        except ApiException as exc:
+            if exc.status == 404:
+                continue
+            raise
+        if any(r.name == plural for r in getattr(found, "resources", None) or []):
+            return version
+    return None
 
 
 def now() -> str:

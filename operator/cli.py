@@ -15,7 +15,7 @@ import kopf
 
 from aether.api.addresses import AddressError, parse_hostport
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
-from aether.operator.handlers import OperatorConfig, build_registry, quiet_kopf_loggers
+from aether.operator.handlers import OperatorConfig, build_registry, discover_route_version, quiet_kopf_loggers
 
 log = logging.getLogger("aether.operator")
 
@@ -39,8 +39,9 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: 
     if liveness is not None:
         log.info("liveness at %s", liveness)
     try:
+        route_version = await asyncio.to_thread(discover_route_version, config)
         await kopf.operator(
-            registry=build_registry(config),
+            registry=build_registry(config, route_version),
             clusterwide=True,
             standalone=True,
             stop_flag=stop,

@@ -1,7 +1,8 @@
 """Thin kopf handlers: one index per watched kind (typed views), one event handler per kind that marks the key
 dirty, and a startup handler that starts the reconcile loop (reconciler.py) over those indexes.
 
-`build_registry(config)` makes a fresh registry so several operators can run in one process (tests)."""
+`build_registry(config, route_version)` makes a fresh registry so several operators can run in one process (tests);
+`discover_route_version(config)` picks the UDPRoute version to watch (the most preferred one the API serves)."""
 
 from __future__ import annotations
 
@@ -13,26 +14,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+import kubernetes
+import urllib3
 
-from aether.api.client import OPERATOR_USER_AGENT, api_client
+from aether.api.client import OPERATOR_USER_AGENT, ApiException, api_client, served_version
 from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
-from aether.operator.kubeapi import KubeWriter
+from aether.operator.kubeapi import UDPROUTE_VERSIONS, UDPROUTES, KubeWriter
 from aether.operator.reconcile import gateway, views
 from aether.operator.reconcile.model import Kind, View
 from aether.operator.reconciler import Reconciler
 
 GATEWAY = "gateway.networking.k8s.io"
+log = logging.getLogger("aether.operator")
 WATCH_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *(30,) * 18)  # seconds between retries of one API request: 594 s in all
 
-# kind -> (kopf resource spec, parser)
+# kind -> (kopf resource spec, parser); the UDPRoute version is replaced by the one discovered at start
 WATCHED: dict[Kind, tuple[tuple[str, ...], Callable[[dict[str, Any]], View]]] = {
     "namespace": (("v1", "namespaces"), views.parse_namespace),
     "node": (("v1", "nodes"), views.parse_node),
     "pod": (("v1", "pods"), views.parse_pod),
     "service": (("v1", "services"), views.parse_service),
     "slice": (("discovery.k8s.io", "v1", "endpointslices"), views.parse_slice),
-    "route": ((GATEWAY, "v1alpha2", "udproutes"), gateway.parse_route),
+    "route": ((GATEWAY, UDPROUTE_VERSIONS[0], UDPROUTES), gateway.parse_route),
     "grant": ((GATEWAY, "v1beta1", "referencegrants"), gateway.parse_grant),
 }
 
@@ -52,8 +56,39 @@ def _key(body: kopf.Body) -> tuple[str, str]:
     return (body.metadata.namespace or "", body.metadata.name or "")
 
 
-def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+NO_UDPROUTE = "NoUDPRouteVersion"  # the Event's reason when the API serves no UDPRoute version we can serve
+
+
+def discover_route_version(config: OperatorConfig) -> str:
+    """The UDPRoute version to watch and write status through: the first of UDPROUTE_VERSIONS the API serves (v1
+    before v1alpha2). None served (no Gateway API CRDs, or only versions we do not know): a WARNING and a Warning
+    Event, and v1 is watched, so routes appear once a v1 CRD is installed. Discovery failing (no client config,
+    the API unreachable, an error other than 404): v1, with a WARNING."""
+    try:
+        client = api_client(config.kubeconfig, OPERATOR_USER_AGENT)
+        version = served_version(client, GATEWAY, UDPROUTES, UDPROUTE_VERSIONS)
+    except (ApiException, urllib3.exceptions.HTTPError, kubernetes.config.ConfigException) as exc:
+        # no client (kopf's login then fails the same way) or no answer: watch the GA version
+        log.warning("UDPRoute version discovery failed (%s): watching %s/%s", exc, GATEWAY, UDPROUTE_VERSIONS[0])
+        return UDPROUTE_VERSIONS[0]
+    if version is not None:
+        log.info("UDPRoutes: watching %s/%s (the first served of %s)", GATEWAY, version, ", ".join(UDPROUTE_VERSIONS))
+        return version
+    message = (
+        f"the API serves no UDPRoute version aether can serve ({GATEWAY} {', '.join(UDPROUTE_VERSIONS)}): "
+        f"no UDPRoute is served; watching {UDPROUTE_VERSIONS[0]}, restart the operator after installing the CRDs"
+    )
+    log.warning("%s", message)
+    try:
+        KubeWriter(client).post_cluster_event("Warning", NO_UDPROUTE, message)
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        log.warning("could not post the %s Event: %s", NO_UDPROUTE, exc)
+    return UDPROUTE_VERSIONS[0]
+
+
+def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSIONS[0]) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    watched = {**WATCHED, "route": ((GATEWAY, route_version, UDPROUTES), gateway.parse_route)}
     indexes: dict[Kind, Any] = {}
     state: dict[str, Any] = {}
 
@@ -87,7 +122,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
 
         kopf.on.event(*resource, registry=registry, id=f"aether_{kind}_event")(event)
 
-    for kind, (resource, parse) in WATCHED.items():
+    for kind, (resource, parse) in watched.items():
         make_index(kind, resource, parse)
 
     @kopf.index(API_GROUP, API_VERSION, PLURAL, registry=registry, id="aether_meshnodes")
@@ -127,7 +162,7 @@ def build_registry(config: OperatorConfig) -> kopf.OperatorRegistry:
             store = meshnodes.get(name)
             return next(iter(store), None) if store is not None else None
 
-        writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT))
+        writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT), route_version)
         reconciler = Reconciler(writer, lookup, meshnode, config.trust_domain, debounce=config.debounce)
         state["reconciler"] = reconciler
         state["task"] = asyncio.create_task(reconciler.run(), name="aether-reconciler")

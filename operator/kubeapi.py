@@ -11,11 +11,15 @@ from aether.api.client import ApiException, now
 from aether.api.meshnode import API_GROUP, API_VERSION, KIND, PLURAL
 
 MERGE = "application/merge-patch+json"
-GATEWAY_GROUP, UDPROUTE_VERSION, UDPROUTES = "gateway.networking.k8s.io", "v1alpha2", "udproutes"
+GATEWAY_GROUP, UDPROUTES = "gateway.networking.k8s.io", "udproutes"
+# the UDPRoute versions the operator can serve, most preferred first (Gateway API v1.6: v1 is GA and the storage
+# version, the standard channel serves only v1, the experimental channel v1 and the deprecated v1alpha2)
+UDPROUTE_VERSIONS = ("v1", "v1alpha2")
 
 
 class KubeWriter:
-    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+    def __init__(self, client: kubernetes.client.ApiClient, route_version: str = UDPROUTE_VERSIONS[0]) -> None:
+        self.route_version = route_version  # the UDPRoute version watched: reads and status writes go through it
         self.custom = kubernetes.client.CustomObjectsApi(client)
         self.core = kubernetes.client.CoreV1Api(client)
 
@@ -69,7 +73,7 @@ class KubeWriter:
     def get_route(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             obj: Any = self.custom.get_namespaced_custom_object(
-                GATEWAY_GROUP, UDPROUTE_VERSION, namespace, UDPROUTES, name
+                GATEWAY_GROUP, self.route_version, namespace, UDPROUTES, name
             )
             return dict(obj)
         except ApiException as exc:
@@ -79,24 +83,45 @@ class KubeWriter:
 
     def patch_route_status(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
-            GATEWAY_GROUP, UDPROUTE_VERSION, namespace, UDPROUTES, name, patch, _content_type=MERGE
+            GATEWAY_GROUP, self.route_version, namespace, UDPROUTES, name, patch, _content_type=MERGE
+        )
+
+    def post_cluster_event(self, type_: str, reason: str, message: str) -> None:
+        """An Event about the UDPRoute CRD (cluster-scoped, so in `default`, as kube-apiserver files such Events)."""
+        self._event(
+            "default",
+            f"{GATEWAY_GROUP}.",
+            type_,
+            reason,
+            message,
+            {
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "name": f"{UDPROUTES}.{GATEWAY_GROUP}",
+            },
         )
 
     def post_event(self, route: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = route.get("metadata") or {}
+        involved = {
+            "apiVersion": f"{GATEWAY_GROUP}/{self.route_version}",
+            "kind": "UDPRoute",
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        }
+        self._event(str(meta.get("namespace")), f"{meta.get('name', 'udproute')}.", type_, reason, message, involved)
+
+    def _event(
+        self, namespace: str, prefix: str, type_: str, reason: str, message: str, involved: dict[str, Any]
+    ) -> None:
         stamp = now()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'udproute')}.", "namespace": meta.get("namespace")},
-            "involvedObject": {
-                "apiVersion": f"{GATEWAY_GROUP}/{UDPROUTE_VERSION}",
-                "kind": "UDPRoute",
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
-                "resourceVersion": meta.get("resourceVersion"),
-            },
+            "metadata": {"generateName": prefix, "namespace": namespace},
+            "involvedObject": involved,
             "type": type_,
             "reason": reason,
             "message": message[:1024],
@@ -106,4 +131,4 @@ class KubeWriter:
             "lastTimestamp": stamp,
             "count": 1,
         }
-        self.core.create_namespaced_event(str(meta.get("namespace")), body)  # type: ignore[arg-type]
+        self.core.create_namespaced_event(namespace, body)  # type: ignore[arg-type]  # the stubs want a V1Event; it sends dicts as they are

@@ -72,6 +72,7 @@ class RouteView:
     problems: tuple[str, ...] = ()
     status_parents: tuple[Raw, ...] = field(default=(), compare=False, hash=False)
     uid: str = field(default="", compare=False, hash=False)
+    rules: int = 1  # len(spec.rules): v1 admits one, v1alpha2 up to 16 (their backendRefs are pooled)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -178,6 +179,7 @@ def parse_route(obj: Raw) -> RouteView:
         tuple(problems),
         status_parents,
         str(meta.get("uid") or ""),
+        len(raw_rules),
     )
 
 

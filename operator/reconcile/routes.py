@@ -46,6 +46,15 @@ class Verdict:
     chosen: str | None = None
 
 
+def rules_note(rules: int) -> str:
+    """What the Accepted message adds for a route with more than one rule (v1alpha2 admits up to 16, v1 one; a
+    route stored through v1alpha2 reads the same through v1). A UDPRoute rule has no matches, so every rule applies to every datagram: the rules' backendRefs are
+    one set of backends for the parent, resolved and chosen among together."""
+    if rules <= 1:
+        return ""
+    return f"; {rules} rules: UDPRoute rules have no matches, so their backendRefs are served as one set (v1: one rule)"
+
+
 def endpoints_at(world: World, svc: ServiceView, port: ServicePort) -> tuple[Endpoint, ...]:
     """Ready endpoints of svc for one of its ports (matched to slice ports by name and protocol)."""
     found: set[tuple[str, int]] = set()
@@ -180,7 +189,8 @@ def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: Ser
             else f"no usable backend: the arm goes to the blackhole ({blackhole_reason})"
             if blackhole_reason != NO_HEALTHY_BACKEND
             else "no live backend: the arm goes to the blackhole (NoHealthyBackend)"
-        ),
+        )
+        + rules_note(route.rules),
         resolved=not bad,
         resolved_reason=resolved_reason,
         resolved_message="; ".join(m for _, _, m in bad) or "all backendRefs resolved",

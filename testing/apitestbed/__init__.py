@@ -57,6 +57,7 @@ class TestBed:
         host: str,
         crds: bool = True,
         validate: bool = True,
+        channel: str | None = None,
     ) -> None:
         self._validate = validate
         self.handler: TestBedHandler | None = None
@@ -72,7 +73,7 @@ class TestBed:
             raise RuntimeError(f"the API test bed did not start: {self._error!r}")
         self.url: str = f"http://{host}:{self.port}"
         if crds:  # before the kubeconfig exists: whoever waits for that file finds the CRDs installed
-            docs = mesh_crds()
+            docs = mesh_crds(channel)
 
             def install(store: Store) -> None:
                 rt = store.lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions")
@@ -168,14 +169,22 @@ class TestBed:
         self.stop()
 
 
-def mesh_crds() -> list[dict[str, Any]]:
-    """The CRDs aether needs: MeshNode (generated from the model) and the Gateway API test copies."""
+CHANNELS = ("standard", "experimental")  # Gateway API v1.6 UDPRoute CRDs: crds/testbed/channels/<channel>/
+
+
+def mesh_crds(channel: str | None = None) -> list[dict[str, Any]]:
+    """The CRDs aether needs: MeshNode (generated from the model) and the Gateway API test copies. `channel`
+    (standard: UDPRoute v1 only; experimental: v1 and v1alpha2) replaces the default UDPRoute CRD (v1alpha2 only,
+    the shape before Gateway API v1.6) with that channel's copy."""
     from aether.api.crdgen import crds_dir, meshnode_crd
 
-    out = [meshnode_crd()]
-    for path in sorted((crds_dir() / "testbed").glob("*.yaml")):
-        out.append(yaml.safe_load(path.read_text()))
-    return out
+    if channel is not None and channel not in CHANNELS:
+        raise ValueError(f"unknown Gateway API channel {channel!r} (known: {', '.join(CHANNELS)})")
+    testbed = crds_dir() / "testbed"
+    paths = sorted(testbed.glob("*.yaml"))
+    if channel is not None:
+        paths = [testbed / "channels" / channel / p.name if p.name == "udproutes.yaml" else p for p in paths]
+    return [meshnode_crd(), *(yaml.safe_load(p.read_text()) for p in paths)]
 
 
 def start(
@@ -185,9 +194,11 @@ def start(
     host: str = "127.0.0.1",
     crds: bool = True,
     validate: bool = True,
+    channel: str | None = None,
 ) -> TestBed:
     """Start the test bed on host:port (0 = a free port), write a kubeconfig for it, and (crds) install the
     MeshNode and Gateway API test CRDs, as a cluster set up for aether would have them. `validate`: custom
     resources are pruned and validated against their CRD's schema, as kube-apiserver does (schema.py); off, the
-    bed stores whatever it is sent (to feed the operator objects a real API server would refuse)."""
-    return TestBed(port, kubeconfig_path, audit_path, host, crds, validate)
+    bed stores whatever it is sent (to feed the operator objects a real API server would refuse). `channel`: the
+    UDPRoute CRD of that Gateway API v1.6 channel (mesh_crds)."""
+    return TestBed(port, kubeconfig_path, audit_path, host, crds, validate, channel)

@@ -104,8 +104,8 @@ class Cluster:
     def meshnode(self, name: str) -> dict[str, Any] | None:
         return self.get("mesh.aether.dev/v1alpha1", "MeshNode", name)
 
-    def route(self, ns: str, name: str) -> dict[str, Any] | None:
-        return self.get("gateway.networking.k8s.io/v1alpha2", "UDPRoute", name, ns)
+    def route(self, ns: str, name: str, version: str = "v1alpha2") -> dict[str, Any] | None:
+        return self.get(f"gateway.networking.k8s.io/{version}", "UDPRoute", name, ns)
 
     def arm(self, node: str, service: str) -> dict[str, Any] | None:
         mn = self.meshnode(node) or {}

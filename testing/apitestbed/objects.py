@@ -77,12 +77,14 @@ def backend(name: str, port: int, weight: int | None = None, namespace: str | No
     return ref
 
 
-def udproute(ns: str, name: str, parent: str, backends: list[Obj], parent_port: int | None = None) -> Obj:
+def udproute(
+    ns: str, name: str, parent: str, backends: list[Obj], parent_port: int | None = None, version: str = "v1alpha2"
+) -> Obj:
     parent_ref: Obj = {"group": "", "kind": "Service", "name": parent}
     if parent_port is not None:
         parent_ref["port"] = parent_port
     return {
-        "apiVersion": f"{GATEWAY_GROUP}/v1alpha2",
+        "apiVersion": f"{GATEWAY_GROUP}/{version}",
         "kind": "UDPRoute",
         "metadata": {"name": name, "namespace": ns},
         "spec": {"parentRefs": [parent_ref], "rules": [{"backendRefs": backends}]},

@@ -14,6 +14,7 @@ import asyncio
 import collections
 import copy
 import datetime
+import re
 import secrets
 import uuid
 from dataclasses import dataclass, field
@@ -47,11 +48,24 @@ class ApiError(Exception):
         return out
 
 
-def _admitted(rt: ResourceType, obj: Obj, validate: bool) -> Obj:
-    """The object pruned and validated against its CRD's schema (schema.py); a 422 Invalid naming each field."""
+def _top(path: str) -> str:
+    return re.split(r"[.\[]", path, maxsplit=1)[0]
+
+
+def _unchanged(top: str, new: Obj, old: Obj) -> bool:
+    return bool(top) and top in old and new.get(top) == old.get(top)
+
+
+def _admitted(rt: ResourceType, obj: Obj, validate: bool, old: Obj | None = None) -> Obj:
+    """The object pruned and validated against its CRD's schema (schema.py); a 422 Invalid naming each field. An
+    update is ratcheted as kube-apiserver does (CRD validation ratcheting, GA in 1.33), at the granularity of a
+    top-level field: a cause in a part the update leaves unchanged (`spec` under a status write, say) is ignored, so
+    an object stored through one version's schema keeps taking writes through a stricter served version's."""
     if not validate or rt.schema is None:
         return obj
     stored, problems = admit(obj, rt.schema)
+    if old is not None:
+        problems = [c for c in problems if not _unchanged(_top(str(c.get("field", ""))), stored, old)]
     if problems:
         name = str((obj.get("metadata") or {}).get("name") or "")
         message = f'{rt.kind}.{rt.group} "{name}" is invalid: ' + ", ".join(c["message"] for c in problems)
@@ -262,7 +276,7 @@ class Store:
             if _spec_part(obj) != _spec_part(old):
                 meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
-        obj = _admitted(rt, obj, self.validate)
+        obj = _admitted(rt, obj, self.validate, old)
         if obj == {**old, "apiVersion": rt.api_version, "kind": rt.kind}:
             return self._versioned(rt, old)  # a no-op write does not bump resourceVersion
         self._bump(obj)
