@@ -26,6 +26,16 @@ def api() -> Iterator[tuple[str, TestBed | None]]:
 
 
 @pytest.fixture(scope="module")
+def bed() -> Iterator[TestBed]:
+    """The emulator itself, for tests of the test bed (they need one even when AETHER_KUBECONFIG is set)."""
+    b = start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="module")
 def operator(api: tuple[str, TestBed | None]) -> Iterator[InProcessOperator]:
     op = InProcessOperator(api[0])
     op.start()

@@ -9,10 +9,8 @@ Seen red on the old operator: a route deleted and created again kept no status, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
@@ -20,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 from aether.operator.nodestatus import same_owned
 from aether.operator.reconcile.model import ClusterModel, Kind
 from aether.operator.routestatus import CONTROLLER_NAME, comparable, parents_status
-from aether.testing.apitestbed import TestBed, start
+from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import objects as o
 from aether.testing.apitestbed.harness import MERGE, Cluster, InProcessOperator, unique
 from aether.testing.apitestbed.selectors import Selector
@@ -40,15 +38,6 @@ KINDS: dict[Kind, tuple[str, str, str]] = {
     "grant": ("gateway.networking.k8s.io", "v1beta1", "referencegrants"),
 }
 ROUTES, SERVICES = ("r0", "r1", "r2"), ("s0", "s1", "s2")
-
-
-@pytest.fixture(scope="module")
-def bed() -> Iterator[TestBed]:
-    b = start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 def snapshot(store: Store) -> dict[str, list[dict[str, Any]]]:

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import threading
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import kubernetes
@@ -16,20 +15,11 @@ import pytest
 import yaml
 
 from aether.api.client import api_client
-from aether.testing.apitestbed import TestBed, start
+from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import objects as o
 
 MERGE, JSONPATCH = "application/merge-patch+json", "application/json-patch+json"
 G, V, P = "mesh.aether.dev", "v1alpha1", "meshnodes"
-
-
-@pytest.fixture(scope="module")
-def bed() -> Iterator[TestBed]:
-    b = start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 @pytest.fixture(scope="module")

@@ -7,28 +7,18 @@ operator's write counted as refused)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes.dynamic.exceptions import UnprocessibleEntityError
 
 from aether.metrics import REGISTRY
-from aether.testing.apitestbed import TestBed, start
+from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import objects as o
 from aether.testing.apitestbed.harness import MERGE, READ_ERRORS, Cluster, InProcessOperator, unique
 from aether.testing.wait import wait_for
 
 GW = "gateway.networking.k8s.io/v1alpha2"
-
-
-@pytest.fixture(scope="module")
-def bed() -> Iterator[TestBed]:
-    b = start()
-    try:
-        yield b
-    finally:
-        b.stop()
 
 
 @pytest.fixture(scope="module")
