@@ -65,6 +65,13 @@ OPERATOR_LAST_PASS = Gauge(
     "Unix time the last reconcile pass ended (ok or failed)",
     registry=REGISTRY,
 )
+OPERATOR_SLICE_WRITES = Counter(
+    "aether_operator_slice_writes",
+    "MeshServiceSlice writes by outcome: created, patched (a JSON patch of the change), unchanged (skipped), "
+    "deleted, conflict_retry (a stale copy: re-read and retried)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 OPERATOR_MESHNODE_WRITES = Counter(
     "aether_operator_meshnode_writes",
     "MeshNode writes by outcome: created, patched (status), unchanged (skipped: nothing to write), deleted, "

@@ -109,12 +109,20 @@ class QuicStatus(_Model):
 
 
 class Summary(_Model):
-    """Counts for `kubectl get meshnodes` printer columns (JSONPath cannot count a list)."""
+    """Counts for `kubectl get meshnodes` printer columns (JSONPath cannot count a list). Per node, not per Service:
+    a Service added elsewhere changes a slice, never every MeshNode's counts."""
 
     pods: int = 0
-    udp_services: int = 0
-    tcp_services: int = 0
-    unsupported_shapes: int = 0
+    namespaces: int = 0
+    slices: int = 0
+
+
+class ServiceSlices(_Model):
+    """Which MeshServiceSlices (api/slices.py) hold the shared service tables this node depends on."""
+
+    selector: str = Field(description="the slices of the namespaces below: kubectl get meshserviceslices -l '<this>'")
+    namespaces: list[str] = Field(default_factory=list, description="the node's dependency set")
+    names: list[str] = Field(default_factory=list, description="every slice in effect on this node")
 
 
 class MeshNodeStatus(_Model):
@@ -123,6 +131,7 @@ class MeshNodeStatus(_Model):
     udp: L4Status = Field(default_factory=L4Status)
     tcp: L4Status = Field(default_factory=L4Status)
     quic: QuicStatus = Field(default_factory=QuicStatus)
+    service_slices: ServiceSlices | None = None
     summary: Summary | None = None
     observed_generation: int | None = None
 
@@ -166,6 +175,14 @@ def parse_meshnode(data: Any, source: str = "<input>") -> MeshNode:
 
 def load_meshnode_file(path: str | Path) -> MeshNode:
     p = Path(path)
+    data = read_document(p)
+    if not isinstance(data, dict):
+        raise MeshNodeFileError(f"{p}: <root>: expected a MeshNode object, got {type(data).__name__}")
+    return parse_meshnode(data, str(p))
+
+
+def read_document(p: Path) -> Any:
+    """One YAML or JSON document (JSON when the name ends in .json), or a MeshNodeFileError saying why not."""
     try:
         text = p.read_text()
     except OSError as exc:
@@ -174,6 +191,4 @@ def load_meshnode_file(path: str | Path) -> MeshNode:
         data = json.loads(text) if p.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise MeshNodeFileError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise MeshNodeFileError(f"{p}: <root>: expected a MeshNode object, got {type(data).__name__}")
-    return parse_meshnode(data, str(p))
+    return data

@@ -20,6 +20,7 @@ import urllib3
 from aether.api.client import OPERATOR_USER_AGENT, ApiException, api_client, served_version
 from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
+from aether.api.slices import SLICE_PLURAL
 from aether.operator.kubeapi import UDPROUTE_VERSIONS, UDPROUTES, KubeWriter
 from aether.operator.reconcile import gateway, views
 from aether.operator.reconcile.model import Kind, View
@@ -141,6 +142,17 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
         if type == "DELETED":
             reconciler.touch("node", ("", name))
 
+    @kopf.index(API_GROUP, API_VERSION, SLICE_PLURAL, registry=registry, id="aether_meshserviceslices")
+    def slice_index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
+        return {body.metadata.name or "": {"metadata": dict(body.metadata), "spec": dict(body.spec)}}
+
+    @kopf.on.event(API_GROUP, API_VERSION, SLICE_PLURAL, registry=registry, id="aether_meshserviceslice_event")
+    def slice_event(body: kopf.Body, **_: Any) -> None:
+        """A MeshServiceSlice changed or went (by us, or by hand): compare it with what we compute; made again."""
+        reconciler: Reconciler | None = state.get("reconciler")
+        if reconciler is not None:
+            reconciler.check(("slice", body.metadata.name or ""))
+
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         settings.posting.enabled = False
@@ -153,6 +165,7 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
         for kind in WATCHED:
             indexes[kind] = kwargs[f"aether_{kind}s"]  # kopf passes each index by its id
         meshnodes = kwargs["aether_meshnodes"]
+        meshslices = kwargs["aether_meshserviceslices"]
 
         def lookup(kind: Kind, key: tuple[str, str]) -> View | None:
             store = indexes[kind].get(key)
@@ -162,8 +175,14 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
             store = meshnodes.get(name)
             return next(iter(store), None) if store is not None else None
 
+        def meshslice(name: str) -> dict[str, Any] | None:
+            store = meshslices.get(name)
+            return next(iter(store), None) if store is not None else None
+
         writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT), route_version)
-        reconciler = Reconciler(writer, lookup, meshnode, config.trust_domain, debounce=config.debounce)
+        reconciler = Reconciler(
+            writer, lookup, meshnode, config.trust_domain, debounce=config.debounce, meshslice=meshslice
+        )
         state["reconciler"] = reconciler
         state["task"] = asyncio.create_task(reconciler.run(), name="aether-reconciler")
         config.reconciler.append(reconciler)

@@ -1,5 +1,5 @@
 """The operator's writes to the API (thin, sync, through the official client): MeshNodes, MeshNode status,
-UDPRoute status, Events. Every write that merges lists owned by others carries a resourceVersion precondition."""
+MeshServiceSlices, UDPRoute status, Events. Every write that merges lists owned by others carries a resourceVersion precondition."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import kubernetes
 
 from aether.api.client import ApiException, now
 from aether.api.meshnode import API_GROUP, API_VERSION, KIND, PLURAL
+from aether.api.slices import MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE_LABEL, SLICE_KIND, SLICE_PLURAL
 
 MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 GATEWAY_GROUP, UDPROUTES = "gateway.networking.k8s.io", "udproutes"
 # the UDPRoute versions the operator can serve, most preferred first (Gateway API v1.6: v1 is GA and the storage
 # version, the standard channel serves only v1, the experimental channel v1 and the deprecated v1alpha2)
@@ -65,6 +67,46 @@ class KubeWriter:
     def delete_meshnode(self, name: str) -> None:
         try:
             self.custom.delete_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # ---- MeshServiceSlices ---------------------------------------------------------------------
+    def get_slice(self, name: str) -> dict[str, Any] | None:
+        try:
+            obj: Any = self.custom.get_cluster_custom_object(API_GROUP, API_VERSION, SLICE_PLURAL, name)
+            return dict(obj)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_slice(self, name: str, spec: dict[str, Any], namespace_uid: str | None) -> dict[str, Any]:
+        """A slice owned by its Namespace (garbage-collected with it), labelled with the namespace."""
+        meta: dict[str, Any] = {"name": name, "labels": slice_labels(spec)}
+        if namespace_uid:
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "name": spec["namespace"],
+                    "uid": namespace_uid,
+                    "blockOwnerDeletion": False,
+                }
+            ]
+        body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": SLICE_KIND, "metadata": meta, "spec": spec}
+        obj: Any = self.custom.create_cluster_custom_object(API_GROUP, API_VERSION, SLICE_PLURAL, body)
+        return dict(obj)
+
+    def patch_slice(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        obj: Any = self.custom.patch_cluster_custom_object(
+            API_GROUP, API_VERSION, SLICE_PLURAL, name, ops, _content_type=JSON_PATCH
+        )
+        return dict(obj)
+
+    def delete_slice(self, name: str) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(API_GROUP, API_VERSION, SLICE_PLURAL, name)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -132,3 +174,7 @@ class KubeWriter:
             "count": 1,
         }
         self.core.create_namespaced_event(namespace, body)  # type: ignore[arg-type]  # the stubs want a V1Event; it sends dicts as they are
+
+
+def slice_labels(spec: dict[str, Any]) -> dict[str, str]:
+    return {MANAGED_BY_LABEL: MANAGED_BY, NAMESPACE_LABEL: str(spec["namespace"])}

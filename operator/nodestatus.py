@@ -56,6 +56,12 @@ def same_owned(current_status: Any, owned: dict[str, Any]) -> bool:
     return {k: cur.get(k) for k in want} == want
 
 
+def cur_ours(status: dict[str, Any]) -> list[Any]:
+    """The operator's conditions in a stored status, in our order (Ready, then Degraded)."""
+    by_type = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, dict)}
+    return [by_type[t] for t in ("Ready", "Degraded") if t in by_type]
+
+
 def merge_conditions(current: Any, ours: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
     """Our condition types replaced (lastTransitionTime kept while status is unchanged), others kept."""
     existing = [c for c in current or [] if isinstance(c, dict)]
@@ -69,10 +75,14 @@ def merge_conditions(current: Any, ours: list[dict[str, Any]], now: str) -> list
 
 
 def status_patch(owned: dict[str, Any], current: Any, resource_version: str | None, now: str) -> dict[str, Any]:
-    """A merge patch for /status that leaves the sidecar's quic.pairs/dormantPairs and conditions alone."""
+    """A merge patch for /status that leaves the sidecar's quic.pairs/dormantPairs and conditions alone, and
+    carries only the top-level fields that differ from `current` (the status the patch is computed against; the
+    resourceVersion precondition makes a stale `current` a 409, then re-read)."""
     cur = current if isinstance(current, dict) else {}
-    body = dict(owned)
-    body["conditions"] = merge_conditions(cur.get("conditions"), owned.get("conditions", []), now)
+    have = current_owned(cur)
+    body = {k: v for k, v in owned.items() if k != "conditions" and have.get(k) != v}
+    if _timeless(cur_ours(cur)) != _timeless(owned.get("conditions")):
+        body["conditions"] = merge_conditions(cur.get("conditions"), owned.get("conditions", []), now)
     patch: dict[str, Any] = {"status": body}
     if resource_version:
         patch["metadata"] = {"resourceVersion": resource_version}

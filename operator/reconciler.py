@@ -3,8 +3,10 @@ incremental model -> writes, level-based: what the API stores is compared with w
 memory of what was last written.
 
 Bursts coalesce: a change wakes the loop, which waits `debounce` seconds for more before reconciling once. Besides
-the model's changes a pass checks the objects the operator writes that changed behind its back (a MeshNode or
-UDPRoute event: a user's patch, a re-created route) and, every `resync` seconds, all of them. A failed write is
+the model's changes a pass checks the objects the operator writes that changed behind its back (a MeshNode,
+MeshServiceSlice or UDPRoute event: a user's patch, a slice deleted by hand, a re-created route) and, every
+`resync` seconds, all of them. A pass writes slices before MeshNodes (a MeshNode never names a slice not yet
+written) and deletes the slices no longer wanted after them. A failed write is
 retried alone with backoff (RETRY_BASE doubling to RETRY_MAX); a 422 is remembered per body (writes.Refusals).
 Neither holds back any other object."""
 
@@ -27,25 +29,27 @@ from aether.metrics import (
     OPERATOR_RECONCILE_ERRORS,
     OPERATOR_RECONCILE_PASSES,
     OPERATOR_RESYNCS,
+    OPERATOR_SLICE_WRITES,
     OPERATOR_UDPROUTE_STATUS_WRITES,
     OPERATOR_WRITE_RETRIES,
     UDP_UNSUPPORTED,
 )
-from aether.operator.kubeapi import KubeWriter
+from aether.operator.kubeapi import KubeWriter, slice_labels
 from aether.operator.nodestatus import same_owned
 from aether.operator.reconcile.gateway import RouteView
 from aether.operator.reconcile.model import ClusterModel, Kind, Output, View
 from aether.operator.reconcile.nodes import NodeDesired
 from aether.operator.reconcile.routes import Verdict
 from aether.operator.routestatus import comparable, parents_status, unnamed_events
-from aether.operator.writes import Refusals, write_node, write_route
+from aether.operator.slicewire import same_slice
+from aether.operator.writes import Refusals, write_node, write_route, write_slice
 
 log = logging.getLogger("aether.operator")
 Lookup = Callable[[Kind, tuple[str, str]], View | None]
-MeshNodeLookup = Callable[[str], dict[str, Any] | None]
+MeshNodeLookup = Callable[[str], dict[str, Any] | None]  # also a MeshServiceSlice by name
 RESYNC = 4.0  # seconds between full comparisons of every written object with the API's copy (docs/operator.md)
 RETRY_BASE, RETRY_MAX = 0.25, 4.0  # a failed write's backoff: RETRY_BASE doubling per attempt, at most RETRY_MAX
-Target = tuple[str, Any]  # ("meshnode", name) | ("udproute", (ns, name)) | ("delete", name)
+Target = tuple[str, Any]  # ("meshnode" | "slice" | "delete", name) | ("udproute", (ns, name))
 
 
 def error_kind(exc: BaseException) -> str:
@@ -63,8 +67,12 @@ class Reconciler:
         debounce: float = 0.1,
         concurrency: int = 4,
         resync: float = RESYNC,
+        meshslice: MeshNodeLookup | None = None,
     ) -> None:
         self.writer, self.lookup, self.meshnode = writer, lookup, meshnode
+        self.meshslice: MeshNodeLookup = meshslice or writer.get_slice
+        self.slices: dict[str, dict[str, Any]] = {}  # MeshServiceSlice -> the spec the operator last computed
+        self.slice_writes: list[str] = []
         self.model = ClusterModel(trust_domain)
         self.debounce, self.resync = debounce, resync
         self.pending: dict[tuple[Kind, tuple[str, str]], None] = {}
@@ -118,6 +126,7 @@ class Reconciler:
             self.resyncs += 1
             OPERATOR_RESYNCS.inc()
             self.checks.update(("meshnode", name) for name in self.desired)
+            self.checks.update(("slice", name) for name in self.slices)
             self.checks.update(("udproute", (ns, name)) for ns, routes in self.model.routes.items() for name in routes)
             self.checks.update(t for t in self.attempts if t[0] == "delete")
             self._wake()
@@ -184,6 +193,22 @@ class Reconciler:
             UDP_UNSUPPORTED.labels(reason=reason).inc()
             log.info("UDPRoute %s: backend %s discarded (%s)", route, backend, reason)
         self.desired.update(out.desired)
+        gone: list[str] = []
+        first: list[Coroutine[Any, Any, None]] = []  # slices before the MeshNodes that name them
+        for name, spec in out.slices.items():
+            if spec is None:
+                self.slices.pop(name, None)
+                gone.append(name)
+            else:
+                self.slices[name] = spec
+                first.append(self._guard(("slice", name), self._slice(name, spec, ("slice", name) in checks)))
+        for target in sorted(t for t in checks if t[0] == "slice" and t[1] not in out.slices):
+            spec = self.slices.get(target[1])
+            if spec is not None:
+                first.append(self._guard(target, self._slice(target[1], spec, True)))
+            elif self._orphan(target[1]):
+                gone.append(target[1])
+        await asyncio.gather(*first)
         jobs: list[Coroutine[Any, Any, None]] = []
         for name, desired in out.desired.items():
             jobs.append(self._guard(("meshnode", name), self._node(name, desired, ("meshnode", name) in checks)))
@@ -204,6 +229,39 @@ class Reconciler:
         for key, (verdicts, drift) in routes.items():
             jobs.append(self._guard(("udproute", key), self._route(key, verdicts, drift)))
         await asyncio.gather(*jobs)
+        await asyncio.gather(*(self._guard(("slice", n), self._delete_slice(n)) for n in gone))
+
+    def _orphan(self, name: str) -> bool:
+        """A slice we do not want, of a namespace whose result we know (at start-up, before a namespace is computed,
+        its slices are left alone; a deleted Namespace's slices go with it by ownerReference)."""
+        current = self.meshslice(name)
+        if current is None or name in self.slices:
+            return False
+        ns = (current.get("spec") or {}).get("namespace")
+        return isinstance(ns, str) and ns in self.model.results
+
+    async def _slice(self, name: str, spec: dict[str, Any], verify: bool) -> None:
+        current = self.meshslice(name)
+        if current is not None and same_slice(current, spec, slice_labels(spec)):
+            if not verify:
+                OPERATOR_SLICE_WRITES.labels(outcome="unchanged").inc()
+            return
+        ns = self.model.namespaces.get(str(spec["namespace"]))
+        async with self.sem:
+            outcome = await asyncio.to_thread(
+                write_slice, self.writer, self.refusals, name, spec, current, ns.uid if ns else None
+            )
+        if outcome in ("created", "patched"):
+            self.slice_writes.append(name)
+            if verify:
+                OPERATOR_DRIFT_CORRECTIONS.labels(kind="slice").inc()
+
+    async def _delete_slice(self, name: str) -> None:
+        if name in self.slices:  # wanted again since
+            return
+        async with self.sem:
+            await asyncio.to_thread(self.writer.delete_slice, name)
+        OPERATOR_SLICE_WRITES.labels(outcome="deleted").inc()
 
     async def _guard(self, target: Target, job: Coroutine[Any, Any, None]) -> None:
         """Run one object's write; on failure schedule that object alone again, with backoff."""

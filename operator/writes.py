@@ -1,6 +1,7 @@
 """One object's write, level-based (sync, run in a worker thread): compare what the API holds with what is
-computed, write the difference, re-read on a conflict. A 422 for a body is remembered by the body's digest so the
-same body is not sent again (`Refusals`); any other error propagates to the loop, which retries with backoff."""
+computed, write the difference, re-read on a conflict. A refused body (422, or too large for the API: 413, or
+etcd's "request is too large" relayed as a 500) is remembered by the body's digest so the same body is not sent
+again (`Refusals`); any other error propagates to the loop, which retries with backoff."""
 
 from __future__ import annotations
 
@@ -11,14 +12,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aether.api.client import ApiException, now
-from aether.metrics import OPERATOR_MESHNODE_WRITES, OPERATOR_UDPROUTE_STATUS_WRITES, OPERATOR_WRITE_REFUSALS
-from aether.operator.kubeapi import KubeWriter
+from aether.metrics import (
+    OPERATOR_MESHNODE_WRITES,
+    OPERATOR_SLICE_WRITES,
+    OPERATOR_UDPROUTE_STATUS_WRITES,
+    OPERATOR_WRITE_REFUSALS,
+)
+from aether.operator.kubeapi import KubeWriter, slice_labels
 from aether.operator.nodestatus import digest, same_owned, status_patch
 from aether.operator.reconcile.routes import Verdict
 from aether.operator.routestatus import comparable, parents_status, transition_events
+from aether.operator.slicewire import same_slice, slice_ops
 
 log = logging.getLogger("aether.operator")
 CONFLICT_RETRIES = 5
+
+
+ETCD_TOO_LARGE = "request is too large"
+
+
+def refused(exc: ApiException) -> bool:
+    """The API refuses this body itself: sending it again cannot succeed (422 Invalid, 413 over the request-body
+    limit, or etcd's 'request is too large', which kube-apiserver relays as a 500 with no reason)."""
+    if exc.status in (413, 422):
+        return True
+    return exc.status == 500 and ETCD_TOO_LARGE in str(exc.body or "")
 
 
 def body_digest(body: Any) -> str:
@@ -38,7 +56,9 @@ class Refusals:
         self.refused[what] = body
         OPERATOR_WRITE_REFUSALS.labels(kind=what[0]).inc()
         detail = (exc.body or exc.reason or "")[:2000] if isinstance(exc.body, str) else exc.reason
-        log.warning("the API refused the %s write for %s (422), not retried until it changes: %s", *what, detail)
+        log.warning(
+            "the API refused the %s write for %s (%s), not retried until it changes: %s", *what, exc.status, detail
+        )
 
     def clear(self, what: tuple[str, Any]) -> None:
         self.refused.pop(what, None)
@@ -70,7 +90,7 @@ def write_node(
         try:
             writer.patch_meshnode_status(name, status_patch(owned, current.get("status"), rv, now()))
         except ApiException as exc:
-            if exc.status == 422:
+            if refused(exc):
                 refusals.note(what, wanted, exc)
                 return "refused"
             if exc.status not in (404, 409) or attempt == CONFLICT_RETRIES:
@@ -81,6 +101,49 @@ def write_node(
         refusals.clear(what)
         OPERATOR_MESHNODE_WRITES.labels(outcome="patched").inc()
         return "patched"
+    raise AssertionError("unreachable")
+
+
+def write_slice(
+    writer: KubeWriter,
+    refusals: Refusals,
+    name: str,
+    spec: dict[str, Any],
+    current: dict[str, Any] | None,
+    namespace_uid: str | None,
+) -> str:
+    """Make MeshServiceSlice `name` hold `spec`: created when absent, else a JSON patch of the difference against
+    the copy read (its resourceVersion tested). -> outcome: created, patched, unchanged, refused."""
+    what = ("slice", name)
+    labels = slice_labels(spec)
+    wanted = body_digest(spec)
+    for attempt in range(CONFLICT_RETRIES + 1):
+        if current is not None and same_slice(current, spec, labels):
+            refusals.clear(what)
+            return "unchanged"
+        if refusals.already(what, wanted):
+            return "refused"
+        try:
+            if current is None:
+                writer.create_slice(name, spec, namespace_uid)
+                outcome = "created"
+            else:
+                writer.patch_slice(name, slice_ops(current, spec, labels))
+                outcome = "patched"
+        except ApiException as exc:
+            # a failed resourceVersion test is 422 on a real API server (409 on some): re-read and rebuild once
+            stale = exc.status in (404, 409) or (exc.status == 422 and current is not None and attempt == 0)
+            if stale and attempt < CONFLICT_RETRIES:
+                OPERATOR_SLICE_WRITES.labels(outcome="conflict_retry").inc()
+                current = writer.get_slice(name)
+                continue
+            if refused(exc):
+                refusals.note(what, wanted, exc)
+                return "refused"
+            raise
+        refusals.clear(what)
+        OPERATOR_SLICE_WRITES.labels(outcome=outcome).inc()
+        return outcome
     raise AssertionError("unreachable")
 
 
@@ -121,7 +184,7 @@ def write_route(
                 continue
             if exc.status == 404:
                 return "gone"
-            if exc.status == 422:
+            if refused(exc):
                 refusals.note(what, wanted, exc)
                 return "refused"
             raise

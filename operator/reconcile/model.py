@@ -15,7 +15,7 @@ from aether.api.meshnode import MeshNodeStatus
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
 from aether.operator.reconcile.gateway import GrantView, RouteView, parse_grant, parse_route
 from aether.operator.reconcile.namespace import NamespaceResult, compute_namespace
-from aether.operator.reconcile.nodes import NodeDesired, dependency_set, meshed_pods
+from aether.operator.reconcile.nodes import NodeDesired, Tables, dependency_set, meshed_pods
 from aether.operator.reconcile.routes import Verdict
 from aether.operator.reconcile.views import (
     NamespaceView,
@@ -45,10 +45,12 @@ PARSERS: dict[str, Any] = {
 
 @dataclass
 class Output:
-    """What changed in one reconcile: node statuses to write, nodes gone, route verdicts of namespaces
-    whose results changed (routes gone from them map to ())."""
+    """What changed in one reconcile: node statuses to write, nodes gone, MeshServiceSlices to write (name -> spec;
+    None: no longer wanted, delete it), route verdicts of namespaces whose results changed (routes gone from them
+    map to ())."""
 
     desired: dict[str, NodeDesired] = field(default_factory=dict)
+    slices: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     removed_nodes: set[str] = field(default_factory=set)
     routes: dict[tuple[str, str], tuple[Verdict, ...]] = field(default_factory=dict)
     new_discards: set[tuple[str, str, str]] = field(default_factory=set)
@@ -218,6 +220,7 @@ class ClusterModel:
         for ns in self.dirty_ns:
             todo |= self.readers.get(ns, set())
         changed_ns: set[str] = set()
+        shaped: set[str] = set()  # changed in what a MeshNode shows (not an endpoint moving inside a slice)
         for ns in sorted(todo):
             reader = _Reader(self)
             result = compute_namespace(reader, ns)
@@ -229,7 +232,15 @@ class ClusterModel:
             old_result = self.results.get(ns)
             if old_result != result or full:
                 changed_ns.add(ns)
+                if full or old_result is None or old_result.shape != result.shape:
+                    shaped.add(ns)
                 self.results[ns] = result
+                before = old_result.slices if old_result is not None else {}
+                for name, spec in result.slices.items():
+                    if full or before.get(name) != spec:
+                        out.slices[name] = spec
+                for name in set(before) - set(result.slices):
+                    out.slices[name] = None
                 old_routes = set(old_result.route_verdicts) if old_result else set()
                 for rkey in old_routes - set(result.route_verdicts):
                     out.routes[rkey] = ()
@@ -239,8 +250,10 @@ class ClusterModel:
         if self.all_deps_dirty:
             nodes |= set(self.nodes)
         for ns in changed_ns:
-            nodes |= self.dependents.get(ns, set())
+            if ns in shaped:  # what a MeshNode shows of it moved (slice names, counts): its dependents' statuses
+                nodes |= self.dependents.get(ns, set())
         mesh = self.mesh_namespaces()
+        tables: dict[frozenset[str], Tables] = {}  # one per dependency set in this pass
         for node in sorted(nodes):
             if node not in self.nodes:
                 if node in self.known_nodes:
@@ -251,8 +264,13 @@ class ClusterModel:
             pods = meshed_pods((self.pods[k] for k in self.pods_by_node.get(node, ())), self.namespaces)
             deps = dependency_set(pods, self.namespaces, mesh)
             self._set_deps(node, deps)
-            results = tuple(self.results[d] for d in sorted(deps) if d in self.results)
-            out.desired[node] = NodeDesired(tuple(pods), results, self.trust_domain)
+            shared = tables.get(deps)
+            if shared is None:
+                results = tuple(self.results[d] for d in sorted(deps) if d in self.results)
+                shared = tables[deps] = Tables(results, bool(deps) and deps == mesh)
+            out.desired[node] = NodeDesired(
+                tuple(pods), shared.results, self.trust_domain, shared.every_mesh_namespace, shared
+            )
             self.known_nodes.add(node)
         self.dirty_nodes.clear()
         self.all_deps_dirty = False

@@ -1,5 +1,6 @@
 """Everything one namespace contributes to the mesh: its Services' UDP/TCP arms and shapes, its QUIC
-destinations, and the verdicts of its UDPRoutes. A pure function of a World; nodes assemble these."""
+destinations (per Service: `contributions`, split into MeshServiceSlices by slicing.py), and the verdicts of its
+UDPRoutes. A pure function of a World; nodes reference the slices, the sidecar reads them."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from aether.operator.reconcile.routes import (
     resolve_route_on,
     shapes_of,
 )
+from aether.operator.reconcile.slicing import Contribution, plan
 from aether.operator.reconcile.views import ServiceView
 from aether.operator.reconcile.world import World
 
@@ -49,24 +51,25 @@ class NamespaceResult:
     ineligible: tuple[IneligibleDestination, ...] = ()
     route_verdicts: dict[tuple[str, str], tuple[Verdict, ...]] = field(default_factory=dict)
     discards: frozenset[tuple[str, str, str]] = frozenset()  # (route, backend, reason): each counted once
+    meshed: bool = False  # a mesh namespace: only these are published in slices (nodes depend on no other)
+    contributions: tuple[Contribution, ...] = ()  # the lists above, per Service
 
     @cached_property
-    def fragments(self) -> dict[str, list[dict[str, Any]]]:
-        """The wire form of each list this namespace contributes to a MeshNode, built once and shared by
-        every node that depends on it (never mutate)."""
-        return {
-            "udp_arms": [a.wire() for a in self.udp_arms],
-            "udp_shapes": [x.wire() for x in self.udp_shapes],
-            "tcp_arms": [a.wire() for a in self.tcp_arms],
-            "tcp_shapes": [x.wire() for x in self.tcp_shapes],
-            "destinations": [d.wire() for d in self.destinations],
-            "ineligible": [d.wire() for d in self.ineligible],
-        }
+    def slices(self) -> dict[str, dict[str, Any]]:
+        """The namespace's MeshServiceSlices: name -> spec (wire form; shared, never mutate)."""
+        return plan(self.namespace, self.contributions) if self.meshed else {}
 
     @cached_property
-    def digest(self) -> str:
-        body = json.dumps(self.fragments, sort_keys=True).encode()
+    def shape(self) -> str:
+        """What a MeshNode says about this namespace (its slice names, whether it has unsupported shapes),
+        digested: it changes when a node's own status would, not when a Service or an endpoint changes."""
+        body = json.dumps([sorted(self.slices), self.degraded]).encode()
         return hashlib.blake2b(body, digest_size=16).hexdigest()
+
+    @property
+    def degraded(self) -> bool:
+        """A mesh namespace with shapes the data path cannot express (its slices' unsupportedShapes)."""
+        return self.meshed and bool(self.udp_shapes or self.tcp_shapes)
 
 
 def _plain_arm(world: World, svc: ServiceView, protocol: str) -> tuple[ServiceArm | None, list[UnsupportedShape]]:
@@ -145,68 +148,99 @@ def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestina
     )
 
 
+@dataclass
+class _Lists:
+    verdicts: dict[tuple[str, str, int], Verdict]
+    udp_arms: list[ServiceArm] = field(default_factory=list)
+    udp_shapes: list[UnsupportedShape] = field(default_factory=list)
+    tcp_arms: list[ServiceArm] = field(default_factory=list)
+    tcp_shapes: list[UnsupportedShape] = field(default_factory=list)
+    dests: list[QuicDestination] = field(default_factory=list)
+    inel: list[IneligibleDestination] = field(default_factory=list)
+    discards: set[tuple[str, str, str]] = field(default_factory=set)
+
+    def marks(self) -> tuple[int, ...]:
+        return tuple(
+            len(x) for x in (self.udp_arms, self.udp_shapes, self.tcp_arms, self.tcp_shapes, self.dests, self.inel)
+        )
+
+    def since(self, service: str, m: tuple[int, ...]) -> Contribution:
+        return Contribution(
+            service,
+            tuple(self.udp_arms[m[0] :]),
+            tuple(self.udp_shapes[m[1] :]),
+            tuple(self.tcp_arms[m[2] :]),
+            tuple(self.tcp_shapes[m[3] :]),
+            tuple(self.dests[m[4] :]),
+            tuple(self.inel[m[5] :]),
+        )
+
+
 def compute_namespace(world: World, namespace: str) -> NamespaceResult:
     winners, rejected = attach_routes(world, namespace)
-    verdicts: dict[tuple[str, str, int], Verdict] = dict(rejected)
-    udp_arms: list[ServiceArm] = []
-    udp_shapes: list[UnsupportedShape] = []
-    tcp_arms: list[ServiceArm] = []
-    tcp_shapes: list[UnsupportedShape] = []
-    dests: list[QuicDestination] = []
-    inel: list[IneligibleDestination] = []
-    discards: set[tuple[str, str, str]] = set()
+    acc = _Lists(verdicts=dict(rejected))
     meshed = mesh_member(world, namespace)
+    contributions: list[Contribution] = []
     for svc in sorted(world.services_in(namespace), key=lambda s: s.name):
-        sref = ref(svc.namespace, svc.name)
-        owner = world.vip_owner(svc.cluster_ip) if svc.cluster_ip else None
-        lost = owner is not None and owner.key != svc.key
-        route = None if lost else winners.get(svc.key)
-        if lost and owner is not None:
-            if meshed:
-                udp_shapes.append(duplicate_vip(svc, owner))
-        elif route is not None:
-            found: tuple[ServiceArm, Verdict] | None = None
-            for i, parent in enumerate(route.parents):
-                if (parent.namespace or route.namespace, parent.name) == svc.key and parent.ours:
-                    arm, verdict = resolve_route_on(world, route, parent, svc)
-                    verdicts[(route.namespace, route.name, i)] = verdict
-                    found = found or (arm, verdict)
-            if found is not None:
-                udp_arms.append(found[0])
-                udp_shapes.extend(shapes_of(route, found[1]))
-                discards.update((ref(*route.key), b, r) for b, r in found[1].discarded)
-        elif meshed:
-            udp_arm, shapes = _plain_arm(world, svc, "UDP")
-            if udp_arm is not None:
-                udp_arms.append(udp_arm)
-            udp_shapes.extend(shapes)
-        if not meshed:
-            continue
-        if svc.problems:
-            udp_shapes.append(UnsupportedShape(route=sref, reason=INVALID_SERVICE, message="; ".join(svc.problems)))
-        if not lost:
-            tcp_arm, shapes = _plain_arm(world, svc, "TCP")
-            if tcp_arm is not None:
-                tcp_arms.append(tcp_arm)
-            tcp_shapes.extend(shapes)
-        q = _quic(world, svc)
-        if isinstance(q, QuicDestination):
-            dests.append(q)
-        elif q is not None:
-            inel.append(q)
+        marks = acc.marks()
+        _one_service(world, svc, meshed, winners, acc)
+        contributions.append(acc.since(svc.name, marks))
     by_route: dict[tuple[str, str], list[Verdict]] = {}
-    for (rns, rname, _), v in sorted(verdicts.items()):
+    for (rns, rname, _), v in sorted(acc.verdicts.items()):
         by_route.setdefault((rns, rname), []).append(v)
     for route in world.routes_in(namespace):
         by_route.setdefault(route.key, [])
     return NamespaceResult(
         namespace=namespace,
-        udp_arms=tuple(udp_arms),
-        udp_shapes=tuple(udp_shapes),
-        tcp_arms=tuple(tcp_arms),
-        tcp_shapes=tuple(tcp_shapes),
-        destinations=tuple(dests),
-        ineligible=tuple(inel),
+        udp_arms=tuple(acc.udp_arms),
+        udp_shapes=tuple(acc.udp_shapes),
+        tcp_arms=tuple(acc.tcp_arms),
+        tcp_shapes=tuple(acc.tcp_shapes),
+        destinations=tuple(acc.dests),
+        ineligible=tuple(acc.inel),
         route_verdicts={k: tuple(v) for k, v in by_route.items()},
-        discards=frozenset(discards),
+        discards=frozenset(acc.discards),
+        meshed=meshed,
+        contributions=tuple(contributions),
     )
+
+
+def _one_service(world: World, svc: ServiceView, meshed: bool, winners: Any, acc: _Lists) -> None:
+    """What one Service adds to the namespace's lists (appended to `acc`)."""
+    sref = ref(svc.namespace, svc.name)
+    owner = world.vip_owner(svc.cluster_ip) if svc.cluster_ip else None
+    lost = owner is not None and owner.key != svc.key
+    route = None if lost else winners.get(svc.key)
+    if lost and owner is not None:
+        if meshed:
+            acc.udp_shapes.append(duplicate_vip(svc, owner))
+    elif route is not None:
+        found: tuple[ServiceArm, Verdict] | None = None
+        for i, parent in enumerate(route.parents):
+            if (parent.namespace or route.namespace, parent.name) == svc.key and parent.ours:
+                arm, verdict = resolve_route_on(world, route, parent, svc)
+                acc.verdicts[(route.namespace, route.name, i)] = verdict
+                found = found or (arm, verdict)
+        if found is not None:
+            acc.udp_arms.append(found[0])
+            acc.udp_shapes.extend(shapes_of(route, found[1]))
+            acc.discards.update((ref(*route.key), b, r) for b, r in found[1].discarded)
+    elif meshed:
+        udp_arm, shapes = _plain_arm(world, svc, "UDP")
+        if udp_arm is not None:
+            acc.udp_arms.append(udp_arm)
+        acc.udp_shapes.extend(shapes)
+    if not meshed:
+        return
+    if svc.problems:
+        acc.udp_shapes.append(UnsupportedShape(route=sref, reason=INVALID_SERVICE, message="; ".join(svc.problems)))
+    if not lost:
+        tcp_arm, shapes = _plain_arm(world, svc, "TCP")
+        if tcp_arm is not None:
+            acc.tcp_arms.append(tcp_arm)
+        acc.tcp_shapes.extend(shapes)
+    q = _quic(world, svc)
+    if isinstance(q, QuicDestination):
+        acc.dests.append(q)
+    elif q is not None:
+        acc.inel.append(q)

@@ -1,4 +1,6 @@
-"""One node's MeshNode status from its pods and the results of the namespaces it depends on (pure).
+"""One node's MeshNode status from its pods and the results of the namespaces it depends on (pure): the node's
+own state (pods, identities, conditions, counts) and the names of the MeshServiceSlices that hold the shared
+service tables it reads (`serviceSlices`), never the tables themselves.
 
 A node's dependency set is the namespaces its meshed pods may dial: each pod namespace's
 `mesh.aether.dev/egress` annotation (comma-separated namespaces; absent or `*` = every mesh namespace),
@@ -15,6 +17,7 @@ from typing import Any
 
 from aether.api.meshnode import Condition, L4Status, MeshNodeStatus, MeshPod, QuicStatus, Summary
 from aether.api.naming import DEFAULT_TRUST_DOMAIN, spiffe_id
+from aether.api.slices import MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE_LABEL
 from aether.operator.reconcile.namespace import NamespaceResult
 from aether.operator.reconcile.views import NamespaceView, PodView
 
@@ -41,33 +44,23 @@ def meshed_pods(pods: Iterable[PodView], namespaces: Mapping[str, NamespaceView]
     return sorted(out, key=lambda p: (p.namespace, p.name))
 
 
-def _conditions(pods: int, udp: int, tcp: int, shapes: int) -> list[Condition]:
+def _conditions(pods: int, namespaces: int, slices: int, degraded: list[str]) -> list[Condition]:
+    listed = ", ".join(degraded[:10]) + (f" and {len(degraded) - 10} more" if len(degraded) > 10 else "")
     return [
         Condition(
             type="Ready",
             status="True",
             reason="Reconciled",
-            message=f"{pods} pods, {udp} UDP and {tcp} TCP arms",
+            message=f"{pods} pods; the Services of {namespaces} namespaces in {slices} MeshServiceSlices",
         ),
         Condition(
             type="Degraded",
-            status="True" if shapes else "False",
-            reason="UnsupportedShapes" if shapes else "AsExpected",
-            message=f"{shapes} unsupported shapes (see udp/tcp.unsupportedShapes)" if shapes else "",
+            status="True" if degraded else "False",
+            reason="UnsupportedShapes" if degraded else "AsExpected",
+            message=f"unsupported shapes in {listed} (see udp/tcp.unsupportedShapes in their slices)"
+            if degraded
+            else "",
         ),
-    ]
-
-
-def _mesh_pods(pods: Iterable[PodView]) -> list[MeshPod]:
-    return [
-        MeshPod(
-            uid=p.uid or f"{p.namespace}/{p.name}",
-            namespace=p.namespace,
-            name=p.name,
-            ip=p.ip,
-            service_account=p.service_account,
-        )
-        for p in pods
     ]
 
 
@@ -75,15 +68,70 @@ def identities(pods: Iterable[PodView], trust_domain: str) -> list[str]:
     return sorted({spiffe_id(p.namespace, p.service_account, trust_domain) for p in pods if p.running})
 
 
+SELECTOR_NAMESPACES = 20  # up to this many namespaces the selector lists them; beyond, "every mesh namespace"
+
+
+def selector(namespaces: list[str], every_mesh_namespace: bool) -> str:
+    """A label selector for `kubectl get meshserviceslices -l` that lists the slices of `namespaces`."""
+    if every_mesh_namespace or len(namespaces) > SELECTOR_NAMESPACES:
+        return f"{MANAGED_BY_LABEL}={MANAGED_BY}" + ("" if every_mesh_namespace else f",{NAMESPACE_LABEL}")
+    return f"{NAMESPACE_LABEL} in ({','.join(namespaces)})"
+
+
+@dataclass(frozen=True, eq=False)
+class Tables:
+    """What a MeshNode shows of the namespaces it depends on (slice names, counts), computed once per dependency
+    set and shared by every node with that set (with the default egress, every node)."""
+
+    results: tuple[NamespaceResult, ...]  # sorted by namespace
+    every_mesh_namespace: bool = False  # the dependency set is every mesh namespace (default egress)
+
+    @cached_property
+    def degraded(self) -> list[str]:
+        return [r.namespace for r in self.results if r.degraded]
+
+    @cached_property
+    def refs(self) -> dict[str, Any]:
+        namespaces = [r.namespace for r in self.results]
+        return {
+            "selector": selector(namespaces, self.every_mesh_namespace),
+            "namespaces": namespaces,
+            "names": [n for r in self.results for n in r.slices],
+        }
+
+    @cached_property
+    def digest(self) -> str:
+        h = hashlib.blake2b(str(self.every_mesh_namespace).encode(), digest_size=16)
+        for r in self.results:
+            h.update(f"|{r.namespace}:{r.shape}".encode())
+        return h.hexdigest()
+
+
+def _pod_wire(p: PodView) -> dict[str, Any]:
+    """MeshPod's wire form, built directly (thousands per pass)."""
+    out = {"uid": p.uid or f"{p.namespace}/{p.name}", "namespace": p.namespace, "name": p.name}
+    if p.ip is not None:
+        out["ip"] = p.ip
+    out["serviceAccount"] = p.service_account
+    return out
+
+
 @dataclass(frozen=True, eq=False)
 class NodeDesired:
     """One node's desired status, kept as references to shared namespace results: `.owned` is the wire form
-    the operator writes (built from the results' shared fragments), `.digest` a cheap change detector
-    (the namespace results' digests plus this node's own pods), `.status()` the pydantic model."""
+    the operator writes (the node's own state and the names of the slices it reads), `.digest` a cheap change
+    detector (what of each namespace result the MeshNode shows, plus this node's own pods), `.status()` the whole
+    desired state as a pydantic model (the MeshNode with every slice's tables inline: what the sidecar programs)."""
 
     pods: tuple[PodView, ...]
     results: tuple[NamespaceResult, ...]  # sorted by namespace
     trust_domain: str = DEFAULT_TRUST_DOMAIN
+    every_mesh_namespace: bool = False  # the dependency set is every mesh namespace (default egress)
+    tables: Tables | None = None  # shared with the nodes of the same dependency set (built here when absent)
+
+    @cached_property
+    def shared(self) -> Tables:
+        return self.tables if self.tables is not None else Tables(self.results, self.every_mesh_namespace)
 
     def status(self) -> MeshNodeStatus:
         return assemble(list(self.pods), self.results, self.trust_domain)
@@ -92,42 +140,29 @@ class NodeDesired:
     def digest(self) -> str:
         own = json.dumps([[p.uid, p.namespace, p.name, p.ip, p.service_account, p.running] for p in self.pods])
         h = hashlib.blake2b(own.encode(), digest_size=16)
-        h.update(self.trust_domain.encode())
-        for r in self.results:
-            h.update(f"|{r.namespace}:{r.digest}".encode())
+        h.update(f"{self.trust_domain}|{self.shared.digest}".encode())
         return h.hexdigest()
 
     @cached_property
     def owned(self) -> dict[str, Any]:
-        f = [r.fragments for r in self.results]
-        udp = [a for x in f for a in x["udp_arms"]]
-        tcp = [a for x in f for a in x["tcp_arms"]]
-        udp_shapes = [s for x in f for s in x["udp_shapes"]]
-        tcp_shapes = [s for x in f for s in x["tcp_shapes"]]
-        shapes = len(udp_shapes) + len(tcp_shapes)
+        refs = self.shared.refs
+        conditions = _conditions(len(self.pods), len(refs["namespaces"]), len(refs["names"]), self.shared.degraded)
         return {
-            "conditions": [c.wire() for c in _conditions(len(self.pods), len(udp), len(tcp), shapes)],
-            "pods": [p.wire() for p in _mesh_pods(self.pods)],
-            "udp": {"services": udp, "unsupportedShapes": udp_shapes},
-            "tcp": {"services": tcp, "unsupportedShapes": tcp_shapes},
-            "quic": {
-                "identities": identities(self.pods, self.trust_domain),
-                "destinations": [d for x in f for d in x["destinations"]],
-                "ineligible": [d for x in f for d in x["ineligible"]],
-            },
-            "summary": {
-                "pods": len(self.pods),
-                "udpServices": len(udp),
-                "tcpServices": len(tcp),
-                "unsupportedShapes": shapes,
-            },
+            "conditions": [c.wire() for c in conditions],
+            "pods": [_pod_wire(p) for p in self.pods],
+            "udp": {"services": [], "unsupportedShapes": []},  # in the slices (a MeshNode file may hold them inline)
+            "tcp": {"services": [], "unsupportedShapes": []},
+            "quic": {"identities": identities(self.pods, self.trust_domain), "destinations": [], "ineligible": []},
+            "serviceSlices": refs,
+            "summary": {"pods": len(self.pods), "namespaces": len(refs["namespaces"]), "slices": len(refs["names"])},
         }
 
 
 def assemble(
     pods: list[PodView], results: Iterable[NamespaceResult], trust_domain: str = DEFAULT_TRUST_DOMAIN
 ) -> MeshNodeStatus:
-    """pods: the node's meshed pods (meshed_pods); results: its dependency set's namespace results."""
+    """The node's whole desired state with every table inline (what api.slices.effective gives the sidecar from
+    the MeshNode and its slices; tests read it). pods: meshed_pods; results: its dependency set's results."""
     rs = sorted(results, key=lambda r: r.namespace)
     udp = L4Status(
         services=[a for r in rs for a in r.udp_arms], unsupported_shapes=[s for r in rs for s in r.udp_shapes]
@@ -140,15 +175,13 @@ def assemble(
         destinations=[d for r in rs for d in r.destinations],
         ineligible=[i for r in rs for i in r.ineligible],
     )
-    shapes = len(udp.unsupported_shapes) + len(tcp.unsupported_shapes)
-    conditions = _conditions(len(pods), len(udp.services), len(tcp.services), shapes)
+    names = [n for r in rs for n in r.slices]
+    conditions = _conditions(len(pods), len(rs), len(names), [r.namespace for r in rs if r.degraded])
     return MeshNodeStatus(
         conditions=conditions,
-        pods=_mesh_pods(pods),
+        pods=[MeshPod.model_validate(_pod_wire(p)) for p in pods],
         udp=udp,
         tcp=tcp,
         quic=quic,
-        summary=Summary(
-            pods=len(pods), udp_services=len(udp.services), tcp_services=len(tcp.services), unsupported_shapes=shapes
-        ),
+        summary=Summary(pods=len(pods), namespaces=len(rs), slices=len(names)),
     )

@@ -57,6 +57,7 @@ class NamespaceView:
     name: str
     meshed: bool
     egress: frozenset[str] | None  # None: every mesh namespace
+    uid: str = ""  # the owner of the namespace's MeshServiceSlices
 
 
 def parse_namespace(obj: Raw) -> NamespaceView:
@@ -66,7 +67,9 @@ def parse_namespace(obj: Raw) -> NamespaceView:
     egress: frozenset[str] | None = None
     if isinstance(egress_raw, str) and egress_raw.strip() not in ("", "*"):
         egress = frozenset(p.strip() for p in egress_raw.split(",") if p.strip())
-    return NamespaceView(str(meta.get("name", "")), labels.get(MESH_LABEL) == "true", egress)
+    return NamespaceView(
+        str(meta.get("name", "")), labels.get(MESH_LABEL) == "true", egress, str(meta.get("uid") or "")
+    )
 
 
 @dataclass(frozen=True, slots=True)

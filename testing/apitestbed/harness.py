@@ -17,6 +17,8 @@ from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ConflictError, NotFoundError
 
 from aether.api.client import api_client
+from aether.api.meshnode import parse_meshnode
+from aether.api.slices import NodeState, parse_slice
 from aether.operator.cli import run
 from aether.operator.handlers import OperatorConfig
 from aether.testing.apitestbed import TestBed
@@ -104,12 +106,25 @@ class Cluster:
     def meshnode(self, name: str) -> dict[str, Any] | None:
         return self.get("mesh.aether.dev/v1alpha1", "MeshNode", name)
 
+    def slices(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.res("mesh.aether.dev/v1alpha1", "MeshServiceSlice").get().to_dict()["items"]
+        return items
+
+    def state(self, node: str) -> dict[str, Any]:
+        """MeshNode `node`'s status with every arm in effect inline (its MeshServiceSlices read as the sidecar reads
+        them: api.slices.effective), camelCase; {} while there is no MeshNode."""
+        mn = self.meshnode(node)
+        if mn is None:
+            return {}
+        held = {s["metadata"]["name"]: parse_slice(s, "slice") for s in self.slices()}
+        status: dict[str, Any] = NodeState(parse_meshnode(mn, f"MeshNode/{node}"), held).effective().status.wire()
+        return status
+
     def route(self, ns: str, name: str, version: str = "v1alpha2") -> dict[str, Any] | None:
         return self.get(f"gateway.networking.k8s.io/{version}", "UDPRoute", name, ns)
 
     def arm(self, node: str, service: str) -> dict[str, Any] | None:
-        mn = self.meshnode(node) or {}
-        arms = ((mn.get("status") or {}).get("udp") or {}).get("services") or []
+        arms = (self.state(node).get("udp") or {}).get("services") or []
         return next((a for a in arms if a.get("service") == service), None)
 
     def wait(self, what: str, fn: Callable[[], T | None], timeout: float = DEFAULT_TIMEOUT) -> T:

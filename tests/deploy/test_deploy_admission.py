@@ -90,7 +90,7 @@ def _meshnode(name: str) -> dict[str, Any]:
         {"type": "Ready", "status": "True", "reason": "Computed", "message": "", "lastTransitionTime": "t0"},
         {"type": "Programmed", "status": "Unknown", "reason": "Pending", "message": "", "lastTransitionTime": "t0"},
     ]
-    wire["status"]["summary"] = {"pods": 2, "udpServices": 0, "tcpServices": 0, "unsupportedShapes": 0}
+    wire["status"]["summary"] = {"pods": 2, "namespaces": 1, "slices": 1}
     return wire
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from aether.api.meshnode import MeshNodeStatus
+from aether.api.slices import SliceSpec
 from aether.metrics import REGISTRY
 from aether.netns.contract import PORT_ROLES
 
@@ -39,7 +40,7 @@ def test_every_metric_is_documented() -> None:
 
 
 def _undocumented(fields: set[str], text: str) -> list[str]:
-    section = text.split("## MeshNode fields", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## MeshNode and MeshServiceSlice fields", 1)[1].split("\n## ", 1)[0]
     words = {w for span in re.findall(r"`([^`\n]*)`", section) for w in re.findall(r"\w+", span)}
     return sorted(fields - words)
 
@@ -48,6 +49,9 @@ def test_every_meshnode_status_field_is_documented() -> None:
     fields = _wire_fields(MeshNodeStatus)
     assert {"conditions", "unsupportedShapes", "dormantPairs", "serviceAccount", "lastTransitionTime"} <= fields
     assert _undocumented(fields, OPERATIONS) == []
+    slice_fields = _wire_fields(SliceSpec)
+    assert {"namespace", "index", "count", "services", "destinations"} <= slice_fields
+    assert _undocumented(slice_fields, OPERATIONS) == []
 
 
 def test_the_field_check_sees_red() -> None:

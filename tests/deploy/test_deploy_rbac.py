@@ -34,18 +34,21 @@ OPERATOR_CALLS = [
     ("patch", "gateway.networking.k8s.io", "udproutes", "status"),
     *[(v, "mesh.aether.dev", "meshnodes", "") for v in ("get", "list", "watch", "create", "delete")],
     ("patch", "mesh.aether.dev", "meshnodes", "status"),
+    *[(v, "mesh.aether.dev", "meshserviceslices", "") for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[(v, "apiextensions.k8s.io", "customresourcedefinitions", "") for v in ("list", "watch")],
     ("create", "", "events", ""),
 ]
 NODE_CALLS = [
     *[(v, "mesh.aether.dev", "meshnodes", "") for v in ("get", "list", "watch")],
     ("patch", "mesh.aether.dev", "meshnodes", "status"),
+    *[(v, "mesh.aether.dev", "meshserviceslices", "") for v in ("list", "watch")],
 ]
 # What each account must NOT be able to do: least privilege, pinned.
 NODE_FORBIDDEN = [
     ("create", "mesh.aether.dev", "meshnodes", ""),
     ("delete", "mesh.aether.dev", "meshnodes", ""),
     ("patch", "mesh.aether.dev", "meshnodes", ""),
+    *[(v, "mesh.aether.dev", "meshserviceslices", "") for v in ("create", "patch", "delete")],
     ("get", "", "secrets", ""),
     ("list", "", "pods", ""),
 ]
@@ -187,12 +190,14 @@ def _seed(store: Any) -> None:
     )
 
 
-# What the seeded run calls before the operator is stopped: every call of OPERATOR_CALLS but the MeshNode GET
-# (a status patch conflict) and DELETE (a Node gone), which this run has no reason to make.
+# What the seeded run calls before the operator is stopped: every call of OPERATOR_CALLS but the MeshNode and
+# MeshServiceSlice GET (a conflict), DELETE (a Node gone, a slice no longer wanted) and the slice PATCH (a change
+# after the first write), which this run has no reason to make.
 OPERATOR_RUN_CALLS = [
     c
     for c in OPERATOR_CALLS
-    if c not in (("get", "mesh.aether.dev", "meshnodes", ""), ("delete", "mesh.aether.dev", "meshnodes", ""))
+    if not (c[1] == "mesh.aether.dev" and c[0] in ("get", "delete"))
+    and c[:3] != ("patch", "mesh.aether.dev", "meshserviceslices")
 ]
 
 
@@ -205,7 +210,14 @@ def _reconciled(store: Any) -> list[str]:
     status = node.get("status") or {}
     if not status.get("pods"):
         missing.append("MeshNode node-a status.pods")
-    if not any(a.get("service") == f"{NS}/dns-a" for a in (status.get("udp") or {}).get("services") or []):
+    slices = store.objects.get(("mesh.aether.dev", "meshserviceslices"), {})
+    names = (status.get("serviceSlices") or {}).get("names") or []
+    arms = [
+        a
+        for n in names
+        for a in (((slices.get(("", n)) or {}).get("spec") or {}).get("udp") or {}).get("services") or []
+    ]
+    if not any(a.get("service") == f"{NS}/dns-a" for a in arms):
         missing.append(f"MeshNode node-a arm {NS}/dns-a")
     udproutes = next(t for t in store.types.values() if t.plural == "udproutes")
     route = store.objects.get(udproutes.key, {}).get((NS, "dns")) or {}

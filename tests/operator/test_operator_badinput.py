@@ -73,8 +73,7 @@ class Control:
         self.before = wait_for(self.arms_ready, what="control arms", ignore=READ_ERRORS)
 
     def arms(self) -> list[dict[str, Any]]:
-        mn = self.k.meshnode(self.node) or {}
-        arms = ((mn.get("status") or {}).get("udp") or {}).get("services") or []
+        arms = (self.k.state(self.node).get("udp") or {}).get("services") or []
         return sorted((a for a in arms if a["service"].startswith(f"{self.ns}/")), key=lambda a: a["service"])
 
     def arms_ready(self) -> list[dict[str, Any]] | None:
@@ -381,12 +380,7 @@ def test_hostile_corpus_gets_conditions_and_never_moves_unrelated_arms(
         assert cond[0]["message"], f"{name}: a condition must say why"
     shapes = wait_for(
         lambda: (
-            {
-                (s["route"], s["reason"])
-                for s in ((k.meshnode(control.node) or {}).get("status") or {})
-                .get("udp", {})
-                .get("unsupportedShapes", [])
-            }
+            {(s["route"], s["reason"]) for s in k.state(control.node).get("udp", {}).get("unsupportedShapes", [])}
             >= {
                 (f"{ns}/bad-ip", "InvalidService"),
                 (f"{ns}/bad-ports", "InvalidService"),
@@ -397,7 +391,7 @@ def test_hostile_corpus_gets_conditions_and_never_moves_unrelated_arms(
         ignore=READ_ERRORS,
     )
     assert shapes
-    loop_arms = {a["service"]: a["cluster"] for a in ((k.meshnode(control.node) or {})["status"]["udp"]["services"])}
+    loop_arms = {a["service"]: a["cluster"] for a in k.state(control.node)["udp"]["services"]}
     assert loop_arms[f"{ns}/v24"] == f"udp:{ns}/v25" and loop_arms[f"{ns}/v25"] == f"udp:{ns}/v24"
     assert control.arms() == control.before
     assert operator.alive()

@@ -97,7 +97,7 @@ def test_weights_tie_drain_no_live_backend_and_route_deleted(mesh: Mesh, cluster
     assert conds["Accepted"]["status"] == "True" and conds["Accepted"]["reason"] == "Accepted"
     assert conds["ResolvedRefs"]["status"] == "True" and conds["Accepted"]["observedGeneration"] >= 1
     assert "WeightedSplit" in conds[SHAPE_CONDITION]["message"]
-    shapes = (cluster.meshnode(mesh.n1) or {})["status"]["udp"]["unsupportedShapes"]
+    shapes = cluster.state(mesh.n1)["udp"]["unsupportedShapes"]
     assert {"route": f"{mesh.ns}/r", "reason": "WeightedSplit", "discarded": [f"{mesh.ns}/c"], "message": ""} in shapes
 
     mesh.route("r", "a", [o.backend("c", 53, 1), o.backend("b", 53, 0)])  # b drained

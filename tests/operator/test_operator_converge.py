@@ -37,8 +37,7 @@ class Mesh:
         self.k.apply(o.endpoint_slice(self.ns, name, SL, [(ip, True, None)]))
 
     def arms(self) -> dict[str, dict[str, Any]]:
-        mn = self.k.meshnode(self.node) or {}
-        arms = ((mn.get("status") or {}).get("udp") or {}).get("services") or []
+        arms = (self.k.state(self.node).get("udp") or {}).get("services") or []
         return {a["service"]: a for a in arms if a["service"].startswith(f"{self.ns}/")}
 
     def ours(self, route: str) -> dict[str, Any] | None:
@@ -79,7 +78,7 @@ def test_meshnode_status_drift_is_undone(mesh: Mesh) -> None:
     mesh.patch_status(*MESHNODE, mesh.node, {"status": {"udp": {"services": []}}}, None)
     settled(lambda: mesh.arms() == want, "the wiped arms written back")
 
-    arms = (mesh.k.meshnode(mesh.node) or {})["status"]["udp"]["services"]
+    arms = mesh.k.state(mesh.node)["udp"]["services"]
     evil = [{**a, "cluster": "udp:evil/x"} if a["service"] == f"{mesh.ns}/a" else a for a in arms]
     mesh.patch_status(*MESHNODE, mesh.node, {"status": {"udp": {"services": evil}}}, None)
     settled(lambda: mesh.arms() == want, "the rewritten arm put back")

@@ -56,7 +56,7 @@ class Bed:
         return name
 
     def mn(self) -> dict[str, Any]:
-        return (self.k.meshnode(self.node) or {}).get("status") or {}
+        return self.k.state(self.node)
 
     def arms(self, ns: str | None = None) -> dict[str, dict[str, Any]]:
         prefix = f"{ns or self.ns}/"
@@ -471,6 +471,21 @@ def _mn_status(bed: Bed, body: dict[str, Any]) -> None:
     bed.k.res(MN, "MeshNode").subresources["status"].patch(body={"status": body}, name=bed.node, content_type=MERGE)
 
 
+def _slice_names(bed: Bed) -> list[str]:
+    return [n for n in (bed.k.meshnode(bed.node) or {})["status"]["serviceSlices"]["names"] if n.startswith(bed.ctl)]
+
+
+def _slice_spec(bed: Bed, body: dict[str, Any]) -> None:
+    """Merge-patch the spec of the control namespace's slice (behind the operator's back)."""
+    res = bed.k.res(MN, "MeshServiceSlice")
+    res.patch(body={"spec": body}, name=_slice_names(bed)[0], content_type=MERGE)
+
+
+def _slice_delete(bed: Bed) -> None:
+    for name in _slice_names(bed):
+        bed.k.delete(MN, "MeshServiceSlice", name)
+
+
 def _route_status(bed: Bed, name: str, parents: list[Any]) -> None:
     res = bed.k.res(GW, "UDPRoute").subresources["status"]
     res.patch(body={"status": {"parents": parents}}, name=name, namespace=bed.ns, content_type=MERGE)
@@ -519,6 +534,11 @@ TAMPER_REFUSED: list[tuple[str, Callable[[Bed], None], str]] = [
         "status.udp.services[0].endpoints[0].port",
     ),
     ("mn-summary-string", lambda b: _mn_status(b, {"summary": {"pods": "many"}}), "status.summary.pods"),
+    (
+        "slice-arm-no-vip",
+        lambda b: _slice_spec(b, {"udp": {"services": [{"service": "a/b", "cluster": "c"}]}}),
+        "spec.udp.services[0].vip",
+    ),
     (
         "route-parent-no-name",
         lambda b: _route_status(
@@ -596,7 +616,13 @@ def _arms_of(b: Bed) -> list[Any]:
 
 
 TAMPER_UNDONE: list[tuple[str, Callable[[Bed], None]]] = [
-    ("mn-arms-wiped", lambda b: _mn_status(b, {"udp": {"services": []}})),
+    (
+        "mn-arms-added",
+        lambda b: _mn_status(b, {"udp": {"services": [{"service": "a/b", "vip": "10.9.9.9", "cluster": "c"}]}}),
+    ),
+    ("slice-arms-wiped", lambda b: _slice_spec(b, {"udp": {"services": []}})),
+    ("slice-count-lies", lambda b: _slice_spec(b, {"count": 7})),
+    ("slice-deleted", _slice_delete),
     (
         "mn-ready-false",
         lambda b: _mn_status(
@@ -606,9 +632,9 @@ TAMPER_UNDONE: list[tuple[str, Callable[[Bed], None]]] = [
     ("mn-identities-added", lambda b: _mn_status(b, {"quic": {"identities": ["spiffe://evil/ns/x/sa/y"]}})),
     (
         "mn-summary-lies",
-        lambda b: _mn_status(b, {"summary": {"pods": 999, "udpServices": 0, "tcpServices": 0, "unsupportedShapes": 0}}),
+        lambda b: _mn_status(b, {"summary": {"pods": 999, "namespaces": 0, "slices": 0}}),
     ),
-    ("mn-shapes-wiped", lambda b: _mn_status(b, {"udp": {"unsupportedShapes": []}})),
+    ("mn-slice-names-wiped", lambda b: _mn_status(b, {"serviceSlices": {"names": []}})),
     ("mn-pods-wiped", lambda b: _mn_status(b, {"pods": []})),
     ("route-parents-wiped", lambda b: _route_status(b, "tamper", [])),
     (

@@ -17,11 +17,16 @@ def test_crds_are_not_stale() -> None:
 
 def test_stale_check_sees_a_changed_model_negative_control(tmp_path: Path) -> None:
     """The staleness gate must go red: an edited copy of the CRD is reported, a missing one too."""
-    text = (crdgen.crds_dir() / "meshnode.yaml").read_text()
-    (tmp_path / "meshnode.yaml").write_text(text.replace("unsupportedShapes", "unsupportedShape"))
-    assert crdgen.stale(tmp_path) == ["meshnode.yaml"]
-    (tmp_path / "meshnode.yaml").unlink()
-    assert crdgen.stale(tmp_path) == ["meshnode.yaml"]
+    for name in ("meshnode.yaml", "meshserviceslices.yaml"):
+        (tmp_path / name).write_text((crdgen.crds_dir() / name).read_text())
+    assert crdgen.stale(tmp_path) == []
+    for name in ("meshnode.yaml", "meshserviceslices.yaml"):
+        text = (crdgen.crds_dir() / name).read_text()
+        (tmp_path / name).write_text(text.replace("unsupportedShapes", "unsupportedShape"))
+        assert crdgen.stale(tmp_path) == [name]
+        (tmp_path / name).unlink()
+        assert crdgen.stale(tmp_path) == [name]
+        (tmp_path / name).write_text(text)
 
 
 def _walk(schema: Any, path: str = "") -> list[str]:
@@ -48,7 +53,7 @@ def test_meshnode_crd_shape() -> None:
     assert version["subresources"] == {"status": {}}
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Pods",
-        "UDP Services",
+        "Slices",
         "QUIC Pairs",
         "Dormant Pairs",
         "Ready",
@@ -65,3 +70,14 @@ def test_meshnode_crd_shape() -> None:
     # every field of the model is in the schema (camelCase)
     wire = MeshNodeStatus.model_json_schema(by_alias=True)["properties"]
     assert set(wire) == set(props)
+
+
+def test_slice_crd_shape() -> None:
+    crd = yaml.safe_load((crdgen.crds_dir() / "meshserviceslices.yaml").read_text())
+    assert crd["spec"]["scope"] == "Cluster" and crd["spec"]["names"]["kind"] == "MeshServiceSlice"
+    version = crd["spec"]["versions"][0]
+    assert "subresources" not in version, "the operator writes a slice whole: no status"
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert _walk(spec) == []
+    assert set(spec["properties"]) == {"namespace", "index", "count", "services", "udp", "tcp", "quic"}
+    assert set(spec["properties"]["udp"]["properties"]) == {"services", "unsupportedShapes"}

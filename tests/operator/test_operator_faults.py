@@ -55,8 +55,7 @@ class World:
         return name
 
     def arms(self) -> set[str]:
-        mn = self.k.meshnode(self.node) or {}
-        return {a["service"] for a in ((mn.get("status") or {}).get("udp") or {}).get("services") or []}
+        return {a["service"] for a in (self.k.state(self.node).get("udp") or {}).get("services") or []}
 
     def converged(self, *services: str, within: float = 10.0) -> None:
         want = {f"{self.ns}/{s}" for s in services}
@@ -83,20 +82,36 @@ def world() -> Iterator[World]:
         bed.stop()
 
 
-def test_a_500_on_a_status_write_is_retried(world: World) -> None:
-    before = metric("aether_operator_write_retries_total", kind="meshnode", error="api_500")
-    fault = world.bed.inject(Fault(500, verb="patch", plural="meshnodes", subresource="status", name=world.node))
+def test_a_500_on_a_slice_write_is_retried(world: World) -> None:
+    """A Service added writes its namespace's MeshServiceSlice (a JSON patch), not the MeshNode."""
+    before = metric("aether_operator_write_retries_total", kind="slice", error="api_500")
+    fault = world.bed.inject(Fault(500, verb="patch", plural="meshserviceslices"))
     svc = world.service()
     world.converged(svc)
     assert fault.hits == 1
-    assert metric("aether_operator_write_retries_total", kind="meshnode", error="api_500") == before + 1
+    assert metric("aether_operator_write_retries_total", kind="slice", error="api_500") == before + 1
 
 
-def test_a_409_is_re_read_and_retried(world: World) -> None:
-    before = metric("aether_operator_meshnode_writes_total", outcome="conflict_retry")
-    fault = world.bed.inject(Fault(409, verb="patch", plural="meshnodes", subresource="status", name=world.node))
+def test_a_409_on_a_slice_is_re_read_and_retried(world: World) -> None:
+    before = metric("aether_operator_slice_writes_total", outcome="conflict_retry")
+    fault = world.bed.inject(Fault(409, verb="patch", plural="meshserviceslices"))
     svc = world.service()
     world.converged(svc)
+    assert fault.hits == 1
+    assert metric("aether_operator_slice_writes_total", outcome="conflict_retry") == before + 1
+
+
+def test_a_409_on_a_meshnode_status_is_re_read_and_retried(world: World) -> None:
+    """A pod landing writes that node's MeshNode."""
+    before = metric("aether_operator_meshnode_writes_total", outcome="conflict_retry")
+    fault = world.bed.inject(Fault(409, verb="patch", plural="meshnodes", subresource="status", name=world.node))
+    name = f"late{world.n}"
+    world.k.apply(o.pod(world.ns, name, world.node), status=o.pod_status(f"10.90.0.{100 + world.n}"))
+
+    def landed() -> bool:
+        return any(p["name"] == name for p in world.k.state(world.node).get("pods") or [])
+
+    wait_for(landed, what="the pod in its MeshNode", ignore=READ_ERRORS)
     assert fault.hits == 1
     assert metric("aether_operator_meshnode_writes_total", outcome="conflict_retry") == before + 1
 
@@ -135,11 +150,9 @@ def test_cut_watch_streams_are_resumed(world: World) -> None:
 
 def test_the_api_down_for_10_s(world: World) -> None:
     """A write fails with 503 and keeps being retried (with backoff) through 10 s of outage; meanwhile a Service is
-    added and a MeshNode's arms are wiped behind the API's back. Once it is back everything converges."""
-    errors = metric("aether_operator_write_retries_total", kind="meshnode", error="api_503")
-    fault = world.bed.inject(
-        Fault(503, verb="patch", plural="meshnodes", subresource="status", name=world.node, times=0)
-    )
+    added and its namespace's MeshServiceSlices are deleted behind the API's back. Once it is back everything converges."""
+    errors = metric("aether_operator_write_retries_total", kind="slice", error="api_503")
+    fault = world.bed.inject(Fault(503, verb="patch", plural="meshserviceslices", times=0))
     svc = world.service()
     wait_for(lambda: fault.hits >= 1, what="the write that meets the outage")
     world.bed.set_down(True)
@@ -149,15 +162,15 @@ def test_the_api_down_for_10_s(world: World) -> None:
 
     def behind_the_back(store: Store) -> None:
         store.create(store.lookup("", "v1", "services"), world.ns, o.service(world.ns, late, "10.96.90.250", UDP))
-        mn = store.lookup("mesh.aether.dev", "v1alpha1", "meshnodes")
-        current = store.get(mn, None, world.node)
-        current["status"]["udp"]["services"] = []
-        store.replace(mn, None, world.node, current, "status")
+        sl = store.lookup("mesh.aether.dev", "v1alpha1", "meshserviceslices")  # the tables, deleted by hand
+        for (_, name), obj in list(store.objects[sl.key].items()):
+            if obj["spec"]["namespace"] == world.ns:
+                store.delete(sl, None, name)
 
     world.bed.call(behind_the_back)
     try:
         wait_for(
-            lambda: metric("aether_operator_write_retries_total", kind="meshnode", error="api_503") >= errors + 2,
+            lambda: metric("aether_operator_write_retries_total", kind="slice", error="api_503") >= errors + 2,
             what="retries during the outage",
         )
         assert healthz(world.port) == 200, "a failing API is no stalled pass"

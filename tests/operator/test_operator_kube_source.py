@@ -127,3 +127,46 @@ def test_source_reports_an_unreachable_api_and_keeps_trying(tmp_path: Any) -> No
         if len(got) == 2:
             stop.set()
     assert all(u.node is None and u.error and "API error" in u.error for u in got)
+
+
+def meshslice(name: str, ns: str, index: int, count: int, arms: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = {"namespace": ns, "index": index, "count": count, "services": len(arms), "udp": {"services": arms}}
+    return {"apiVersion": MN[0], "kind": "MeshServiceSlice", "metadata": {"name": name}, "spec": spec}
+
+
+def test_source_programs_the_union_of_the_meshnode_and_the_slices_it_names(
+    k: Cluster, updates: tuple[str, queue.Queue[StateUpdate]]
+) -> None:
+    """The state is the MeshNode with its named slices' arms; a named slice missing or stale is a problem (the rest
+    is served); a change to a named slice is a new state, one to a slice it does not name is none."""
+    node, q = updates
+    assert q.get(timeout=30).node is None
+    ns = unique("ksns")
+
+    def arm(i: int, port: int = 53) -> dict[str, Any]:
+        return {"service": f"{ns}/s{i}", "vip": f"10.96.7.{i}", "cluster": f"udp:{ns}/s{i}", "endpoints": []} | (
+            {"endpoints": [{"ip": f"10.1.7.{i}", "port": port}]}
+        )
+
+    k.apply(meshslice(f"{ns}.0", ns, 0, 2, [arm(1)]))
+    k.apply(meshslice(f"{ns}-other.0", f"{ns}-other", 0, 1, [arm(9)]))
+    k.apply(meshnode(node))
+    status_patch(k, node, {"serviceSlices": {"selector": "x", "namespaces": [ns], "names": [f"{ns}.0", f"{ns}.1"]}})
+    u = wait_update(q, lambda u: u.node is not None and u.node.status.service_slices is not None)
+    assert [a.service for a in u.node.status.udp.services] == [f"{ns}/s1"]
+    assert u.problems == (f"1 MeshServiceSlices missing: {ns}.1",)
+    k.apply(meshslice(f"{ns}.1", ns, 1, 2, [arm(2)]))
+    u = wait_update(q, lambda u: u.node is not None and len(u.node.status.udp.services) == 2)
+    assert u.problems == ()
+    k.apply(meshslice(f"{ns}-other.0", f"{ns}-other", 0, 1, [arm(9, 54)]))  # not named: no new state
+    k.apply(meshslice(f"{ns}.1", ns, 1, 4, [arm(2, 55)]))  # from another split of the namespace: stale
+    u = q.get(timeout=30)  # events arrive in order: had the unnamed slice's change yielded, this would be it
+    assert u.problems == (f"1 MeshServiceSlices stale: {ns}.1 (part 1 of 4 of {ns})",)
+    assert u.node is not None and u.node.status.udp.services[1].endpoints[0].port == 55
+
+
+def wait_update(q: queue.Queue[StateUpdate], ok: Any) -> Any:
+    while True:
+        u = q.get(timeout=30)
+        if ok(u):
+            return u

@@ -13,6 +13,7 @@ from aether.api.client import ApiException
 from aether.operator.reconcile.model import PARSERS, Kind, View
 from aether.operator.reconciler import Reconciler
 from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.patches import json_patch
 
 pytestmark = pytest.mark.asyncio
 
@@ -20,7 +21,9 @@ pytestmark = pytest.mark.asyncio
 class RecordingWriter:
     def __init__(self, fail_first: int = 0) -> None:
         self.meshnodes: dict[str, dict[str, Any]] = {}
+        self.slices: dict[str, dict[str, Any]] = {}
         self.patches: list[str] = []
+        self.slice_writes: list[str] = []
         self.fail_first = fail_first
 
     def get_meshnode(self, name: str) -> dict[str, Any] | None:
@@ -43,6 +46,23 @@ class RecordingWriter:
 
     def get_route(self, namespace: str, name: str) -> dict[str, Any] | None:
         return None
+
+    def get_slice(self, name: str) -> dict[str, Any] | None:
+        return self.slices.get(name)
+
+    def create_slice(self, name: str, spec: dict[str, Any], namespace_uid: str | None) -> dict[str, Any]:
+        labels = {"app.kubernetes.io/managed-by": "aether-operator", "mesh.aether.dev/namespace": spec["namespace"]}
+        self.slices[name] = {"metadata": {"name": name, "resourceVersion": "1", "labels": labels}, "spec": spec}
+        self.slice_writes.append(name)
+        return self.slices[name]
+
+    def patch_slice(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
+        self.slices[name] = json_patch(self.slices[name], ops)
+        self.slice_writes.append(name)
+        return self.slices[name]
+
+    def delete_slice(self, name: str) -> None:
+        self.slices.pop(name, None)
 
 
 def setup(writer: RecordingWriter) -> tuple[Reconciler, dict[tuple[Kind, tuple[str, str]], View]]:
@@ -79,10 +99,14 @@ async def test_a_burst_coalesces_into_one_reconcile_and_one_write_per_node() -> 
         put(rec, objects, "service", o.service("app", f"s{i}", f"10.96.0.{i + 1}", [("dns", 53, "UDP")]))
     await settle(rec)
     assert rec.cycles == 1 and writer.patches == ["n1"]
-    assert len(writer.meshnodes["n1"]["status"]["udp"]["services"]) == 100
+    status = writer.meshnodes["n1"]["status"]
+    assert status["summary"] == {"pods": 1, "namespaces": 1, "slices": 2} and status["udp"]["services"] == []
+    assert sorted(writer.slice_writes) == sorted(status["serviceSlices"]["names"]) == ["app.0", "app.1"]
+    assert sum(len(sl["spec"]["udp"]["services"]) for sl in writer.slices.values()) == 100
     put(rec, objects, "service", o.service("app", "s0", "10.96.0.1", [("dns", 53, "UDP")]))  # no change
     await settle(rec)
     assert writer.patches == ["n1"], "an unchanged status must not be written again"
+    assert len(writer.slice_writes) == 2, "nor an unchanged slice"
     task.cancel()
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from aether.api.crdgen import meshnode_crd
+from aether.api.crdgen import meshnode_crd, slice_crd
 from aether.operator.handlers import NO_UDPROUTE
 from aether.testing.apitestbed import objects as o
 from aether.testing.apitestbed import start
@@ -22,6 +22,7 @@ def test_operator_works_without_gateway_api_crds(caplog: pytest.LogCaptureFixtur
     try:
         k = Cluster(str(bed.kubeconfig_path), bed)
         k.apply(meshnode_crd())
+        k.apply(slice_crd())
         k.apply(o.namespace("app"))
         k.apply(o.node("n1"))
         k.apply(o.service("app", "dns", "10.96.0.1", [("dns", 53, "UDP")]))

@@ -123,9 +123,9 @@ def test_older_route_wins_a_parent_and_deleting_it_hands_over_then_restores() ->
     assert arms(out.nodes["n1"])["app/a"].cluster == "udp:app/b"
     assert out.routes[("app", "young")][0].accepted_reason == "Conflicted"
     m.apply_raw("route", {"metadata": {"namespace": "app", "name": "old"}}, deleted=True)
-    assert arms(m.reconcile().nodes["n1"])["app/a"].cluster == "udp:app/c"
+    assert arms(node_status(m))["app/a"].cluster == "udp:app/c"
     m.apply_raw("route", {"metadata": {"namespace": "app", "name": "young"}}, deleted=True)
-    a = arms(m.reconcile().nodes["n1"])["app/a"]
+    a = arms(node_status(m))["app/a"]
     assert (a.cluster, a.route) == ("udp:app/a", None)
 
 
@@ -177,7 +177,7 @@ def test_egress_annotation_scopes_the_dependency_set() -> None:
     m.apply_raw("service", o.service("far", "f", "10.96.2.1", UDP))
     assert "far/f" in arms(m.reconcile(full=True).nodes["n1"])
     m.apply_raw("namespace", o.namespace("app", egress="app"))
-    assert "far/f" not in arms(m.reconcile().nodes["n1"])
+    assert "far/f" not in arms(node_status(m))
     m.apply_raw("service", o.service("far", "g", "10.96.2.2", UDP))
     assert "n1" not in m.reconcile().nodes  # a change outside n1's dependency set does not touch it
 
@@ -358,15 +358,33 @@ def test_property_hostile_route_json_never_crashes_and_every_route_gets_a_verdic
 
 @settings(max_examples=40, deadline=None)
 @given(st.lists(route_st, max_size=4), st.lists(st.booleans(), min_size=4, max_size=4))
-def test_property_shared_fragment_wire_equals_the_model_wire(routes: list[Any], ready: list[bool]) -> None:
-    """What the reconciler writes (NodeDesired.owned, built from shared per-namespace fragments) is exactly the
-    pydantic model's wire form, and equal statuses have equal digests."""
-    from aether.operator.nodestatus import owned_wire, same_owned
+def test_property_meshnode_and_its_slices_are_the_whole_desired_state(routes: list[Any], ready: list[bool]) -> None:
+    """What the reconciler writes (NodeDesired.owned: the node's own state and slice names; Output.slices: the
+    shared tables) is, read back through api.slices.effective as the sidecar reads it, exactly the whole desired
+    state of the model; equal statuses have equal digests; the MeshNode itself holds no arm."""
+    from aether.api.meshnode import MeshNode
+    from aether.api.slices import MeshServiceSlice, effective, problems_of
+    from aether.operator.nodestatus import same_owned
 
     out = world(routes, ready).reconcile(full=True)
     again = world(routes, ready).reconcile(full=True)
+    slices = {
+        n: MeshServiceSlice.model_validate({"metadata": {"name": n}, "spec": spec})
+        for n, spec in out.slices.items()
+        if spec is not None
+    }
     for name, desired in out.desired.items():
-        assert desired.owned == owned_wire(desired.status())
+        node = MeshNode.model_validate({"metadata": {"name": name}, "status": desired.owned})
+        assert node.status.udp.services == [] and node.status.quic.destinations == []
+        assert problems_of(node, slices) == []
+        got, want = effective(node, slices).status, desired.status()
+        for part in ("udp", "tcp"):
+            for field in ("services", "unsupported_shapes"):
+                assert sorted(x.wire().__repr__() for x in getattr(getattr(got, part), field)) == sorted(
+                    x.wire().__repr__() for x in getattr(getattr(want, part), field)
+                ), (part, field)
+        assert sorted(d.service for d in got.quic.destinations) == sorted(d.service for d in want.quic.destinations)
+        assert got.quic.identities == want.quic.identities and got.pods == want.pods
         assert desired.digest == again.desired[name].digest
         stored = {**desired.owned, "quic": {**desired.owned["quic"], "pairs": [{"source": "s"}]}}
         assert same_owned(stored, desired.owned)

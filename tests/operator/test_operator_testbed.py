@@ -226,7 +226,7 @@ def test_meshnode_printer_columns_as_a_table(bed: TestBed, client: Any) -> None:
         G, V, P, {"apiVersion": f"{G}/{V}", "kind": "MeshNode", "metadata": {"name": "tb-table"}}
     )
     status = {
-        "summary": {"pods": 3, "udpServices": 2},
+        "summary": {"pods": 3, "slices": 2},
         "quic": {"pairCount": 1, "dormantPairCount": 0},
         "conditions": [
             {"type": "Degraded", "status": "False", "reason": "A"},
@@ -243,7 +243,7 @@ def test_meshnode_printer_columns_as_a_table(bed: TestBed, client: Any) -> None:
     assert [c["name"] for c in t["columnDefinitions"]] == [
         "Name",
         "Pods",
-        "UDP Services",
+        "Slices",
         "QUIC Pairs",
         "Dormant Pairs",
         "Ready",

@@ -91,3 +91,53 @@ def test_a_request_body_over_3_mib_is_refused_before_it_is_decoded(k: Cluster) -
     body = refusal(lambda: k.apply(cm))
     assert (body["code"], body["message"]) == (500, "etcdserver: request is too large")
     assert k.get("v1", "ConfigMap", "huge", ns) is None
+
+
+@pytest.mark.slow
+def test_the_10000_service_mesh_old_layout_refused_new_layout_stored() -> None:
+    """10,000 Services in 1,000 mesh namespaces with the default egress (bench/operator_reconcile's cluster, its
+    50,000 pods on 500 nodes: 100 a node, under the kubelet's default maximum of 110; a MeshNode grows with its own
+    pods). The old layout, every arm in the MeshNode (7.5 MiB), is refused as a real API server refuses it; every
+    MeshServiceSlice and every MeshNode of the new layout is stored, none over 512 KiB."""
+    from aether.api.slices import SLICE_KIND, SLICE_PLURAL
+    from aether.operator.kubeapi import slice_labels
+    from aether.operator.nodestatus import owned_wire, status_patch
+    from aether.testing.apitestbed import mesh_crds
+    from aether.testing.apitestbed.store import ApiError, Store
+    from bench.operator_reconcile import build
+
+    m, _ = build(1000, 500, scoped=False)
+    out = m.reconcile()
+    assert len(out.slices) == 1000 and len(out.desired) == 500
+    old_layout = owned_wire(next(iter(out.desired.values())).status())
+    assert stored_size("", old_layout) > 7 * 2**20
+
+    def store_all(store: Store) -> tuple[str, int, int]:
+        mn = store.lookup("mesh.aether.dev", "v1alpha1", "meshnodes")
+        ss = store.lookup("mesh.aether.dev", "v1alpha1", SLICE_PLURAL)
+        store.create(mn, None, meshnode("old-layout"))
+        try:
+            store.replace(mn, None, "old-layout", {**meshnode("old-layout"), "status": old_layout}, "status")
+            refused = "stored"
+        except ApiError as exc:
+            refused = f"{exc.code} {exc.reason!r} {exc.message}"
+        largest = 0
+        for name, spec in out.slices.items():
+            assert spec is not None
+            body = {"apiVersion": MN, "kind": SLICE_KIND, "metadata": {"name": name, "labels": slice_labels(spec)}}
+            created = store.create(ss, None, {**body, "spec": spec})
+            largest = max(largest, stored_size("", created))
+        for name, desired in out.desired.items():
+            store.create(mn, None, meshnode(name))
+            status = status_patch(desired.owned, None, None, "2026-12-01T00:00:00Z")["status"]
+            written = store.replace(mn, None, name, {**meshnode(name), "status": status}, "status")
+            largest = max(largest, stored_size("", written))
+        return refused, len(store.objects[ss.key]), largest
+
+    store = Store()  # the test bed's store itself (over HTTP the 7.5 MiB body would meet the 3 MiB wall first)
+    for crd in mesh_crds():
+        store.create(store.lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions"), None, crd)
+    refused, slices, largest = store_all(store)
+    assert refused == "500 '' etcdserver: request is too large"
+    assert slices == 1000
+    assert largest <= 512 * 1024, largest

@@ -2,13 +2,14 @@
 
     aether xds --node N [--state FILE | --kubeconfig F] [--listen ADDR] [--allow-sds-over-tcp] [--records DIR]
                [--status-out FILE] [--metrics ADDR]
-    aether xds render --state FILE [--records DIR]
+    aether xds render --state FILE [--node N] [--records DIR]
     aether xds bootstrap --node N [--xds ADDR] [--admin ADDR]
 
 ADDR is host:port or unix:PATH (default unix:/run/aether-xds/ads.sock, created 0600). The stream serves SDS, the
 private keys of every local workload's SVID: on a TCP address any process that can connect (every hostNetwork pod
 of the node, for 127.0.0.1) would get them, so the sidecar refuses one while it serves secrets (the east-west area)
-unless `--allow-sds-over-tcp` says so, and then logs it as an error. Without --state the sidecar watches MeshNode N
+unless `--allow-sds-over-tcp` says so, and then logs it as an error. FILE is a MeshNode, or a `kind: List` holding
+the MeshNode and its MeshServiceSlices. Without --state the sidecar watches MeshNode N and the slices it names
 in the cluster through `aether.xds.sidecar.kube_source` (imported only then).
 """
 
@@ -25,7 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aether.api.addresses import AddressError, parse_addr, parse_hostport
-from aether.api.meshnode import MeshNodeFileError, load_meshnode_file
+from aether.api.meshnode import MeshNodeFileError
+from aether.api.slices import load_state_file
 from aether.netns.records import load_records, state_dir
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
 
@@ -79,7 +81,10 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
 
 def _render(argv: list[str]) -> int:
     p = _Parser(prog="aether xds render", description="print the Envoy resources the sidecar would serve, as JSON")
-    p.add_argument("--state", required=True, help="MeshNode file (YAML or JSON)")
+    p.add_argument(
+        "--state", required=True, help="MeshNode file (YAML or JSON), or a kind: List of it and its MeshServiceSlices"
+    )
+    p.add_argument("--node", help="the MeshNode to render when the List holds several (kubectl get mn,mss -o yaml)")
     p.add_argument("--records", help=f"pod records directory (default ${'{'}AETHER_STATE_DIR{'}'} or {state_dir()})")
     args = p.parse_args(argv)
     from aether.xds.gates.core import run_gates
@@ -87,10 +92,13 @@ def _render(argv: list[str]) -> int:
     from aether.xds.translate.compose import translate
 
     try:
-        node = load_meshnode_file(args.state)
+        state = load_state_file(args.state, args.node)
     except MeshNodeFileError as exc:
         print(f"aether xds render: {exc}", file=sys.stderr)
         return 1
+    node = state.effective()
+    for problem in state.problems():
+        print(f"aether xds render: incomplete state, the rest is rendered: {problem}", file=sys.stderr)
     # what the sidecar does: one bad arm or listener is refused and the rest is served
     node, refused = refuse_arms(node)
     resources, dropped = refuse_listeners(translate(node, load_records(args.records)))
@@ -118,7 +126,10 @@ def _bootstrap(argv: list[str]) -> int:
 def _serve(argv: list[str]) -> int:
     p = _Parser(prog="aether xds", description="the node xDS sidecar (delta ADS for the node's Envoy)")
     p.add_argument("--node", required=True, help="node name: the MeshNode and Envoy's node id")
-    p.add_argument("--state", help="MeshNode file (re-read on change); the cluster's MeshNode when absent")
+    p.add_argument(
+        "--state",
+        help="MeshNode file, or a kind: List of it and its MeshServiceSlices (re-read on change); the cluster when absent",
+    )
     p.add_argument("--kubeconfig", help="cluster mode (no --state): kubeconfig file (in-cluster config otherwise)")
     p.add_argument(
         "--listen", type=_addr, default=DEFAULT_XDS_ADDR, help=f"unix:PATH (default {DEFAULT_XDS_ADDR}) or host:port"
@@ -190,7 +201,7 @@ def _serve(argv: list[str]) -> int:
     source: StateSource
     sink: StatusSink
     if args.state:
-        source = FileSource(args.state)
+        source = FileSource(args.state, node=args.node)
         sink = FileStatusSink(args.status_out or default_status_path(args.state))
     else:
         kube = importlib.import_module("aether.xds.sidecar.kube_source")

@@ -1,4 +1,5 @@
-"""Cluster mode for the sidecar: watch MeshNode <node> through the API and yield its snapshots (`source`), and
+"""Cluster mode for the sidecar: watch MeshNode <node> and the MeshServiceSlices it names through the API and yield
+their union as the node's state (`source`), and
 write the sidecar's parts of its status back (`status_sink`): its condition types and quic.pairs/dormantPairs.
 
 The API is reached through a kubeconfig (`kubeconfig=`, else $AETHER_KUBECONFIG, else $KUBECONFIG) or the
@@ -10,6 +11,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +29,7 @@ from aether.api.meshnode import (
     QuicPair,
     parse_meshnode,
 )
+from aether.api.slices import SLICE_PLURAL, MeshServiceSlice, NodeState, parse_slice
 from aether.xds.sidecar.sources import StateUpdate
 
 log = logging.getLogger("aether.xds.kube")
@@ -42,74 +45,167 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class KubeSource:
-    """Yields the MeshNode at start and on every change of it, until `stop` is set."""
+class _Watch:
+    """List + watch of one kind (optionally one object by name), on its own thread: each event goes to `sink` as
+    ("put", name, body) / ("gone", name, None); ("synced", "", None) after each (re)list, ("error", reason, None) on
+    an API error (then it relists after `backoff`)."""
 
-    def __init__(self, node: str, kubeconfig: str | None = None, watch_timeout: int = 5, backoff: float = 1.0) -> None:
-        self.node, self.watch_timeout, self.backoff = node, watch_timeout, backoff
-        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(_kubeconfig(kubeconfig), USER_AGENT))
+    def __init__(self, api: Any, plural: str, name: str | None, timeout: int, backoff: float, sink: Any) -> None:
+        self.api, self.plural, self.name, self.timeout, self.backoff, self.sink = (
+            api,
+            plural,
+            name,
+            timeout,
+            backoff,
+            sink,
+        )
 
-    def _update(self, body: Any) -> StateUpdate:
-        try:
-            return StateUpdate(parse_meshnode(body, f"MeshNode/{self.node}"))
-        except MeshNodeFileError as exc:
-            return StateUpdate(None, str(exc))
+    def _args(self) -> dict[str, Any]:
+        return {"field_selector": f"metadata.name={self.name}"} if self.name else {}
 
-    def updates(self, stop: threading.Event) -> Iterator[StateUpdate]:
-        last: Any = "unset"
-
-        def changed(body: Any, absent: str) -> StateUpdate | None:
-            """An update when spec or status differ from the last one yielded (or the object came or went)."""
-            nonlocal last
-            key = None if body is None else (body.get("spec"), body.get("status"))
-            if key == last:
-                return None
-            last = key
-            return self._update(body) if body is not None else StateUpdate(None, f"MeshNode {self.node} {absent}")
-
+    def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                listed = self.api.list_cluster_custom_object(
-                    API_GROUP, API_VERSION, PLURAL, field_selector=f"metadata.name={self.node}"
-                )
-                items = listed.get("items") or []
+                listed = self.api.list_cluster_custom_object(API_GROUP, API_VERSION, self.plural, **self._args())
                 rv = (listed.get("metadata") or {}).get("resourceVersion")
-                body = items[0] if items else None
+                items = {(i.get("metadata") or {}).get("name"): i for i in listed.get("items") or []}
+                self.sink.put(("list", "", items))
                 while not stop.is_set():
-                    if (update := changed(body, "does not exist (yet)")) is not None:
-                        yield update
                     w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
                     gone = False
                     for event in w.stream(
                         self.api.list_cluster_custom_object,
                         API_GROUP,
                         API_VERSION,
-                        PLURAL,
-                        field_selector=f"metadata.name={self.node}",
+                        self.plural,
                         resource_version=rv,
-                        timeout_seconds=self.watch_timeout,
+                        timeout_seconds=self.timeout,
+                        **self._args(),
                     ):
                         obj = event["object"]
                         rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
                         if event["type"] == "ERROR":
                             gone = True
                             break
-                        body = None if event["type"] == "DELETED" else obj
-                        if (update := changed(body, "was deleted")) is not None:
-                            yield update
+                        name = (obj.get("metadata") or {}).get("name")
+                        self.sink.put(("gone", name, None) if event["type"] == "DELETED" else ("put", name, obj))
                         if stop.is_set():
                             w.stop()
                             break
                     if gone:
                         break  # relist
             except (ApiException, OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
-                reason = getattr(exc, "reason", None) or str(exc)
                 if getattr(exc, "status", None) == 410:
                     continue
-                log.warning("MeshNode %s: API error, retrying: %s", self.node, reason)
-                yield StateUpdate(None, f"API error reading MeshNode {self.node}: {reason}")
-                last = "unset"
+                self.sink.put(("error", getattr(exc, "reason", None) or str(exc), None))
                 stop.wait(self.backoff)
+
+
+class KubeSource:
+    """Yields the node's state at start and on every change of its MeshNode or of a MeshServiceSlice it names,
+    until `stop` is set: the MeshNode with the slices' tables in effect (api.slices.effective), and what is missing
+    or stale among the slices (`StateUpdate.problems`, shown in the Programmed condition)."""
+
+    def __init__(self, node: str, kubeconfig: str | None = None, watch_timeout: int = 5, backoff: float = 1.0) -> None:
+        self.node, self.watch_timeout, self.backoff = node, watch_timeout, backoff
+        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(_kubeconfig(kubeconfig), USER_AGENT))
+
+    def updates(self, stop: threading.Event) -> Iterator[StateUpdate]:
+        events: queue.Queue[tuple[str, str, Any, Any]] = queue.Queue()
+
+        class Tagged:
+            def __init__(self, tag: str) -> None:
+                self.tag = tag
+
+            def put(self, item: tuple[str, str, Any]) -> None:
+                events.put((self.tag, *item))
+
+        watches = [
+            _Watch(self.api, PLURAL, self.node, self.watch_timeout, self.backoff, Tagged("node")),
+            _Watch(self.api, SLICE_PLURAL, None, self.watch_timeout, self.backoff, Tagged("slice")),
+        ]
+        threads = [threading.Thread(target=w.run, args=(stop,), daemon=True, name=f"watch-{w.plural}") for w in watches]
+        for t in threads:
+            t.start()
+        body: Any = None
+        slices: dict[str, MeshServiceSlice] = {}
+        bad: dict[str, str] = {}  # slices the model refuses: name -> why
+        synced: set[str] = set()
+        last: Any = "unset"
+        deleted = False
+        try:
+            while not stop.is_set():
+                try:
+                    tag, kind, name, obj = events.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                if kind == "error":
+                    log.warning("%s watch of MeshNode %s: API error, retrying: %s", tag, self.node, name)
+                    yield StateUpdate(None, f"API error reading MeshNode {self.node}: {name}")
+                    last = "unset"
+                    continue
+                if tag == "node":
+                    synced.add("node")
+                    if kind == "list":
+                        body = obj.get(self.node)
+                    else:
+                        body = obj if kind == "put" else None
+                        deleted = body is None
+                else:
+                    synced.add("slice")
+                    if kind == "list":
+                        slices.clear()
+                        bad.clear()
+                        for n, item in obj.items():
+                            self._keep(n, item, slices, bad)
+                    else:
+                        slices.pop(name, None)
+                        bad.pop(name, None)
+                        if kind == "put":
+                            self._keep(name, obj, slices, bad)
+                if synced != {"node", "slice"}:
+                    continue  # the first answer waits for both lists
+                key = self._key(body, slices, bad)
+                if key != last:
+                    last = key
+                    yield self._state(body, slices, bad, deleted)
+        finally:
+            stop.set()
+
+    @staticmethod
+    def _keep(name: str, item: Any, slices: dict[str, MeshServiceSlice], bad: dict[str, str]) -> None:
+        try:
+            slices[name] = parse_slice(item, f"MeshServiceSlice/{name}")
+        except MeshNodeFileError as exc:
+            bad[name] = str(exc)
+
+    @staticmethod
+    def _names(body: Any) -> list[str]:
+        refs = ((body or {}).get("status") or {}).get("serviceSlices") or {}
+        names = refs.get("names") if isinstance(refs, dict) else None
+        return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+    def _key(self, body: Any, slices: dict[str, MeshServiceSlice], bad: dict[str, str]) -> Any:
+        """What the yielded update depends on: the MeshNode's spec/status and the named slices' versions."""
+        if body is None:
+            return None
+        names = self._names(body)
+        versions = [
+            (n, (slices[n].metadata.model_extra or {}).get("resourceVersion") if n in slices else None) for n in names
+        ]
+        return (repr(body.get("spec")), repr(body.get("status")), tuple(versions), tuple(n for n in names if n in bad))
+
+    def _state(self, body: Any, slices: dict[str, MeshServiceSlice], bad: dict[str, str], deleted: bool) -> StateUpdate:
+        if body is None:
+            return StateUpdate(None, f"MeshNode {self.node} {'was deleted' if deleted else 'does not exist (yet)'}")
+        try:
+            node = parse_meshnode(body, f"MeshNode/{self.node}")
+        except MeshNodeFileError as exc:
+            return StateUpdate(None, str(exc))
+        state = NodeState(node, {n: s for n, s in slices.items()})
+        problems = state.problems()
+        refused = [bad[n] for n in self._names(body) if n in bad]
+        return StateUpdate(state.effective(), None, tuple([*problems, *refused]))
 
 
 class KubeStatusSink:

@@ -5,7 +5,9 @@ Programmed: Unknown/Pending once a state is served, True/Accepted when Envoy ACK
 our gates removed a resource that names a fault, such as an arm whose VIP two arms claim: the message lists each and
 the rest is served), False with a reason when the state file is invalid (InvalidState), a gate still refuses it
 (GateRefused), it does not encode (EncodeFailed) or
-Envoy NACKs it (Rejected, with Envoy's error_detail). In every False case the last good state keeps serving:
+Envoy NACKs it (Rejected, with Envoy's error_detail), or, once Envoy holds what is served, when part of the state
+is missing or stale (SlicesIncomplete: a MeshServiceSlice the MeshNode names is absent or from another split of its
+namespace; the rest is served and the message names them). In every False case the last good state keeps serving:
 a NACKed snapshot is rolled back in the cache and not served again until the desired state changes.
 """
 
@@ -65,6 +67,7 @@ class Sidecar(Events):
         self.rejected: set[str] = set()
         self.condition: Condition | None = None
         self.refused_now: tuple[str, ...] = ()  # what the gates removed from the served state (refuse.py)
+        self.state_problems: tuple[str, ...] = ()  # what the source could not supply (StateUpdate.problems)
         self._refusal_changed = False
 
     # -- condition ---------------------------------------------------------------------------------
@@ -85,7 +88,7 @@ class Sidecar(Events):
                 log.exception("cannot publish the Programmed condition")
 
     # -- inputs --------------------------------------------------------------------------------------
-    def on_state(self, node: MeshNode | None, error: str | None = None) -> None:
+    def on_state(self, node: MeshNode | None, error: str | None = None, problems: tuple[str, ...] = ()) -> None:
         with self._lock:
             if node is None:
                 kept = f"; serving version {self.served_version}" if self.served_version else ""
@@ -95,6 +98,8 @@ class Sidecar(Events):
                 self._set("False", "InvalidState", f"state is for node {node.metadata.name!r}, not {self.node_name!r}")
                 return
             self.desired = node
+            if problems != self.state_problems:
+                self.state_problems, self._refusal_changed = problems, True
             self.rejected.clear()  # a new desired state may fix what was rejected
             self._reconcile()
 
@@ -163,9 +168,15 @@ class Sidecar(Events):
         self.refused_now, self._refusal_changed = text, True
 
     def _refusal_note(self) -> str:
-        return f"; refused, the rest served: {'; '.join(self.refused_now)}" if self.refused_now else ""
+        note = f"; refused, the rest served: {'; '.join(self.refused_now)}" if self.refused_now else ""
+        if self.state_problems:
+            note += f"; incomplete state, the rest served: {'; '.join(self.state_problems)}"
+        return note
 
     def _accepted(self, version: str) -> None:
+        if self.state_problems:
+            self._set("False", "SlicesIncomplete", f"Envoy accepted version {version}{self._refusal_note()}")
+            return
         reason = "AcceptedWithRefusals" if self.refused_now else "Accepted"
         self._set("True", reason, f"Envoy accepted version {version}{self._refusal_note()}")
 
@@ -176,7 +187,7 @@ class Sidecar(Events):
             # the desired state is still not programmed (False/Rejected stays until a new desired state)
             if node == self.node_name:
                 self.acked_version = snapshot_version
-            pending = self.condition is not None and self.condition.reason == "Pending"
+            pending = self.condition is not None and self.condition.reason in ("Pending", "SlicesIncomplete")
             if node == self.node_name and snapshot_version == self.served_version and pending:
                 self._accepted(snapshot_version)
 
@@ -224,5 +235,5 @@ class Sidecar(Events):
         t = threading.Thread(target=records_loop, name="records", daemon=True)
         t.start()
         for update in source.updates(stop):
-            self.on_state(update.node, update.error)
+            self.on_state(update.node, update.error, update.problems)
         t.join(timeout=2)

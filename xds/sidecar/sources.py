@@ -1,7 +1,8 @@
 """Where the desired state comes from (`StateSource`) and where the `Programmed` condition goes (`StatusSink`).
 
-File mode: `FileSource` re-reads a MeshNode file when it changes; a bad file keeps the last good state (the
-sidecar says why in its log and in the condition). `FileStatusSink` writes a MeshNode-shaped JSON holding
+File mode: `FileSource` re-reads a state file when it changes (a MeshNode, or a `kind: List` holding the MeshNode
+and its MeshServiceSlices); a bad file keeps the last good state (the sidecar says why in its log and in the
+condition). `FileStatusSink` writes a MeshNode-shaped JSON holding
 `status.conditions`. Cluster mode: `aether.xds.sidecar.kube_source` (the operator engineer's) provides
 `source(node) -> StateSource` and `status_sink(node) -> StatusSink` with the same protocols.
 """
@@ -24,17 +25,20 @@ from aether.api.meshnode import (
     Condition,
     MeshNode,
     MeshNodeFileError,
-    load_meshnode_file,
 )
+from aether.api.slices import load_state_file
 from aether.atomicfile import write_text_atomic
 
 
 @dataclass(frozen=True)
 class StateUpdate:
-    """A new desired state, or why the source could not produce one (`node` None, `error` set)."""
+    """A new desired state (every arm in effect: api.slices.effective), or why the source could not produce one
+    (`node` None, `error` set). `problems`: what of the state is missing or stale (MeshServiceSlices named but
+    absent, from another split, refused by the model); the rest is served and the Programmed condition says so."""
 
     node: MeshNode | None
     error: str | None = None
+    problems: tuple[str, ...] = ()
 
 
 class StateSource(Protocol):
@@ -48,8 +52,8 @@ class StatusSink(Protocol):
 
 
 class FileSource:
-    def __init__(self, path: str | os.PathLike[str], interval: float = 0.2) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike[str], interval: float = 0.2, node: str | None = None) -> None:
+        self.path, self.node = Path(path), node  # node: which MeshNode of a List holding several
         self.interval = interval
 
     def _fingerprint(self) -> str | None:
@@ -65,7 +69,8 @@ class FileSource:
             if fp != last:
                 last = fp
                 try:
-                    yield StateUpdate(load_meshnode_file(self.path))
+                    state = load_state_file(self.path, self.node)
+                    yield StateUpdate(state.effective(), None, tuple(state.problems()))
                 except MeshNodeFileError as exc:
                     yield StateUpdate(None, str(exc))
             stop.wait(self.interval)
