@@ -11,7 +11,8 @@ from typing import Any
 import kubernetes
 
 from aether.api.client import api_client
-from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
+from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL, parse_meshnode
+from aether.api.slices import SLICE_PLURAL, NodeState, parse_slice
 from aether.operator.reconcile.views import GATEWAY_GROUP
 from aether.testing.apitestbed import objects as o
 from aether.testing.wait import wait_for
@@ -86,6 +87,24 @@ class Kube:
 
     # -- what the operator wrote ---------------------------------------------------------------------
     def meshnode(self, name: str) -> dict[str, Any] | None:
+        """MeshNode `name` with every arm in effect inline: its MeshServiceSlices read as the sidecar reads them
+        (api.slices.effective). `stored_meshnode` is the object as stored."""
+        obj = self.stored_meshnode(name)
+        if obj is None:
+            return None
+        held = {n: parse_slice(s, n) for n, s in self.slices().items()}
+        whole: dict[str, Any] = NodeState(parse_meshnode(obj, f"MeshNode/{name}"), held).effective().wire()
+        whole["metadata"] = obj.get("metadata") or {}
+        return whole
+
+    def slices(self) -> dict[str, dict[str, Any]]:
+        listed: Any = self.custom.list_cluster_custom_object(API_GROUP, API_VERSION, SLICE_PLURAL)
+        return {i["metadata"]["name"]: i for i in dict(listed).get("items") or []}
+
+    def delete_slice(self, name: str) -> None:
+        self.custom.delete_cluster_custom_object(API_GROUP, API_VERSION, SLICE_PLURAL, name)
+
+    def stored_meshnode(self, name: str) -> dict[str, Any] | None:
         try:
             obj: Any = self.custom.get_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, name)
         except ApiException as exc:
