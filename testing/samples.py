@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aether.api.meshnode import Endpoint, MeshNode, MeshPod, ServiceArm
 from aether.netns.records import PodRecord
 
@@ -26,6 +28,36 @@ def node_with(n_services: int, n_pods: int = 2, name: str = "node-a") -> MeshNod
     node.status.pods = [MeshPod(uid=f"u{i}", namespace="default", name=f"client-{i}") for i in range(n_pods)]
     node.status.udp.services = [udp_arm(i) for i in range(n_services)]
     return node
+
+
+def as_slices(node: MeshNode, count: int = 2, namespace: str = "default") -> dict[str, Any]:
+    """`node` as the operator stores it: a `kind: List` (what `kubectl get mn,mss -o yaml` prints) of the MeshNode,
+    its UDP arms moved into `count` MeshServiceSlices of `namespace` (by the operator's hash) that it names."""
+    from aether.api.slices import slice_index, slice_name
+
+    parts: list[list[dict[str, Any]]] = [[] for _ in range(count)]
+    for arm in node.status.udp.services:
+        parts[slice_index(arm.service.split("/", 1)[1], count)].append(arm.wire())
+    names = [slice_name(namespace, k) for k in range(count)]
+    bare = node.wire()
+    bare["status"]["udp"]["services"] = []
+    bare["status"]["serviceSlices"] = {"selector": "x", "namespaces": [namespace], "names": names}
+    slices = [
+        {
+            "apiVersion": "mesh.aether.dev/v1alpha1",
+            "kind": "MeshServiceSlice",
+            "metadata": {"name": name},
+            "spec": {
+                "namespace": namespace,
+                "index": k,
+                "count": count,
+                "services": len(arms),
+                "udp": {"services": arms},
+            },
+        }
+        for k, (name, arms) in enumerate(zip(names, parts, strict=True))
+    ]
+    return {"apiVersion": "v1", "kind": "List", "items": [bare, *slices]}
 
 
 def records_for(node: MeshNode, netns_prefix: str = "/run/netns/test") -> dict[str, PodRecord]:

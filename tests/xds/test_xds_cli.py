@@ -54,3 +54,31 @@ def test_render_refuses_a_duplicate_vip_and_prints_the_rest(tmp_path: Path) -> N
     assert "refused, the rest is served" in out.stderr and arms[0].vip in out.stderr
     clusters = json.loads(out.stdout)["type.googleapis.com/envoy.config.cluster.v3.Cluster"]
     assert arms[2].cluster in clusters and arms[0].cluster not in clusters and arms[1].cluster not in clusters
+
+
+def test_render_from_a_list_of_meshnodes_and_slices_equals_the_inline_state(tmp_path: Path) -> None:
+    """`kubectl get mn,mss -o yaml` is a List: --node picks the MeshNode, its named slices supply the arms, and
+    the output is what the same arms inline give; a named slice missing is said and the rest rendered."""
+    import yaml
+
+    from aether.testing.samples import as_slices, node_with
+
+    node = node_with(6, 1)
+    inline = tmp_path / "inline.yaml"
+    inline.write_text(yaml.safe_dump(node.wire()))
+    listed = as_slices(node, count=2)
+    listed["items"].append(node_with(1, 1, name="node-b").wire())
+    state = tmp_path / "list.yaml"
+    state.write_text(yaml.safe_dump(listed))
+    records = str(tmp_path / "no-records")
+    want = _run("render", "--state", str(inline), "--records", records)
+    got = _run("render", "--state", str(state), "--node", "node-a", "--records", records)
+    assert want.returncode == got.returncode == 0, got.stderr
+    assert json.loads(got.stdout) == json.loads(want.stdout) and got.stderr == ""
+    two = _run("render", "--state", str(state), "--records", records)
+    assert two.returncode != 0 and "2 MeshNodes; a List needs one, or --node to pick" in two.stderr
+    listed["items"] = [i for i in listed["items"] if i["metadata"]["name"] != "default.1"]
+    state.write_text(yaml.safe_dump(listed))
+    partial = _run("render", "--state", str(state), "--node", "node-a", "--records", records)
+    assert partial.returncode == 0, partial.stderr
+    assert "incomplete state, the rest is rendered: 1 MeshServiceSlices missing: default.1" in partial.stderr

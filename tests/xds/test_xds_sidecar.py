@@ -101,3 +101,22 @@ def test_file_status_sink_writes_a_meshnode_shaped_status(tmp_path: Path) -> Non
     doc = json.loads(out.read_text())
     assert doc["kind"] == "MeshNode" and doc["metadata"] == {"name": "node-a"}
     assert read_status_file(out) == [cond]
+
+
+def test_a_missing_slice_is_served_without_and_said_in_programmed() -> None:
+    """What the source could not supply (a MeshServiceSlice named but absent) keeps Programmed False even once
+    Envoy holds what is served; the state made whole turns it True."""
+    sink = Sink()
+    sc, cache = _sidecar(sink)
+    node = node_with(2, 1)
+    sc.on_records(records_for(node))
+    sc.on_state(node, None, ("1 MeshServiceSlices missing: default.1",))
+    assert cache.get("node-a") is not None and sink.seen[-1].reason == "Pending"
+    assert sc.served_version is not None
+    sc.on_ack("node-a", LISTENER, sc.served_version)
+    cond = sink.seen[-1]
+    assert (cond.status, cond.reason) == ("False", "SlicesIncomplete")
+    assert "missing: default.1" in cond.message and "the rest served" in cond.message
+    sc.on_state(node_with(3, 1))
+    sc.on_ack("node-a", LISTENER, sc.served_version)
+    assert (sink.seen[-1].status, sink.seen[-1].reason) == ("True", "Accepted")
