@@ -159,6 +159,7 @@ def test_another_nodes_meshnode_is_refused() -> None:
             "operator-owned status",
         ),
         ({"status": {"pods": []}}, "operator-owned status"),
+        ({"status": {"serviceSlices": {"selector": "x", "names": ["default.0"]}}}, "operator-owned status"),
         ({"status": {"observedGeneration": 9}}, "operator-owned status"),
         ({"status": {"summary": {"pods": 0}}}, "operator-owned status"),
         ({"status": {"quic": {"destinations": []}}}, "not the operator's quic fields"),
