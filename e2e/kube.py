@@ -46,6 +46,10 @@ class Kube:
         ipaddress.IPv4Address(vip)
         self.core.create_namespaced_service(ns, o.service(ns, name, vip, [(PORT_NAMES[protocol], port, protocol)]))
 
+    def annotate_service(self, ns: str, name: str, annotations: dict[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations on a Service, as `kubectl annotate` does."""
+        self.core.patch_namespaced_service(name, ns, {"metadata": {"annotations": annotations}})
+
     def udproute(self, ns: str, name: str, parent: str, backend: str, port: int) -> None:
         body = o.udproute(ns, name, parent, [o.backend(backend, port)])
         self.custom.create_namespaced_custom_object(GATEWAY_GROUP, "v1alpha2", ns, "udproutes", body)

@@ -178,6 +178,7 @@ def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: Ser
             backend=winner.backend.ref,
             route=route_ref,
             endpoints=list(winner.endpoints),
+            idle_timeout_seconds=svc.udp_idle_timeout_s,
         )
     verdict = Verdict(
         parent=parent,
