@@ -14,8 +14,12 @@ checks and we never mark a host unhealthy, so the weights stay the spec's.
 - an invalid backendRef (not found, not permitted, wrong kind): its locality keeps its weight and holds one
   endpoint that answers nothing (`DROP_ENDPOINT`, port 0 on loopback: the kernel refuses to send there), so that
   share of new sessions is dropped, as the spec says, instead of going to the valid backends.
-- a valid backend with no ready endpoint: a locality with no hosts, which Envoy leaves out of the schedule; its
-  share goes to the other backends while it has none (the Service exists; it is only empty).
+- a valid backend with no ready endpoint: the same drop endpoint while it has none, so its share is dropped too
+  (what Envoy Gateway's empty weighted cluster does: 503 for that share). A locality without hosts would instead
+  leave the schedule and, were no weighted locality left, make Envoy fall back to every host (drained ones too).
+- every weight 0: Envoy's locality scheduler, with no weighted locality, falls back to picking among all hosts
+  (seen: the drained backends took every new session), so the assignment adds one locality of weight 1 holding the
+  drop endpoint: new sessions get nothing, the drained sessions finish.
 
 Changing weights changes only this cluster's load assignment (same cluster, same hosts), so sessions already open
 keep their backend and only new ones follow the new weights.
@@ -34,6 +38,7 @@ from aether.xds.translate.l4.common import ClusterShape, eds_cluster_for
 # where an invalid backendRef's share goes: loopback port 0. udp_proxy's send fails (EINVAL: no UDP datagram can
 # be sent to port 0), counted in the cluster's upstream error stats; the client gets no reply.
 DROP_ENDPOINT: Final = ("127.0.0.1", 0)
+DROP_LOCALITY: Final = "aether/no-weighted-backend"  # the locality that takes every new session when all weights are 0
 
 # (backend ref, weight, drained, endpoints) per locality, in the arm's order
 Locality = tuple[str, int, bool, tuple[tuple[str, int], ...]]
@@ -46,8 +51,10 @@ def split_key(arm: ServiceArm) -> SplitKey:
         if b.reason is not None and b.reason != "Drained":
             out.append((b.backend, b.weight, b.weight == 0, (DROP_ENDPOINT,)))
         else:
-            eps = tuple(sorted({(e.ip, e.port) for e in b.endpoints}))
+            eps = tuple(sorted({(e.ip, e.port) for e in b.endpoints})) or (DROP_ENDPOINT,)
             out.append((b.backend, b.weight, b.weight == 0, eps))
+    if not any(not drained for _, _, drained, _ in out):
+        out.append((DROP_LOCALITY, 1, False, (DROP_ENDPOINT,)))
     return tuple(out)
 
 
