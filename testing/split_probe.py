@@ -105,3 +105,20 @@ def sticky_backends(sock: socket.socket, host: str, port: int, datagrams: int, t
         except TimeoutError:
             seen[NO_REPLY] += 1
     return seen
+
+
+def locality_weights(config_dump: dict[str, object], cluster: str) -> dict[str, int]:
+    """From Envoy's `/config_dump?include_eds`: the backend (locality sub_zone) -> load_balancing_weight of a split
+    cluster's load assignment (0: no weight, a drained backend); the all-drained drop locality is left out."""
+    out: dict[str, int] = {}
+    configs = config_dump.get("configs")
+    for cfg in configs if isinstance(configs, list) else []:
+        for ep in cfg.get("dynamic_endpoint_configs", []) if isinstance(cfg, dict) else []:
+            cla = ep.get("endpoint_config", {})
+            if cla.get("cluster_name") != cluster:
+                continue
+            for loc in cla.get("endpoints", []):
+                name = loc.get("locality", {}).get("sub_zone", "")
+                if name != "aether/no-weighted-backend":
+                    out[name] = int(loc.get("load_balancing_weight", 0))
+    return out

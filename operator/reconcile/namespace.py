@@ -204,6 +204,9 @@ def compute_namespace(world: World, namespace: str) -> NamespaceResult:
             dests.append(q)
         elif q is not None:
             inel.append(q)
+    # every shape still unsupported is counted once (aether_udp_unsupported_total): each discarded part, or the
+    # object itself when the shape discards none
+    discards.update((x.route, d, x.reason) for x in udp_shapes for d in (x.discarded or [x.route]))
     by_route: dict[tuple[str, str], list[Verdict]] = {}
     for (rns, rname, _), v in sorted(verdicts.items()):
         by_route.setdefault((rns, rname), []).append(v)

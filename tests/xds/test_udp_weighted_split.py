@@ -17,7 +17,7 @@ from aether.api.naming import udp_split_cluster
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.testing.netlab import Lab, Pod
 from aether.testing.nodebed import NodeBed, udp_socket_in, wait_reply
-from aether.testing.split_probe import NO_REPLY, probe_split, sticky_backends
+from aether.testing.split_probe import NO_REPLY, locality_weights, probe_split, sticky_backends
 from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
@@ -52,21 +52,10 @@ class Bed:
         arm = ServiceArm(service="default/split", vip=SPLIT_VIP, cluster=CLUSTER, route="default/r", backends=backends)
         node: MeshNode = self.node.meshnode(extra_arms=[arm])
         self.node.write_state(node)
-        want = {b.backend.split("/")[1]: b.weight for b in backends}
+        want = {b.backend: b.weight for b in backends}
 
         def programmed() -> bool:
-            dump = json.loads(self.node.admin("/config_dump?include_eds"))
-            weights_seen = {}
-            for cfg in dump.get("configs", []):
-                for ep in cfg.get("dynamic_endpoint_configs", []):
-                    cla = ep.get("endpoint_config", {})
-                    if cla.get("cluster_name") == CLUSTER:
-                        for loc in cla.get("endpoints", []):
-                            name = loc["locality"]["sub_zone"].split("/")[1]
-                            if name == "no-weighted-backend":
-                                continue
-                            weights_seen[name] = loc.get("load_balancing_weight", 0)
-            return weights_seen == want
+            return locality_weights(json.loads(self.node.admin("/config_dump?include_eds")), CLUSTER) == want
 
         wait_for(programmed, timeout=30, what=f"weights {want} in Envoy's EDS")
 
