@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from aether.netns.nsthread import run_in_netns
 
 NO_REPLY = "<no reply>"
-# Source ports for probes, never reused by this process: udp_proxy keys a session on the client's address and port,
-# so a fresh socket that the kernel happened to give the port of an earlier probe (whose session is still open in
-# Envoy, idle) would join that session and its backend instead of making a new one.
-_PORTS = itertools.cycle(range(20_000, 61_000))
+# Source ports for probes, never reused by this process and below the kernel's ephemeral range (32768-60999 here):
+# udp_proxy keys a session on the client's address and port, so a fresh socket that got the port of an earlier
+# probe or of an earlier test's ordinary socket (whose session is still open in Envoy, idle) would join that
+# session and its backend instead of making a new one.
+_PORTS = itertools.cycle(range(10_000, 32_768))
 
 
 def _fresh_socket() -> socket.socket:

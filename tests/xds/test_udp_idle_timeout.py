@@ -72,6 +72,10 @@ def test_short_timeout_expires_its_sessions_while_the_other_service_keeps_the_de
         assert stats[f"{VIP}.downstream_sess_active"] == 0, stats
         assert stats[f"{WILD}.downstream_sess_active"] >= 1, stats
         assert stats[f"{WILD}.idle_timeout"] == 0, stats
+        # the same counters as Prometheus metrics (what docs/operations.md tells operators to alert on)
+        prom = nb.admin("/stats/prometheus")
+        vip_tag = VIP.removeprefix("udp.")
+        assert f'envoy_udp_idle_timeout{{envoy_udp_prefix="{vip_tag}"}} {before_total}' in prom, prom[-3000:]
         # the same socket's next datagram opens a new session (and is answered)
         got = ask(s_short, SHORT_VIP)
         assert got is not None and got[0].startswith(b"short") and got[1] == (SHORT_VIP, L4_OUTBOUND_PORT)

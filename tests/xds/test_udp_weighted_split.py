@@ -155,3 +155,32 @@ def test_a_valid_backend_without_endpoints_loses_its_share_instead_of_handing_it
     )
     split = probe_split(bed.client.path, SPLIT_VIP, L4_OUTBOUND_PORT, 30, timeout=0.5)
     assert split.by_backend == {NO_REPLY: 30}, split.table()
+
+
+def test_a_backends_endpoint_count_does_not_move_its_share(bed: Bed) -> None:
+    """Backend a with two endpoints (the a and c pods) and b with one, weights 50/50: half the new sessions reach
+    a's pods (split between them), half reach b: Envoy picks the locality by weight, then a host inside it."""
+    nb = bed.node
+    backends = [
+        ArmBackend(
+            backend="default/a",
+            weight=50,
+            share=50.0,
+            endpoints=[Endpoint(ip=nb.services[n].backend.ip, port=PORT) for n in ("a", "c")],
+        ),
+        ArmBackend(
+            backend="default/b", weight=50, share=50.0, endpoints=[Endpoint(ip=nb.services["b"].backend.ip, port=PORT)]
+        ),
+    ]
+    arm = ServiceArm(service="default/split", vip=SPLIT_VIP, cluster=CLUSTER, route="default/r", backends=backends)
+    nb.write_state(nb.meshnode(extra_arms=[arm]))
+    wait_for(
+        lambda: json.loads(nb.admin("/config_dump?include_eds")).__str__().count(nb.services["c"].backend.ip) == 1,
+        timeout=30,
+        what="a's second endpoint in EDS",
+    )
+    split = probe_split(bed.client.path, SPLIT_VIP, L4_OUTBOUND_PORT, 200)
+    print(f"\n50/50, a with two endpoints, 200 fresh sessions:\n{split.table()}")
+    a_side = split.by_backend["a"] + split.by_backend["c"]
+    assert abs(100.0 * a_side / 200 - 50) <= 5 and abs(split.share("b") - 50) <= 5, split.table()
+    assert split.by_backend["a"] > 0 and split.by_backend["c"] > 0, split.table()
