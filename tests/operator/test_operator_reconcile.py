@@ -101,6 +101,17 @@ def test_older_route_wins_a_parent_and_deleting_it_hands_over_then_restores() ->
     assert (a.cluster, a.route) == ("udp:app/a", None)
 
 
+def test_a_tie_in_age_goes_to_the_first_name_and_the_loser_is_told() -> None:
+    m = base()
+    route(m, "b-route", "a", [o.backend("c", 53)])
+    route(m, "a-route", "a", [o.backend("b", 53)])  # same creationTimestamp
+    out = m.reconcile(full=True)
+    assert arms(out.nodes["n1"])["app/a"].route == "app/a-route"
+    loser = out.routes[("app", "b-route")][0]
+    assert (loser.accepted, loser.accepted_reason) == (False, "Conflicted")
+    assert "app/a-route" in loser.accepted_message
+
+
 def test_pod_moving_between_nodes_updates_both() -> None:
     m = base()
     m.reconcile(full=True)
