@@ -213,7 +213,7 @@ def test_a_failing_status_write_never_blocks_serving_and_says_why() -> None:
         assert (cond.status, cond.reason) == ("False", "WriteFailed") and "connection refused" in cond.message
         sink.fail = None  # the API is back: the writer catches up
         wait_for(lambda: sink.pairs and sink.pairs[-1][0], 5, "the pair written after the outage")
-        cond = wait_for(lambda: sink.conditions["PairsPersisted"].status == "True" or None, 5, "True again")
+        wait_for(lambda: sink.conditions["PairsPersisted"].status == "True", 5, "PairsPersisted True again")
         assert sink.pairs[-1][0][0].twin == TWIN
     finally:
         c.close()
