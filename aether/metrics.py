@@ -42,6 +42,47 @@ XDS_CONNECTED_STREAMS = Gauge(
     registry=REGISTRY,
 )
 
+# ---- QUIC pairs (the sidecar; xds/pairs/keeper.py, docs/pairs.md) ----------------------------------------------
+QUIC_PAIRS = Gauge(
+    "aether_quic_pairs", "QUIC pairs whose twin the snapshot holds (admitted, not dormant)", registry=REGISTRY
+)
+QUIC_DORMANT_PAIRS = Gauge(
+    "aether_quic_dormant_pairs",
+    "QUIC pairs kept dormant: removal evidence while the proxy holds their twin's ODCDS subscription",
+    registry=REGISTRY,
+)
+QUIC_PAIR_ADMISSIONS = Counter(
+    "aether_quic_pair_admissions",
+    "QUIC pairs admitted, by evidence: Fetch (an on-demand request) or Resubscribe (a fresh stream named it)",
+    ["evidence"],
+    registry=REGISTRY,
+)
+QUIC_PAIR_REFUSALS = Counter(
+    "aether_quic_pair_refusals",
+    "Twin names refused (answered absent), by reason: MalformedName, SourceNotLocal, DestinationIneligible, "
+    "DestinationNotADependency",
+    ["reason"],
+    registry=REGISTRY,
+)
+QUIC_PAIR_PRUNES = Counter(
+    "aether_quic_pair_prunes",
+    "QUIC pairs pruned with their twin, by cause: FetchWindow, NotResubscribed, SourceLeft, DestinationLeft, "
+    "DestinationIneligible, MalformedRecord",
+    ["cause"],
+    registry=REGISTRY,
+)
+QUIC_PAIR_FETCH_SECONDS = Histogram(
+    "aether_quic_pair_fetch_seconds",
+    "On-demand CDS fetch of a twin, in the sidecar: from the request's arrival to the snapshot holding the answer",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    registry=REGISTRY,
+)
+QUIC_PAIR_WRITE_FAILURES = Counter(
+    "aether_quic_pair_write_failures",
+    "Failed writes of status.quic.pairs/dormantPairs (retried with backoff; traffic is served from memory)",
+    registry=REGISTRY,
+)
+
 # ---- the operator (`aether operator --metrics ADDR`) ---------------------------------------------------------
 OPERATOR_RECONCILE_PASSES = Counter(
     "aether_operator_reconcile_passes",

@@ -117,12 +117,25 @@ class IneligibleDestination(_Model):
     reason: str
 
 
+class PairEvidence(_Model):
+    """Evidence that a request used a pair's twin (docs/pairs.md)."""
+
+    kind: Literal["Fetch", "Resubscribe", "Held"] | str = Field(
+        description="Fetch: an on-demand request for the twin; Resubscribe: a fresh proxy stream subscribed it by "
+        "name; Held: a fresh stream said it holds the twin"
+    )
+    time: str = Field(description="when the sidecar saw it (RFC 3339, UTC)")
+
+
 class QuicPair(_Model):
+    """Sidecar-owned: a (source ServiceAccount, destination) pair that has dialled over HTTP/3, and its twin."""
+
     source: str = Field(description="the source's SPIFFE ID")
     destination: str = Field(description="<namespace>/<name> of the destination Service")
     twin: str = Field(description="the twin cluster: quic:<ns>/<svc>@<source sa>")
-    since: str | None = None
-    evidence: str | None = None
+    since: str | None = Field(default=None, description="when the pair was admitted (RFC 3339, UTC)")
+    evidence: str | None = Field(default=None, description="what admitted it: Fetch or Resubscribe")
+    last_evidence: PairEvidence | None = Field(default=None, description="the last evidence of use")
 
 
 class QuicStatus(_Model):
