@@ -3,8 +3,8 @@
 udp_proxy picks a host once per session (one client address and port) and keeps it, so a cluster whose load
 balancer spreads picks by weight splits *new sessions* by weight and every datagram of a session reaches one
 backend. The cluster uses locality-weighted load balancing: each backendRef is a locality whose
-`load_balancing_weight` is the backendRef's weight, and Envoy picks a locality by weight (an EDF schedule: exact
-proportions, not a random draw) and then a host inside it, so a backend's endpoint count does not move its share.
+`load_balancing_weight` is the backendRef's weight, and Envoy picks a locality by weight (an EDF schedule: a
+weighted round robin within a pick or so of the exact proportions, not a random draw) and then a host inside it, so a backend's endpoint count does not move its share.
 Envoy scales a locality's weight by the fraction of its hosts that are healthy; UDP clusters have no health
 checks and we never mark a host unhealthy, so the weights stay the spec's.
 
