@@ -68,9 +68,14 @@ def split_cluster(name: str, shape: ClusterShape) -> ResourceDict:
 @lru_cache(maxsize=1 << 14)
 def split_assignment(name: str, key: SplitKey) -> ResourceDict:
     localities: list[ResourceDict] = []
-    for backend, weight, drained, eps in key:
+    seen: set[str] = set()
+    for i, (backend, weight, drained, eps) in enumerate(key):
+        # one locality per entry, never two with one name: Envoy keys locality weights by locality, so a repeated
+        # one (a ref to a Service and an invalid ref of another kind with the same name) would take one weight
+        zone = backend if backend not in seen else f"{backend}#{i}"
+        seen.add(zone)
         loc: ResourceDict = {
-            "locality": {"subZone": backend},
+            "locality": {"subZone": zone},
             "lbEndpoints": [
                 {"endpoint": {"address": {"socketAddress": {"address": ip, "portValue": port}}}} for ip, port in eps
             ],
