@@ -181,7 +181,13 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
 
         writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT), route_version)
         reconciler = Reconciler(
-            writer, lookup, meshnode, config.trust_domain, debounce=config.debounce, meshslice=meshslice
+            writer,
+            lookup,
+            meshnode,
+            config.trust_domain,
+            debounce=config.debounce,
+            meshslice=meshslice,
+            slice_names=lambda: [str(name) for name in meshslices],
         )
         state["reconciler"] = reconciler
         state["task"] = asyncio.create_task(reconciler.run(), name="aether-reconciler")

@@ -68,9 +68,11 @@ class Reconciler:
         concurrency: int = 4,
         resync: float = RESYNC,
         meshslice: MeshNodeLookup | None = None,
+        slice_names: Callable[[], list[str]] | None = None,
     ) -> None:
         self.writer, self.lookup, self.meshnode = writer, lookup, meshnode
         self.meshslice: MeshNodeLookup = meshslice or writer.get_slice
+        self.slice_names = slice_names or list  # every MeshServiceSlice the API holds (resync: orphans too)
         self.slices: dict[str, dict[str, Any]] = {}  # MeshServiceSlice -> the spec the operator last computed
         self.slice_writes: list[str] = []
         self.model = ClusterModel(trust_domain)
@@ -126,7 +128,7 @@ class Reconciler:
             self.resyncs += 1
             OPERATOR_RESYNCS.inc()
             self.checks.update(("meshnode", name) for name in self.desired)
-            self.checks.update(("slice", name) for name in self.slices)
+            self.checks.update(("slice", name) for name in [*self.slices, *self.slice_names()])
             self.checks.update(("udproute", (ns, name)) for ns, routes in self.model.routes.items() for name in routes)
             self.checks.update(t for t in self.attempts if t[0] == "delete")
             self._wake()
@@ -191,7 +193,7 @@ class Reconciler:
         checks = checks or set()
         for route, backend, reason in sorted(out.new_discards):
             UDP_UNSUPPORTED.labels(reason=reason).inc()
-            log.info("UDPRoute %s: backend %s discarded (%s)", route, backend, reason)
+            log.info("unsupported UDP shape on %s: %s (%s)", route, backend, reason)
         self.desired.update(out.desired)
         gone: list[str] = []
         first: list[Coroutine[Any, Any, None]] = []  # slices before the MeshNodes that name them

@@ -51,6 +51,7 @@ CLIENT_NODE=$(kubectl -n "$NS" get pod client -o jsonpath='{.spec.nodeName}')
 
 step "S1: per-service selection (client and backends on different nodes)"
 kubectl get meshnodes
+kubectl get meshserviceslices
 expect "$VIP_A" dns-a "VIP A reaches backend A"
 expect "$VIP_B" dns-b "VIP B reaches backend B"
 

@@ -125,3 +125,31 @@ async def test_a_failing_write_is_retried_and_the_loop_survives() -> None:
 async def _until(cond: Any) -> None:
     while not cond():
         await asyncio.sleep(0.05)
+
+
+async def test_a_slice_left_by_an_earlier_split_is_deleted_at_the_next_resync() -> None:
+    """A slice the operator does not want (written before a restart, under a split it no longer computes) is found
+    by the resync, which lists every slice the API holds, and deleted once its namespace is computed."""
+    writer = RecordingWriter()
+    writer.create_slice("app.7", {"namespace": "app", "index": 7, "count": 8, "services": 0}, None)
+    writer.create_slice("elsewhere.0", {"namespace": "elsewhere", "index": 0, "count": 1, "services": 0}, None)
+    objects: dict[tuple[Kind, tuple[str, str]], View] = {}
+    rec = Reconciler(
+        writer,  # type: ignore[arg-type]
+        lambda kind, key: objects.get((kind, key)),
+        writer.get_meshnode,
+        "cluster.local",
+        debounce=0.05,
+        resync=0.2,
+        slice_names=lambda: list(writer.slices),
+    )
+    task = asyncio.create_task(rec.run())
+    rec.ready.set()
+    put(rec, objects, "namespace", o.namespace("app"))
+    put(rec, objects, "node", {"metadata": {"name": "n1", "uid": "u1"}})
+    put(rec, objects, "pod", {**o.pod("app", "c", "n1"), **o.pod_status("10.0.0.2")})
+    put(rec, objects, "service", o.service("app", "s0", "10.96.0.1", [("dns", 53, "UDP")]))
+    await asyncio.wait_for(_until(lambda: "app.7" not in writer.slices), 30)
+    assert "app.0" in writer.slices, "the slice it wants is written"
+    assert "elsewhere.0" in writer.slices, "a namespace it has not computed is left alone (its owner deletes it)"
+    task.cancel()
