@@ -179,18 +179,12 @@ class Mesh:
         for node in self.nodes.values():
             wait_for(connected(node), timeout, what=f"{node.name} ADS stream", diagnose=node.log_tail)
 
-    def restart_sidecar(self, node: MeshNodeProxy, *extra: str) -> None:
-        """Stop the node's sidecar, start a new one (`extra` flags, e.g. --metrics); Envoy reconnects to it."""
-        if node.sidecar is not None:
-            self.lab.stop(node.sidecar)
-        self._start_sidecar(node, extra)
-
-    def _start_sidecar(self, node: MeshNodeProxy, extra: tuple[str, ...] = ()) -> None:
+    def _start_sidecar(self, node: MeshNodeProxy) -> None:
         argv = [*XDS_CLI, "--node", node.name, "--listen", f"unix:{node.ads_sock}"]
         argv += ["--kubeconfig", self.kubeconfig, "--records", str(node.records), "--areas", self.areas]
         if self.shared_ca:
             argv += ["--certs-dir", str(self.certs_dir)]
-        argv += [*self.sidecar_args, *extra]
+        argv += self.sidecar_args
         log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115 (the child process owns it)
         node.sidecar = self.lab.spawn(None, argv, stdout=log, stderr=log)
         self.progress(f"node {node.name}: xds sidecar started (aether xds --node {node.name}: MeshNode + slices)")

@@ -6,8 +6,8 @@ three echo backends on node-b. Assertions are about traffic and about what was w
 from __future__ import annotations
 
 import contextlib
+import datetime
 import socket
-import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +17,7 @@ import pytest
 from aether.api.client import OPERATOR_USER_AGENT
 from aether.api.slices import slice_index, slice_name
 from aether.e2e.harness import Mesh
+from aether.e2e.lifecycle import restart_sidecar
 from aether.e2e.node_proxy import connected
 from aether.testing.probe import who_answers
 from aether.testing.wait import wait_for
@@ -129,6 +130,10 @@ def test_a_slice_deleted_by_hand_is_made_again(mesh: Mesh) -> None:
     mesh.programmed(mesh.nodes["node-a"])
 
 
+def _stamp() -> str:
+    return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _metrics(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
@@ -152,8 +157,14 @@ def test_a_sidecar_restart_resends_nothing_unchanged(mesh: Mesh) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    time.sleep(1.1)  # noqa: the Programmed condition's timestamp has 1 s resolution: the new one must differ
-    mesh.restart_sidecar(node, "--metrics", f"127.0.0.1:{port}")
+    # the Programmed timestamp has 1 s resolution: the new sidecar's must be able to differ from this one
+    wait_for(lambda: _stamp() > programmed["lastTransitionTime"], 5, "the clock past the last transition")
+    args = mesh.sidecar_args
+    mesh.sidecar_args = (*args, "--metrics", f"127.0.0.1:{port}")
+    try:
+        restart_sidecar(mesh, node)  # waits for Envoy's new stream to it
+    finally:
+        mesh.sidecar_args = args
 
     def reprogrammed() -> bool:
         conds = (mesh.kube.stored_meshnode(node.name) or {})["status"]["conditions"]
