@@ -97,7 +97,7 @@ def test_a_request_body_over_3_mib_is_refused_before_it_is_decoded(k: Cluster) -
 def test_the_10000_service_mesh_old_layout_refused_new_layout_stored() -> None:
     """10,000 Services in 1,000 mesh namespaces with the default egress (bench/operator_reconcile's cluster, its
     50,000 pods on 500 nodes: 100 a node, under the kubelet's default maximum of 110; a MeshNode grows with its own
-    pods). The old layout, every arm in the MeshNode (7.5 MiB), is refused as a real API server refuses it; every
+    pods). The old layout, every arm in the MeshNode (8 MiB), is refused as a real API server refuses it; every
     MeshServiceSlice and every MeshNode of the new layout is stored, none over 512 KiB."""
     from aether.api.slices import SLICE_KIND, SLICE_PLURAL
     from aether.operator.kubeapi import slice_labels
@@ -134,7 +134,7 @@ def test_the_10000_service_mesh_old_layout_refused_new_layout_stored() -> None:
             largest = max(largest, stored_size("", written))
         return refused, len(store.objects[ss.key]), largest
 
-    store = Store()  # the test bed's store itself (over HTTP the 7.5 MiB body would meet the 3 MiB wall first)
+    store = Store()  # the test bed's store itself (over HTTP the 8 MiB body would meet the 3 MiB wall first)
     for crd in mesh_crds():
         store.create(store.lookup("apiextensions.k8s.io", "v1", "customresourcedefinitions"), None, crd)
     refused, slices, largest = store_all(store)
