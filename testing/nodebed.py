@@ -204,7 +204,9 @@ class NodeBed:
         return wait_for(programmed, timeout=timeout, what="Programmed=True", ignore=(OSError, ValueError, LookupError))
 
     def condition(self) -> dict[str, object]:
-        cond: dict[str, object] = json.loads(self.status_file.read_text())["status"]["conditions"][0]
+        """The Programmed condition of the status file (the sidecar also writes PairsPersisted there)."""
+        conds = json.loads(self.status_file.read_text())["status"]["conditions"]
+        cond: dict[str, object] = next(c for c in conds if c["type"] == "Programmed")
         return cond
 
     def wait_listeners(self, n: int, timeout: float = 30.0) -> None:

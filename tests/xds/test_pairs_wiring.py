@@ -240,3 +240,23 @@ def test_a_restarted_sidecar_carries_stored_pairs_and_the_window_prunes_unused_o
     finally:
         c.close()
         r.close()
+
+
+def test_the_fetch_fast_path_serves_exactly_what_a_full_translation_does(rig: Rig) -> None:
+    """A fetch adds the twin to the served snapshot without translating everything (`Sidecar._add_twins`); the
+    next full reconcile must find nothing to change (the same snapshot version, so nothing is pushed)."""
+    c = Client(rig.port)
+    try:
+        c.send(CLUSTER)
+        first = c.recv()
+        c.send(CLUSTER, response_nonce=first.nonce, resource_names_subscribe=[TWIN])
+        assert _names(c.recv()) == [TWIN]
+    finally:
+        c.close()
+    fast = rig.cache.get(NODE)
+    assert fast is not None
+    node, _ = node_and_records()
+    rig.sidecar.on_state(node)  # a full reconcile of the same state
+    full = rig.cache.get(NODE)
+    assert full is not None and full.version == fast.version
+    assert full.versions[CLUSTER][TWIN] == fast.versions[CLUSTER][TWIN]

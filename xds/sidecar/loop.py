@@ -35,11 +35,22 @@ from aether.xds.gates.core import GateFailure, PathExists, run_gates
 from aether.xds.gates.refuse import refuse_arms, refuse_listeners
 from aether.xds.pairs.keeper import PairKeeper
 from aether.xds.pairs.persist import PairWriter, stored, to_wire
-from aether.xds.pairs.values import Environment, PairConfig, Persist, is_twin_name
-from aether.xds.resources import CLUSTER, TranslateOptions, count, short_type
+from aether.xds.pairs.values import (
+    Decision,
+    Dormant,
+    Environment,
+    PairConfig,
+    Persist,
+    Prune,
+    Publish,
+    Withdraw,
+    is_twin_name,
+)
+from aether.xds.resources import CLUSTER, Resources, TranslateOptions, count, short_type
 from aether.xds.sidecar.secrets import SecretKeeper
 from aether.xds.sidecar.sources import StateSource, StatusSink
 from aether.xds.translate.compose import translate
+from aether.xds.translate.eastwest.build import twins_for
 from aether.xds.translate.eastwest.plan import EastWestOptions, destinations, local_pods, pair_environment
 
 log = logging.getLogger("aether.xds.sidecar.loop")
@@ -153,9 +164,28 @@ class Sidecar(Events):
             return
         t0 = time.perf_counter()
         with self._lock:
-            self.pairs.fetched(twins)
-            self._reconcile()
+            if not self._add_twins(self.pairs.fetched(twins)):
+                self._reconcile()
         QUIC_PAIR_FETCH_SECONDS.observe(time.perf_counter() - t0)
+
+    def _add_twins(self, decisions: list[Decision]) -> bool:
+        """The on-demand fast path: a fetch that only admits (or refuses) pairs adds their twins and load
+        assignments to the served snapshot; only those are encoded. No gate needs to run again: every gate reads
+        listeners and routes, and a twin changes neither (routes name every twin from the start). False: the
+        decisions need a full reconcile (a withdrawal), or the served snapshot is not this state's."""
+        if any(isinstance(d, Withdraw | Prune | Dormant) for d in decisions):
+            return False
+        publish = [d.pair.twin for d in decisions if isinstance(d, Publish)]
+        if not publish:
+            return True  # a refusal: the diff answers the name absent, nothing to add
+        current = self.cache.get(self.node_name)
+        if current is None or self.desired is None or current.version != self.served_version:
+            return False
+        resources: Resources = {t: dict(named) for t, named in current.resources.items()}
+        for type_url, named in twins_for(self.desired, self.records, self.options, publish).items():
+            resources.setdefault(type_url, {}).update(named)
+        self._install(resources)
+        return True
 
     def tick_pairs(self) -> None:
         """The clock for the fetch window: a prune changes the snapshot."""
@@ -210,6 +240,9 @@ class Sidecar(Events):
             kept = f"; serving version {self.served_version}" if self.served_version else "; nothing served yet"
             self._set("False", "GateRefused", "; ".join(str(f) for f in failures) + kept)
             return
+        self._install(resources)
+
+    def _install(self, resources: Resources) -> None:
         try:
             snap = make_snapshot(resources, previous=self.cache.get(self.node_name))
         except CodecError as exc:

@@ -15,7 +15,7 @@ MeshNode has no per-pod port list yet; the first port is the primary one (the de
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -143,18 +143,21 @@ def pair_environment(pods: list[LocalPod], dests: list[Destination], node: MeshN
     )
 
 
-def twin_pairs(node: MeshNode, pods: list[LocalPod], dests: list[Destination]) -> list[tuple[Destination, str]]:
+def twin_pairs(
+    node: MeshNode, pods: list[LocalPod], dests: list[Destination], twins: Iterable[str] | None = None
+) -> list[tuple[Destination, str]]:
     """(destination, source SPIFFE ID) for every listed pair the node can serve, sorted by twin; a pair whose twin
-    name does not parse, or whose source or destination is not here, builds nothing."""
+    name does not parse, or whose source or destination is not here, builds nothing. `twins`: these twin names
+    instead of the ones `status.quic.pairs` lists."""
     by_ref = {ref(d.namespace, d.service): d for d in dests}
     local = {ref(p.namespace, p.service_account): p.identity for p in pods}
     out: dict[str, tuple[Destination, str]] = {}
-    for pair in node.status.quic.pairs:
+    for twin in (p.twin for p in node.status.quic.pairs) if twins is None else twins:
         try:
-            t = parse_quic_twin(pair.twin)
+            t = parse_quic_twin(twin)
         except ValueError:
             continue
         dest, source = by_ref.get(ref(t.namespace, t.service)), local.get(ref(t.source_namespace, t.source_sa))
         if dest is not None and source is not None:
-            out[pair.twin] = (dest, source)
+            out[twin] = (dest, source)
     return [out[t] for t in sorted(out)]
