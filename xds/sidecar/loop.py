@@ -51,7 +51,14 @@ from aether.xds.sidecar.secrets import SecretKeeper
 from aether.xds.sidecar.sources import StateSource, StatusSink
 from aether.xds.translate.compose import translate
 from aether.xds.translate.eastwest.build import twins_for
-from aether.xds.translate.eastwest.plan import EastWestOptions, destinations, local_pods, pair_environment
+from aether.xds.translate.eastwest.plan import (
+    Destination,
+    EastWestOptions,
+    LocalPod,
+    destinations,
+    local_pods,
+    pair_environment,
+)
 
 log = logging.getLogger("aether.xds.sidecar.loop")
 PROGRAMMED = "Programmed"
@@ -94,6 +101,7 @@ class Sidecar(Events):
         if sink is not None and hasattr(sink, "publish_pairs"):
             self.pair_writer = PairWriter(node_name, sink, self.options.trust_domain, self._publish_condition)  # type: ignore[arg-type]
         self.pairs = PairKeeper(pair_config, clock, persist=self._persist)
+        self._plan_memo: tuple[MeshNode, dict[str, PodRecord], tuple[list[LocalPod], list[Destination]]] | None = None
 
     # -- condition ---------------------------------------------------------------------------------
     def _set(self, status: str, reason: str, message: str) -> None:
@@ -124,9 +132,17 @@ class Sidecar(Events):
     def _eastwest(self) -> bool:
         return not self.options.areas or "eastwest" in self.options.areas
 
+    def _plan(self, node: MeshNode) -> tuple[list[LocalPod], list[Destination]]:
+        """The east-west plan parts of (node, records), kept while both are the same objects."""
+        memo = self._plan_memo
+        if memo is None or memo[0] is not node or memo[1] is not self.records:
+            td = self.options.trust_domain
+            parts = (local_pods(node, self.records, td, EastWestOptions()), destinations(node, td))
+            memo = self._plan_memo = (node, self.records, parts)
+        return memo[2]
+
     def _pair_environment(self, node: MeshNode) -> Environment:
-        td = self.options.trust_domain
-        return pair_environment(local_pods(node, self.records, td, EastWestOptions()), destinations(node, td), node)
+        return pair_environment(*self._plan(node), node)
 
     def _with_pairs(self, node: MeshNode) -> MeshNode:
         """`node` as translated: the machine started or told the environment, its published pairs as
@@ -182,7 +198,8 @@ class Sidecar(Events):
         if current is None or self.desired is None or current.version != self.served_version:
             return False
         resources: Resources = {t: dict(named) for t, named in current.resources.items()}
-        for type_url, named in twins_for(self.desired, self.records, self.options, publish).items():
+        extra = twins_for(self.desired, self.records, self.options, publish, plan=self._plan(self.desired))
+        for type_url, named in extra.items():
             resources.setdefault(type_url, {}).update(named)
         self._install(resources)
         return True

@@ -24,7 +24,15 @@ from aether.xds.identity.sds import secrets
 from aether.xds.identity.svid import CertificateSource, bundle_secret_name
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
 from aether.xds.translate.eastwest import inbound, outbound
-from aether.xds.translate.eastwest.plan import EastWestOptions, destinations, identities, local_pods, twin_pairs
+from aether.xds.translate.eastwest.plan import (
+    Destination,
+    EastWestOptions,
+    LocalPod,
+    destinations,
+    identities,
+    local_pods,
+    twin_pairs,
+)
 
 __all__ = ["EastWestOptions", "build", "camel", "required_secrets", "secrets_for", "twins_for"]
 
@@ -88,12 +96,14 @@ def twins_for(
     options: TranslateOptions,
     twins: Iterable[str],
     ew: EastWestOptions | None = None,
+    plan: tuple[list[LocalPod], list[Destination]] | None = None,
 ) -> Resources:
     """Just the twin clusters and load assignments of `twins` that the node can serve, exactly as `build` makes
-    them: the sidecar's on-demand fast path adds these to the served snapshot instead of translating everything."""
+    them: the sidecar's on-demand fast path adds these to the served snapshot instead of translating everything.
+    `plan`: `(local_pods, destinations)` of this node and these records, when the caller has them."""
     ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
     td, md = options.trust_domain, options.mesh_domain
-    pods, dests = local_pods(node, records, td, ew), destinations(node, td)
+    pods, dests = plan or (local_pods(node, records, td, ew), destinations(node, td))
     clusters: dict[str, dict[str, Any]] = {}
     endpoints: dict[str, dict[str, Any]] = {}
     for d, sid in twin_pairs(node, pods, dests, twins) if ew.quic else ():

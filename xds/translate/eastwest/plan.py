@@ -103,17 +103,18 @@ def destinations(node: MeshNode, trust_domain: str) -> list[Destination]:
 def local_pods(
     node: MeshNode, records: Mapping[str, PodRecord], trust_domain: str, options: EastWestOptions
 ) -> list[LocalPod]:
-    dests = node.status.quic.destinations
+    ports_by_ip: dict[str, list[int]] = {}  # the ports of every destination an IP is an endpoint of, in order
+    for d in node.status.quic.destinations:
+        for e in d.endpoints:
+            seen = ports_by_ip.setdefault(e.ip, [])
+            seen += [p for p in d.ports if p not in seen]
     out = []
     for pod in sorted(node.status.pods, key=lambda p: (p.namespace, p.name)):
         rec = records.get(pod.uid)
         ip = pod.ip or (rec.ips[0] if rec and rec.ips else None)
         if rec is None or not ip:
             continue
-        ports: list[int] = []
-        for d in dests:
-            if any(e.ip == ip for e in d.endpoints):
-                ports += [p for p in d.ports if p not in ports]
+        ports = list(ports_by_ip.get(ip, ()))
         if not ports:
             ports = list(options.app_ports.get(pod.uid, options.default_app_ports))
         out.append(
