@@ -18,6 +18,7 @@ import re
 import statistics
 import time
 import urllib.request
+from pathlib import Path
 
 from aether.api.naming import mesh_host, spiffe_id
 from aether.e2e.harness import Mesh
@@ -55,8 +56,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.quic_pairs_latency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--sources", type=int, default=12)
     ap.add_argument("--warm", type=int, default=20)
+    ap.add_argument("--workdir", type=Path, help="keep the mesh's logs here (default: a temporary directory)")
     args = ap.parse_args()
-    with Mesh(namespace=NS, areas="udp,tcp-floor,eastwest", shared_ca=True) as m:
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+    with Mesh(workdir=args.workdir, namespace=NS, areas="udp,tcp-floor,eastwest", shared_ca=True) as m:
         a, b = m.add_node("node-a"), m.add_node("node-b")
         m.start_node_proxies()
         pods = {f"client-{i}": f"sa-{i}" for i in range(args.sources)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -260,3 +261,26 @@ def test_the_fetch_fast_path_serves_exactly_what_a_full_translation_does(rig: Ri
     full = rig.cache.get(NODE)
     assert full is not None and full.version == fast.version
     assert full.versions[CLUSTER][TWIN] == fast.versions[CLUSTER][TWIN]
+
+
+def test_the_sidecars_own_writes_coming_back_through_the_watch_are_no_new_desired_state() -> None:
+    from aether.xds.sidecar.kube_source import desired_part
+
+    status: dict[str, Any] = {
+        "conditions": [{"type": "Ready", "status": "True"}, {"type": "Programmed", "status": "Unknown"}],
+        "quic": {"destinations": [{"service": "a/web"}], "pairs": [], "pairCount": 0},
+    }
+    ours: dict[str, Any] = {
+        "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "Programmed", "status": "True"},
+            {"type": "PairsPersisted", "status": "True"},
+        ],
+        "quic": {"destinations": [{"service": "a/web"}], "pairs": [{"twin": "quic:a/web@x"}], "pairCount": 1},
+    }
+    assert desired_part(ours) == desired_part(status)
+    # the operator's changes are (negative control: the comparison sees them)
+    theirs = {**ours, "quic": {**ours["quic"], "destinations": []}}
+    assert desired_part(theirs) != desired_part(status)
+    ready = {**ours, "conditions": [{"type": "Ready", "status": "False"}]}
+    assert desired_part(ready) != desired_part(status)
