@@ -88,6 +88,7 @@ def main() -> None:
                     raise SystemExit(f"{pod}: warm request {status}")
                 warm.append(ms)
         total, count = sidecar_fetch_ms()
+        connect = a.admin("/stats?usedonly&filter=^cluster\\.quic_.*upstream_cx_connect_ms$")
     p50f, p50w = statistics.median(first), statistics.median(warm)
     print(f"{args.sources} new pairs, {len(warm)} warm requests (one connection each), node-a --concurrency 1")
     print(f"  first request p50 {p50f:.2f} ms (min {min(first):.2f}, max {max(first):.2f})")
@@ -95,6 +96,11 @@ def main() -> None:
     print(f"  added by the first use: {p50f - p50w:.2f} ms p50 (ratio {p50f / p50w:.2f})")
     if count:
         print(f"  of which in node-a's sidecar (fetch hook, mean of {count:.0f}): {total / count:.2f} ms")
+    p50s = [float(x) for x in re.findall(r"P50\(([\d.]+),", connect)]
+    if p50s:
+        print(
+            f"  each twin's QUIC connection set-up (Envoy upstream_cx_connect_ms, median over twins): {statistics.median(p50s):.1f} ms"
+        )
 
 
 if __name__ == "__main__":
