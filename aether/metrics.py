@@ -13,7 +13,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 UDP_UNSUPPORTED = Counter(
     "aether_udp_unsupported",
-    "UDPRoute/Service shapes the UDP data path cannot express, by reason (each discarded backend counts once)",
+    "Service/UDPRoute shapes the UDP data path still cannot express, by reason (each discarded part counts once)",
     ["reason"],
     registry=REGISTRY,
 )

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from aether.e2e.demo_report import IdentityRow, PairRow, Row, identity_table, keep_instructions, pair_table, table
+from aether.e2e.demo_report import (
+    IdentityRow,
+    PairRow,
+    Row,
+    identity_table,
+    keep_instructions,
+    pair_table,
+    split_ok,
+    split_table,
+    table,
+)
 from aether.testing.probe import Answer, HttpAnswer
 
 VIP = "10.96.77.10"
@@ -90,3 +100,18 @@ def test_a_pair_row_is_ok_when_expected_admitted_on_evidence_and_not_dormant() -
     assert not PairRow(sid, "demo/web", "quic:demo/web@client", "Fetch", "Held", True, dormant=True).ok
     text = pair_table([good])
     assert text.splitlines()[2].split() == [sid, "demo/web", "quic:demo/web@client", "Fetch", "Fetch", "as", "expected"]
+
+
+def test_split_table_and_its_verdict() -> None:
+    weights = {"echo-charlie": 70, "echo-alpha": 30, "echo-bravo": 0}
+    assert split_ok(weights, {"echo-charlie": 140, "echo-alpha": 60}, 200)
+    assert split_ok(weights, {"echo-charlie": 148, "echo-alpha": 52}, 200)  # 74/26: within 5 points
+    assert not split_ok(weights, {"echo-charlie": 160, "echo-alpha": 40}, 200)  # 80/20
+    assert not split_ok(weights, {"echo-charlie": 120, "echo-alpha": 60, "<no reply>": 20}, 200)  # lost sessions
+    assert not split_ok(weights, {}, 0)
+    lines = split_table(weights, {"echo-charlie": 140, "echo-alpha": 60}, 200).splitlines()
+    assert lines[0].split() == ["backend", "weight", "expected", "sessions", "observed"]
+    assert lines[2].split() == ["echo-charlie", "70", "70%", "140", "70.0%", "as", "expected"]
+    assert lines[4].split() == ["echo-bravo", "0", "0%", "0", "0.0%", "as", "expected"]
+    bad = split_table(weights, {"echo-charlie": 100, "<no reply>": 100}, 200)
+    assert "UNEXPECTED" in bad and "<no reply>" in bad

@@ -120,3 +120,27 @@ def test_preserve_source_is_opt_in_and_envoy_accepts_it() -> None:
     node = node_with(2, 1)
     out = _validate(translate(node, records_for(node, "/run/netns"), options))
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_a_service_with_its_own_idle_timeout_gets_a_listener_bound_to_its_vip(envoy_bin: Path) -> None:
+    """One listener per (pod, timed VIP) at VIP:18082 in the pod netns with the Service's timeout; the pod's
+    wildcard listener keeps the default; the real Envoy accepts both."""
+    node = node_with(3, 2)
+    node.status.udp.services[1].idle_timeout_seconds = 5.0
+    timed = node.status.udp.services[1]
+    res = translate(node, records_for(node, "/run/netns"), TranslateOptions(areas=("udp",)))
+    udp = {k: v for k, v in res[LISTENER].items() if k.startswith("capture-udp:")}
+    assert len(udp) == 4  # two pods x (wildcard + one VIP)
+    for name, listener in udp.items():
+        sa = listener["address"]["socketAddress"]
+        proxy = _proxy(listener)
+        if "@" in name:
+            assert name.endswith(f"@{timed.vip}") and sa["address"] == timed.vip and listener["transparent"]
+            assert proxy["idleTimeout"] == "5s"
+            assert list(proxy["matcher"]["matcherTree"]["exactMatchMap"]["map"]) == [timed.vip]
+        else:
+            assert sa["address"] == "0.0.0.0" and proxy["idleTimeout"] == "60s"
+        assert sa["portValue"] == 18082
+    assert len({listener["statPrefix"] for listener in udp.values()}) == 4  # each listener its own stats
+    out = _validate(res)
+    assert out.returncode == 0, out.stderr[-3000:]
