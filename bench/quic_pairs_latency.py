@@ -76,6 +76,7 @@ def main() -> None:
         host = mesh_host(NS, "web")
         first: list[float] = []
         warm: list[float] = []
+        mem_before = a.stat("server.memory_allocated")
         for pod, sa in pods.items():
             netns = m.pods[pod].netns_path
             ms, status, body = timed_get(netns, host)
@@ -87,6 +88,7 @@ def main() -> None:
                 if status != 200:
                     raise SystemExit(f"{pod}: warm request {status}")
                 warm.append(ms)
+        mem_after = a.stat("server.memory_allocated")
         total, count = sidecar_fetch_ms()
         connect = a.admin("/stats?usedonly&filter=^cluster\\.quic_.*upstream_cx_connect_ms$")
     p50f, p50w = statistics.median(first), statistics.median(warm)
@@ -96,6 +98,11 @@ def main() -> None:
     print(f"  added by the first use: {p50f - p50w:.2f} ms p50 (ratio {p50f / p50w:.2f})")
     if count:
         print(f"  of which in node-a's sidecar (fetch hook, mean of {count:.0f}): {total / count:.2f} ms")
+    per_pair = (mem_after - mem_before) / args.sources / 1024
+    print(
+        f"  node-a Envoy memory: {mem_before / 1e6:.1f} -> {mem_after / 1e6:.1f} MB (server.memory_allocated): "
+        f"{per_pair:.0f} KiB per live pair (its twin, load assignment, QUIC connection, stats)"
+    )
     p50s = [float(x) for x in re.findall(r"P50\(([\d.]+),", connect)]
     if p50s:
         print(
