@@ -192,7 +192,7 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         ok = ok and all(r.ok for r in pairs)
         good = (
             "every VIP reached the backend it should; the split followed its weights; each source's own SPIFFE ID "
-            "arrived over HTTP/3"
+            "arrived over HTTP/3; each pair is in the MeshNode"
         )
         print(f"\nresult: {good if ok else 'SOMETHING UNEXPECTED (see above)'}")
         if keep:
