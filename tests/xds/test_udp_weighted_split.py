@@ -184,3 +184,39 @@ def test_a_backends_endpoint_count_does_not_move_its_share(bed: Bed) -> None:
     a_side = split.by_backend["a"] + split.by_backend["c"]
     assert abs(100.0 * a_side / 200 - 50) <= 5 and abs(split.share("b") - 50) <= 5, split.table()
     assert split.by_backend["a"] > 0 and split.by_backend["c"] > 0, split.table()
+
+
+def test_going_from_one_backend_to_a_split_restarts_open_sessions(bed: Bed) -> None:
+    """What docs/operator.md says about a route changing shape: the arm's cluster changes (udp:<backend> ->
+    udp-split:<parent>), so the pods' capture listeners are rebuilt and an open session starts over on its next
+    datagram, picked by the new weights (here: every new session to b)."""
+    nb = bed.node
+    plain = ServiceArm(
+        service="default/split",
+        vip=SPLIT_VIP,
+        cluster="udp:default/a",
+        backend="default/a",
+        route="default/r",
+        endpoints=[Endpoint(ip=nb.services["a"].backend.ip, port=PORT)],
+    )
+    nb.write_state(nb.meshnode(extra_arms=[plain]))
+    # the plain arm in Envoy's active listeners first (an answer from a alone could still come from the old split,
+    # and two state writes close together reach Envoy as one)
+    wait_for(
+        lambda: (
+            CLUSTER not in (text := nb.running_envoy().active_config("dynamic_listeners")) and "udp:default/a" in text
+        ),
+        timeout=30,
+        what="the listeners routing the VIP to udp:default/a",
+    )
+    sock = udp_socket_in(bed.client.path)
+    try:
+        wait_for(lambda: sticky_backends(sock, SPLIT_VIP, L4_OUTBOUND_PORT, 1) == {"a": 1}, timeout=30, what="a")
+        bed.set_split({"a": 0, "b": 100})
+        wait_for(
+            lambda: sticky_backends(sock, SPLIT_VIP, L4_OUTBOUND_PORT, 1) == {"b": 1},
+            timeout=30,
+            what="the open socket's next datagram on b (a new session)",
+        )
+    finally:
+        sock.close()

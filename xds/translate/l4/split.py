@@ -3,8 +3,8 @@
 udp_proxy picks a host once per session (one client address and port) and keeps it, so a cluster whose load
 balancer spreads picks by weight splits *new sessions* by weight and every datagram of a session reaches one
 backend. The cluster uses locality-weighted load balancing: each backendRef is a locality whose
-`load_balancing_weight` is the backendRef's weight, and Envoy picks a locality by weight (an EDF schedule: exact
-proportions, not a random draw) and then a host inside it, so a backend's endpoint count does not move its share.
+`load_balancing_weight` is the backendRef's weight, and Envoy picks a locality by weight (an EDF schedule: a
+weighted round robin within a pick or so of the exact proportions, not a random draw) and then a host inside it, so a backend's endpoint count does not move its share.
 Envoy scales a locality's weight by the fraction of its hosts that are healthy; UDP clusters have no health
 checks and we never mark a host unhealthy, so the weights stay the spec's.
 
@@ -47,7 +47,7 @@ SplitKey = tuple[Locality, ...]
 
 def split_key(arm: ServiceArm) -> SplitKey:
     out: list[Locality] = []
-    for b in arm.backends:
+    for b in arm.backends or ():
         if b.reason is not None and b.reason != "Drained":
             out.append((b.backend, b.weight, b.weight == 0, (DROP_ENDPOINT,)))
         else:
@@ -68,9 +68,14 @@ def split_cluster(name: str, shape: ClusterShape) -> ResourceDict:
 @lru_cache(maxsize=1 << 14)
 def split_assignment(name: str, key: SplitKey) -> ResourceDict:
     localities: list[ResourceDict] = []
-    for backend, weight, drained, eps in key:
+    seen: set[str] = set()
+    for i, (backend, weight, drained, eps) in enumerate(key):
+        # one locality per entry, never two with one name: Envoy keys locality weights by locality, so a repeated
+        # one (a ref to a Service and an invalid ref of another kind with the same name) would take one weight
+        zone = backend if backend not in seen else f"{backend}#{i}"
+        seen.add(zone)
         loc: ResourceDict = {
-            "locality": {"subZone": backend},
+            "locality": {"subZone": zone},
             "lbEndpoints": [
                 {"endpoint": {"address": {"socketAddress": {"address": ip, "portValue": port}}}} for ip, port in eps
             ],
