@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--sources", type=int, default=12)
     ap.add_argument("--warm", type=int, default=20)
     ap.add_argument("--workdir", type=Path, help="keep the mesh's logs here (default: a temporary directory)")
+    ap.add_argument("--envoy-debug", action="store_true", help="node-a's Envoy logs at debug level (a timeline)")
     args = ap.parse_args()
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
@@ -77,6 +78,8 @@ def main() -> None:
         first: list[float] = []
         warm: list[float] = []
         mem_before = a.stat("server.memory_allocated")
+        if args.envoy_debug:
+            a.running_envoy().admin("/logging?level=debug", "POST")
         for pod, sa in pods.items():
             netns = m.pods[pod].netns_path
             ms, status, body = timed_get(netns, host)
