@@ -3,8 +3,9 @@
 As root it starts the API test bed, the operator, one node's xds sidecar and a real Envoy in network namespaces;
 creates client pods, three UDP echo backends and an HTTP app (netns + the real aether-cni); applies Services and a
 UDPRoute through the API; then shows which VIP reached which backend, what a route change did, how weights split
-new sessions, what the same
-datagrams do under a REDIRECT capture, and which SPIFFE ID arrived at the app over each source's HTTP/3 twin. Everything it made goes away on exit, Ctrl-C, SIGTERM or failure;
+new sessions, what the same datagrams do under a REDIRECT capture, which SPIFFE ID arrived at the app over each
+source's HTTP/3 twin, and the QUIC pairs the sidecar recorded in the MeshNode. Everything it made goes away on
+exit, Ctrl-C, SIGTERM or failure;
 `--keep` leaves the mesh running (with instructions) until Ctrl-C.
 """
 
@@ -25,9 +26,20 @@ from types import FrameType
 from typing import Any
 
 from aether.api.naming import mesh_host, quic_twin, spiffe_id, udp_split_cluster
-from aether.e2e.demo_report import IdentityRow, Row, identity_table, keep_instructions, split_ok, split_table, table
+from aether.e2e.demo_report import (
+    IdentityRow,
+    PairRow,
+    Row,
+    identity_table,
+    keep_instructions,
+    pair_table,
+    split_ok,
+    split_table,
+    table,
+)
 from aether.e2e.harness import Mesh, MeshPod
 from aether.e2e.kube import udp_arms
+from aether.e2e.lifecycle import pair_state, wait_pairs
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.testing.netlab import is_root
@@ -170,10 +182,17 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
             for pod, sa in ((client, HTTP_CLIENTS["client"]), (reporter, HTTP_CLIENTS["reporter"]))
         ]
         print(identity_table(ids))
+        pairs = pair_rows(mesh, node)
+        print(
+            f"\n6. QUIC pairs: MeshNode {NODE} status.quic.pairs, written by the sidecar (kubectl get mn {NODE} -o yaml)."
+        )
+        print("   A twin exists only for a pair that dialled: each source's first request fetched its own on demand:\n")
+        print(pair_table(pairs))
         ok = all(r.ok for r in (*rows, *rows2, *red)) and all(r.ok for r in ids) and split_good
+        ok = ok and all(r.ok for r in pairs)
         good = (
             "every VIP reached the backend it should; the split followed its weights; each source's own SPIFFE ID "
-            "arrived over HTTP/3"
+            "arrived over HTTP/3; each pair is in the MeshNode"
         )
         print(f"\nresult: {good if ok else 'SOMETHING UNEXPECTED (see above)'}")
         if keep:
@@ -237,6 +256,18 @@ def identity_row(mesh: Mesh, node: MeshNodeProxy, pod: MeshPod, sa: str) -> Iden
         over_http3=node.stat(counter) > before
         and node.stat(f"cluster.{twin.replace(':', '_')}.upstream_cx_http3_total") > 0,
     )
+
+
+def pair_rows(mesh: Mesh, node: MeshNodeProxy) -> list[PairRow]:
+    """The node's pairs once the sidecar wrote the ones the identity table dialled (or whatever it holds then)."""
+    expected = {quic_twin(NAMESPACE, WEB, sa) for sa in HTTP_CLIENTS.values()}
+    with contextlib.suppress(TimeoutError):
+        wait_pairs(mesh, node, expected, set())
+    pairs, dormant, _ = pair_state(mesh, node)
+    return [
+        PairRow(p.source, p.destination, p.twin, p.evidence, p.last_kind, p.twin in expected, twin in dormant)
+        for twin, p in sorted({**pairs, **dormant}.items())
+    ] or [PairRow("-", "-", "(none)", None, None, False)]
 
 
 def main(argv: list[str]) -> int:

@@ -141,3 +141,36 @@ def identity_table(rows: Sequence[IdentityRow]) -> str:
         via = f"{r.twin} HTTP/3" if r.over_http3 else "not the HTTP/3 twin"
         body.append((r.client, r.host, status, via, r.answer.spiffe_id or "-", "as expected" if r.ok else "UNEXPECTED"))
     return _render(head, body)
+
+
+@dataclass(frozen=True)
+class PairRow:
+    """One entry of the MeshNode's status.quic.pairs (or dormantPairs), and whether the demo expects it there."""
+
+    source: str
+    destination: str
+    twin: str
+    evidence: str | None  # what admitted it
+    last: str | None  # lastEvidence kind
+    expected: bool
+    dormant: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.expected and not self.dormant and self.evidence in ("Fetch", "Resubscribe")
+
+
+def pair_table(rows: Sequence[PairRow]) -> str:
+    head = ("source (SPIFFE ID)", "destination", "twin", "evidence", "last evidence", "")
+    body = [
+        (
+            r.source,
+            r.destination + (" (dormant)" if r.dormant else ""),
+            r.twin,
+            r.evidence or "-",
+            r.last or "-",
+            "as expected" if r.ok else "UNEXPECTED",
+        )
+        for r in rows
+    ]
+    return _render(head, body)

@@ -127,6 +127,9 @@ def test_demo_completes_shows_selection_and_leaves_nothing_behind() -> None:
         assert re.search(
             rf"demo/{pod} +\S+ +web-0 \(200\) +{re.escape(twin)} HTTP/3 +{re.escape(sid)} +as expected", out
         ), out
+    for sa in demo.HTTP_CLIENTS.values():  # table 5: the pair each source's first request recorded
+        twin, sid = f"quic:demo/web@{sa}", f"spiffe://cluster.local/ns/demo/sa/{sa}"
+        assert re.search(rf"{re.escape(sid)} +demo/web +{re.escape(twin)} +Fetch +\w+ +as expected", out), out
     assert "UNEXPECTED" not in out and "result: every VIP reached the backend it should" in out
     _assert_nothing_left(out, run.mark)
 

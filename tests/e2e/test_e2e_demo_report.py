@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from aether.e2e.demo_report import IdentityRow, Row, identity_table, keep_instructions, split_ok, split_table, table
+from aether.e2e.demo_report import (
+    IdentityRow,
+    PairRow,
+    Row,
+    identity_table,
+    keep_instructions,
+    pair_table,
+    split_ok,
+    split_table,
+    table,
+)
 from aether.testing.probe import Answer, HttpAnswer
 
 VIP = "10.96.77.10"
@@ -79,6 +89,17 @@ def test_an_identity_row_needs_the_sources_own_id_over_http3() -> None:
         "as",
         "expected",
     ]
+
+
+def test_a_pair_row_is_ok_when_expected_admitted_on_evidence_and_not_dormant() -> None:
+    sid = "spiffe://cluster.local/ns/demo/sa/client"
+    good = PairRow(sid, "demo/web", "quic:demo/web@client", "Fetch", "Fetch", expected=True)
+    assert good.ok
+    assert not PairRow(sid, "demo/web", "quic:demo/web@client", "Fetch", "Fetch", expected=False).ok  # not dialled
+    assert not PairRow(sid, "demo/web", "quic:demo/web@client", None, None, expected=True).ok  # no evidence
+    assert not PairRow(sid, "demo/web", "quic:demo/web@client", "Fetch", "Held", True, dormant=True).ok
+    text = pair_table([good])
+    assert text.splitlines()[2].split() == [sid, "demo/web", "quic:demo/web@client", "Fetch", "Fetch", "as", "expected"]
 
 
 def test_split_table_and_its_verdict() -> None:

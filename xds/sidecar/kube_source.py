@@ -33,6 +33,26 @@ from aether.api.slices import SLICE_PLURAL, MeshServiceSlice, NodeState, parse_s
 from aether.xds.sidecar.sources import StateUpdate
 
 log = logging.getLogger("aether.xds.kube")
+# What the sidecar writes itself: a change of only these is not a new desired state (its own writes come back
+# through the watch; re-translating for each one held the sidecar's lock while fetches waited).
+SIDECAR_QUIC_FIELDS = frozenset({"pairs", "dormantPairs", "pairCount", "dormantPairCount"})
+SIDECAR_CONDITIONS = frozenset({"Programmed", "PairsPersisted"})
+
+
+def desired_part(status: Any) -> Any:
+    """`status` without the sidecar-owned fields (what decides whether an update is a new desired state)."""
+    if not isinstance(status, dict):
+        return status
+    out = dict(status)
+    if isinstance(out.get("quic"), dict):
+        out["quic"] = {k: v for k, v in out["quic"].items() if k not in SIDECAR_QUIC_FIELDS}
+    if isinstance(out.get("conditions"), list):
+        out["conditions"] = [
+            c for c in out["conditions"] if not (isinstance(c, dict) and c.get("type") in SIDECAR_CONDITIONS)
+        ]
+    return out
+
+
 MERGE = "application/merge-patch+json"
 USER_AGENT = "aether-xds"
 
@@ -186,14 +206,16 @@ class KubeSource:
         return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
     def _key(self, body: Any, slices: dict[str, MeshServiceSlice], bad: dict[str, str]) -> Any:
-        """What the yielded update depends on: the MeshNode's spec/status and the named slices' versions."""
+        """What the yielded update depends on: the MeshNode's spec and the operator's status (the sidecar's own pair
+        and condition writes coming back through the watch are no new state), and the named slices' versions."""
         if body is None:
             return None
         names = self._names(body)
         versions = [
             (n, (slices[n].metadata.model_extra or {}).get("resourceVersion") if n in slices else None) for n in names
         ]
-        return (repr(body.get("spec")), repr(body.get("status")), tuple(versions), tuple(n for n in names if n in bad))
+        spec, desired = repr(body.get("spec")), repr(desired_part(body.get("status")))  # not the sidecar's own writes
+        return (spec, desired, tuple(versions), tuple(n for n in names if n in bad))
 
     def _state(self, body: Any, slices: dict[str, MeshServiceSlice], bad: dict[str, str], deleted: bool) -> StateUpdate:
         if body is None:
