@@ -91,7 +91,8 @@ def test_seventy_thirty_zero_over_500_fresh_sessions_and_one_socket_sticks(mesh:
         (f"{NS}/w2", 30, 30.0, None),
         (f"{NS}/w3", 0, 0.0, "Drained"),
     ]
-    shown = m.kubectl("get", "meshnode", "node-a", "-o", "yaml")  # what `kubectl get meshnode -o yaml` explains
+    # what `kubectl get` explains: the arm is in its namespace's MeshServiceSlice (the MeshNode names the slices)
+    shown = m.kubectl("get", "meshserviceslices", "-l", f"mesh.aether.dev/namespace={NS}", "-o", "yaml")
     if shown is not None:
         for line in ("cluster: udp-split:e2e/front", "backend: e2e/w1", "share: 70", "weight: 70", "reason: Drained"):
             assert line in shown, shown
