@@ -17,6 +17,9 @@ def test_crds_are_not_stale() -> None:
 
 def test_stale_check_sees_a_changed_model_negative_control(tmp_path: Path) -> None:
     """The staleness gate must go red: an edited copy of the CRD is reported, a missing one too."""
+    for name in crdgen.render():
+        (tmp_path / name).write_text((crdgen.crds_dir() / name).read_text())
+    assert crdgen.stale(tmp_path) == []
     text = (crdgen.crds_dir() / "meshnode.yaml").read_text()
     (tmp_path / "meshnode.yaml").write_text(text.replace("unsupportedShapes", "unsupportedShape"))
     assert crdgen.stale(tmp_path) == ["meshnode.yaml"]
@@ -65,3 +68,16 @@ def test_meshnode_crd_shape() -> None:
     # every field of the model is in the schema (camelCase)
     wire = MeshNodeStatus.model_json_schema(by_alias=True)["properties"]
     assert set(wire) == set(props)
+
+
+def test_policy_crd_shape() -> None:
+    crd = yaml.safe_load((crdgen.crds_dir() / "meshauthorizationpolicy.yaml").read_text())
+    assert crd["spec"]["scope"] == "Namespaced"
+    assert crd["spec"]["names"]["kind"] == "MeshAuthorizationPolicy"
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    props = version["schema"]["openAPIV3Schema"]["properties"]
+    assert sorted(props["spec"]["properties"]) == ["rules", "targetRefs"]
+    assert sorted(props["spec"]["properties"]["rules"]["items"]["properties"]) == ["from", "ports"]
+    assert sorted(props["status"]["properties"]) == ["conditions", "errors", "observedGeneration", "services"]
+    assert _walk(props) == []
