@@ -25,7 +25,10 @@ from collections.abc import Callable
 from typing import Any
 
 from aether.api.addresses import AddressError, parse_addr, parse_hostport
-from aether.api.meshnode import MeshNodeFileError, load_meshnode_file
+from aether.api.authz import KIND as POLICY_KIND
+from aether.api.authz import compile_bodies
+from aether.api.meshnode import MeshNodeFileError
+from aether.api.statefile import load_state_file
 from aether.netns.records import load_records, state_dir
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
 
@@ -79,21 +82,33 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
 
 def _render(argv: list[str]) -> int:
     p = _Parser(prog="aether xds render", description="print the Envoy resources the sidecar would serve, as JSON")
-    p.add_argument("--state", required=True, help="MeshNode file (YAML or JSON)")
+    p.add_argument(
+        "--state", required=True, help="MeshNode file (YAML or JSON), or a List of it and MeshAuthorizationPolicies"
+    )
     p.add_argument("--records", help=f"pod records directory (default ${'{'}AETHER_STATE_DIR{'}'} or {state_dir()})")
     args = p.parse_args(argv)
     from aether.xds.gates.core import run_gates
     from aether.xds.gates.refuse import refuse_arms, refuse_listeners
+    from aether.xds.resources import TranslateOptions
     from aether.xds.translate.compose import translate
 
     try:
-        node = load_meshnode_file(args.state)
+        node, others = load_state_file(args.state)
     except MeshNodeFileError as exc:
         print(f"aether xds render: {exc}", file=sys.stderr)
         return 1
+    td = TranslateOptions().trust_domain
+    options = TranslateOptions(authorization=compile_bodies(others.get(POLICY_KIND, ()), td))
+    for policy in options.authorization:
+        if not policy.accepted:
+            print(
+                f"aether xds render: MeshAuthorizationPolicy {policy.ref} is not accepted: it allows nothing on "
+                f"{', '.join(policy.services) or 'no Service'}",
+                file=sys.stderr,
+            )
     # what the sidecar does: one bad arm or listener is refused and the rest is served
     node, refused = refuse_arms(node)
-    resources, dropped = refuse_listeners(translate(node, load_records(args.records)))
+    resources, dropped = refuse_listeners(translate(node, load_records(args.records), options))
     json.dump(resources, sys.stdout, indent=2, sort_keys=True)
     print()
     for failure in [*refused, *dropped]:
@@ -118,7 +133,11 @@ def _bootstrap(argv: list[str]) -> int:
 def _serve(argv: list[str]) -> int:
     p = _Parser(prog="aether xds", description="the node xDS sidecar (delta ADS for the node's Envoy)")
     p.add_argument("--node", required=True, help="node name: the MeshNode and Envoy's node id")
-    p.add_argument("--state", help="MeshNode file (re-read on change); the cluster's MeshNode when absent")
+    p.add_argument(
+        "--state",
+        help="MeshNode file, or a List of it and MeshAuthorizationPolicies (re-read on change); the cluster's "
+        "MeshNode and policies when absent",
+    )
     p.add_argument("--kubeconfig", help="cluster mode (no --state): kubeconfig file (in-cluster config otherwise)")
     p.add_argument(
         "--listen", type=_addr, default=DEFAULT_XDS_ADDR, help=f"unix:PATH (default {DEFAULT_XDS_ADDR}) or host:port"
@@ -217,6 +236,11 @@ def _serve(argv: list[str]) -> int:
             log.warning("east-west identities from a built-in CA: for tests and the demo only (use --certs-dir)")
         keeper = SecretKeeper(make_source(args.certs_dir, options))
     sidecar = Sidecar(args.node, cache, sink, args.records, options, secrets=keeper)
+    stop = threading.Event()
+    if not args.state and serves_secrets:  # cluster mode: the policies come from the API, read-only
+        policies = importlib.import_module("aether.xds.sidecar.kube_policies")
+        sidecar.awaiting_policies = True
+        policies.start(sidecar.on_policies, stop, args.kubeconfig)
     servicer = DeltaAdsServer(cache, events=sidecar)
     try:
         server, port = serve(servicer, args.listen)
@@ -233,7 +257,6 @@ def _serve(argv: list[str]) -> int:
             print(f"aether xds: cannot listen (--metrics {args.metrics[0]}:{args.metrics[1]}): {exc}", file=sys.stderr)
             server.stop(0)
             return 1
-    stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:

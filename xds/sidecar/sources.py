@@ -1,6 +1,7 @@
 """Where the desired state comes from (`StateSource`) and where the `Programmed` condition goes (`StatusSink`).
 
-File mode: `FileSource` re-reads a MeshNode file when it changes; a bad file keeps the last good state (the
+File mode: `FileSource` re-reads a MeshNode file (or a `kind: List` of it and MeshAuthorizationPolicies,
+`aether.api.statefile`) when it changes; a bad file keeps the last good state (the
 sidecar says why in its log and in the condition). `FileStatusSink` writes a MeshNode-shaped JSON holding
 `status.conditions`. Cluster mode: `aether.xds.sidecar.kube_source` (the operator engineer's) provides
 `source(node) -> StateSource` and `status_sink(node) -> StatusSink` with the same protocols.
@@ -15,8 +16,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from aether.api.authz import KIND as POLICY_KIND
 from aether.api.meshnode import (
     API_GROUP,
     API_VERSION,
@@ -24,17 +26,20 @@ from aether.api.meshnode import (
     Condition,
     MeshNode,
     MeshNodeFileError,
-    load_meshnode_file,
 )
+from aether.api.statefile import load_state_file
 from aether.atomicfile import write_text_atomic
 
 
 @dataclass(frozen=True)
 class StateUpdate:
-    """A new desired state, or why the source could not produce one (`node` None, `error` set)."""
+    """A new desired state, or why the source could not produce one (`node` None, `error` set). `policies`: the
+    MeshAuthorizationPolicy bodies that came with it (a state file's List), None when the source carries none
+    (cluster mode reads them apart: `aether.xds.sidecar.kube_policies`)."""
 
     node: MeshNode | None
     error: str | None = None
+    policies: tuple[dict[str, Any], ...] | None = None
 
 
 class StateSource(Protocol):
@@ -65,7 +70,8 @@ class FileSource:
             if fp != last:
                 last = fp
                 try:
-                    yield StateUpdate(load_meshnode_file(self.path))
+                    node, others = load_state_file(self.path)
+                    yield StateUpdate(node, policies=tuple(others.get(POLICY_KIND, ())))
                 except MeshNodeFileError as exc:
                     yield StateUpdate(None, str(exc))
             stop.wait(self.interval)
