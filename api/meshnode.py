@@ -117,6 +117,14 @@ class Summary(_Model):
     unsupported_shapes: int = 0
 
 
+class AuthorizationSummary(_Model):
+    """Operator-owned: the MeshAuthorizationPolicies guarding this node's pods (aether.operator.policies)."""
+
+    guarded_services: int = Field(default=0, description="Services with an endpoint here that a policy targets")
+    policies: int = Field(default=0, description="the policies targeting them")
+    not_accepted: int = Field(default=0, description="of those, the ones not Accepted (they allow nothing)")
+
+
 class MeshNodeStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
     pods: list[MeshPod] = Field(default_factory=list)
@@ -124,6 +132,7 @@ class MeshNodeStatus(_Model):
     tcp: L4Status = Field(default_factory=L4Status)
     quic: QuicStatus = Field(default_factory=QuicStatus)
     summary: Summary | None = None
+    authorization: AuthorizationSummary | None = None
     observed_generation: int | None = None
 
 

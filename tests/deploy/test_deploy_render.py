@@ -19,6 +19,7 @@ DEPLOY = REPO / "deploy"
 EXPECTED = {
     ("v1", "Namespace", "", "aether-system"),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", "meshnodes.mesh.aether.dev"),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", "meshauthorizationpolicies.mesh.aether.dev"),
     ("v1", "ServiceAccount", "aether-system", "aether-operator"),
     ("v1", "ServiceAccount", "aether-system", "aether-node"),
     ("rbac.authorization.k8s.io/v1", "ClusterRole", "", "aether-operator"),
