@@ -3,7 +3,8 @@
 As root it starts the API test bed, the operator, one node's xds sidecar and a real Envoy in network namespaces;
 creates client pods, three UDP echo backends and an HTTP app (netns + the real aether-cni); applies Services and a
 UDPRoute through the API; then shows which VIP reached which backend, what a route change did, what the same
-datagrams do under a REDIRECT capture, and which SPIFFE ID arrived at the app over each source's HTTP/3 twin. Everything it made goes away on exit, Ctrl-C, SIGTERM or failure;
+datagrams do under a REDIRECT capture, which SPIFFE ID arrived at the app over each source's HTTP/3 twin, and that
+the app port refuses a direct call (STRICT inbound) and a MeshAuthorizationPolicy turns a denied identity away (403). Everything it made goes away on exit, Ctrl-C, SIGTERM or failure;
 `--keep` leaves the mesh running (with instructions) until Ctrl-C.
 """
 
@@ -22,12 +23,12 @@ from pathlib import Path
 from types import FrameType
 
 from aether.api.naming import mesh_host, quic_twin, spiffe_id
-from aether.e2e.demo_report import IdentityRow, Row, identity_table, keep_instructions, table
-from aether.e2e.harness import Mesh, MeshPod
+from aether.e2e.demo_report import AccessRow, IdentityRow, Row, access_table, identity_table, keep_instructions, table
+from aether.e2e.harness import HTTP_APP_PORT, Mesh, MeshPod
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.netns.contract import CaptureMode
 from aether.testing.netlab import is_root
-from aether.testing.probe import wait_answer, wait_http, who_answers
+from aether.testing.probe import http_get, wait_answer, wait_http, who_answers
 
 NAMESPACE = "demo"
 NODE = "node-1"
@@ -36,6 +37,7 @@ ROUTE = "bravo-route"
 AREAS = "udp,tcp-floor,eastwest"  # everything the sidecar translates (east-west with its built-in CA)
 WEB = "web"  # a TCP Service: an east-west destination, reached over HTTP/3 twins per source identity
 HTTP_CLIENTS = {"client": "client", "reporter": "reporter"}  # pod -> ServiceAccount
+POLICY = "web-callers"  # the MeshAuthorizationPolicy of section 5: only the client's identity may call web
 
 
 class Interrupted(BaseException):
@@ -154,8 +156,19 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
             for pod, sa in ((client, HTTP_CLIENTS["client"]), (reporter, HTTP_CLIENTS["reporter"]))
         ]
         print(identity_table(ids))
-        ok = all(r.ok for r in (*rows, *rows2, *red)) and all(r.ok for r in ids)
-        good = "every VIP reached the backend it should; each source's own SPIFFE ID arrived over HTTP/3"
+        access = inbound_rows(mesh, client, reporter)
+        print("\n5. Only the mesh gets in, and only whom a policy allows: web-0's inbound is STRICT (the pod takes")
+        print(f"   new flows only on the mesh's inbound port), and MeshAuthorizationPolicy {POLICY} lets only")
+        print(
+            f"   {spiffe_id(NAMESPACE, HTTP_CLIENTS['client'])} call Service {WEB} (Accepted={access[0]}; Envoy's RBAC"
+        )
+        print("   filter on the destination's inbound, matched on the verified peer certificate):\n")
+        print(access_table(access[1]))
+        ok = all(r.ok for r in (*rows, *rows2, *red)) and all(r.ok for r in ids) and all(r.ok for r in access[1])
+        good = (
+            "every VIP reached the backend it should; each source's own SPIFFE ID arrived over HTTP/3; "
+            "only the mesh and the allowed identity reached the app"
+        )
         print(f"\nresult: {good if ok else 'SOMETHING UNEXPECTED (see above)'}")
         if keep:
             print()
@@ -181,6 +194,22 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         _ignore_signals()
         clock.say("cleaning up: processes, network namespaces, files")
         mesh.close()
+
+
+def inbound_rows(mesh: Mesh, client: MeshPod, reporter: MeshPod) -> tuple[str | None, list[AccessRow]]:
+    """Section 5: the app port called directly (STRICT drops it), then a policy allowing only the client's
+    identity, and both sources through the mesh (200 and RBAC's 403). -> (the policy's Accepted condition, rows)."""
+    web, host = mesh.pods["web-0"], mesh_host(NAMESPACE, WEB)
+    direct = http_get(reporter.netns_path, host, port=HTTP_APP_PORT, ip=web.ip, timeout=2.0)
+    mesh.kube.authorization_policy(NAMESPACE, POLICY, WEB, [spiffe_id(NAMESPACE, HTTP_CLIENTS["client"])])
+    accepted = mesh.kube.policy_condition(NAMESPACE, POLICY)
+    denied = wait_http(reporter.netns_path, host, want=403)
+    allowed = wait_http(client.netns_path, host)
+    return accepted, [
+        AccessRow(f"{NAMESPACE}/{reporter.name}", f"{web.ip}:{HTTP_APP_PORT} directly", direct, None, "STRICT"),
+        AccessRow(f"{NAMESPACE}/{client.name}", f"{host} (mesh)", allowed, 200, f"allowed by {POLICY}"),
+        AccessRow(f"{NAMESPACE}/{reporter.name}", f"{host} (mesh)", denied, 403, f"not in {POLICY}: RBAC"),
+    ]
 
 
 def identity_row(mesh: Mesh, node: MeshNodeProxy, pod: MeshPod, sa: str) -> IdentityRow:

@@ -121,6 +121,11 @@ def test_demo_completes_shows_selection_and_leaves_nothing_behind() -> None:
         assert re.search(
             rf"demo/{pod} +\S+ +web-0 \(200\) +{re.escape(twin)} HTTP/3 +{re.escape(sid)} +as expected", out
         ), out
+    # table 5: the app port called directly is dropped (STRICT); the policy lets client in and turns reporter away
+    assert re.search(r"demo/reporter +[\d.]+:8080 directly +no answer +STRICT +as expected", out), out
+    assert re.search(r"demo/client +web\.demo\.\S+ \(mesh\) +200 \(app saw \S+/sa/client\) +allowed by", out), out
+    assert re.search(r"demo/reporter +web\.demo\.\S+ \(mesh\) +403 +not in web-callers: RBAC +as expected", out), out
+    assert "Accepted=True/Accepted" in out
     assert "UNEXPECTED" not in out and "result: every VIP reached the backend it should" in out
     _assert_nothing_left(out, run.mark)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aether.e2e.demo_report import IdentityRow, Row, identity_table, keep_instructions, table
+from aether.e2e.demo_report import AccessRow, IdentityRow, Row, access_table, identity_table, keep_instructions, table
 from aether.testing.probe import Answer, HttpAnswer
 
 VIP = "10.96.77.10"
@@ -79,3 +79,18 @@ def test_an_identity_row_needs_the_sources_own_id_over_http3() -> None:
         "as",
         "expected",
     ]
+
+
+def test_access_rows_expect_the_status_and_say_what_decided() -> None:
+    sid = "spiffe://cluster.local/ns/demo/sa/client"
+    rows = [
+        AccessRow("demo/reporter", "10.200.1.9:8080 directly", HttpAnswer(None, None, None), None, "STRICT"),
+        AccessRow("demo/client", "web (mesh)", HttpAnswer(200, "web-0", sid), 200, "allowed by web-callers"),
+        AccessRow("demo/reporter", "web (mesh)", HttpAnswer(403, None, None), 403, "not in web-callers: RBAC"),
+        AccessRow("demo/reporter", "10.200.1.9:8080 directly", HttpAnswer(200, "web-0", None), None, "STRICT"),
+    ]
+    assert [r.ok for r in rows] == [True, True, True, False]  # a direct call that answers is the failure
+    lines = access_table(rows).splitlines()
+    assert lines[2].split()[-4:] == ["answer", "STRICT", "as", "expected"]
+    assert f"200 (app saw {sid})" in lines[3] and lines[4].split()[3] == "403"
+    assert lines[5].endswith("UNEXPECTED")
