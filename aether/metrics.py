@@ -13,7 +13,7 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 
 UDP_UNSUPPORTED = Counter(
     "aether_udp_unsupported",
-    "UDPRoute/Service shapes the UDP data path cannot express, by reason (each discarded backend counts once)",
+    "Service/UDPRoute shapes the UDP data path still cannot express, by reason (each discarded part counts once)",
     ["reason"],
     registry=REGISTRY,
 )
@@ -39,6 +39,47 @@ XDS_PUSHED_RESOURCES = Counter(
 XDS_CONNECTED_STREAMS = Gauge(
     "aether_xds_connected_streams",
     "Open delta-ADS streams",
+    registry=REGISTRY,
+)
+
+# ---- QUIC pairs (the sidecar; xds/pairs/keeper.py, docs/pairs.md) ----------------------------------------------
+QUIC_PAIRS = Gauge(
+    "aether_quic_pairs", "QUIC pairs whose twin the snapshot holds (admitted, not dormant)", registry=REGISTRY
+)
+QUIC_DORMANT_PAIRS = Gauge(
+    "aether_quic_dormant_pairs",
+    "QUIC pairs kept dormant: removal evidence while the proxy holds their twin's ODCDS subscription",
+    registry=REGISTRY,
+)
+QUIC_PAIR_ADMISSIONS = Counter(
+    "aether_quic_pair_admissions",
+    "QUIC pairs admitted, by evidence: Fetch (an on-demand request) or Resubscribe (a fresh stream named it)",
+    ["evidence"],
+    registry=REGISTRY,
+)
+QUIC_PAIR_REFUSALS = Counter(
+    "aether_quic_pair_refusals",
+    "Twin names refused (answered absent), by reason: MalformedName, SourceNotLocal, DestinationIneligible, "
+    "DestinationNotADependency",
+    ["reason"],
+    registry=REGISTRY,
+)
+QUIC_PAIR_PRUNES = Counter(
+    "aether_quic_pair_prunes",
+    "QUIC pairs pruned with their twin, by cause: FetchWindow, NotResubscribed, SourceLeft, DestinationLeft, "
+    "DestinationIneligible, MalformedRecord",
+    ["cause"],
+    registry=REGISTRY,
+)
+QUIC_PAIR_FETCH_SECONDS = Histogram(
+    "aether_quic_pair_fetch_seconds",
+    "On-demand CDS fetch of a twin, in the sidecar: from the request's arrival to the snapshot holding the answer",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    registry=REGISTRY,
+)
+QUIC_PAIR_WRITE_FAILURES = Counter(
+    "aether_quic_pair_write_failures",
+    "Failed writes of status.quic.pairs/dormantPairs (retried with backoff; traffic is served from memory)",
     registry=REGISTRY,
 )
 

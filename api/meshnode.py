@@ -54,6 +54,22 @@ class Endpoint(_Model):
     port: int = Field(ge=1, le=65535)
 
 
+class ArmBackend(_Model):
+    """One backendRef of a weighted arm: the share of new sessions it takes (udp_proxy picks a backend once per
+    session, by weight; the datagrams of one session all go to that backend)."""
+
+    backend: str = Field(description="<namespace>/<name> of the backend Service, as the backendRef names it")
+    weight: int = Field(ge=0, description="the backendRef's weight")
+    share: float = Field(ge=0, le=100, description="percent of new sessions: weight / the sum of the arm's weights")
+    endpoints: list[Endpoint] = Field(default_factory=list)
+    reason: str | None = Field(
+        default=None,
+        description="why this backend takes no new session: Drained (weight 0: existing sessions finish), or the "
+        "ResolvedRefs reason of an invalid backendRef (BackendNotFound, RefNotPermitted, InvalidKind, "
+        "UnsupportedValue: its share is dropped, not given to the others)",
+    )
+
+
 class ServiceArm(_Model):
     """One matcher arm: a dialled VIP (on port 18082) -> the cluster that carries it."""
 
@@ -64,6 +80,17 @@ class ServiceArm(_Model):
     route: str | None = Field(default=None, description="<namespace>/<name> of the route that re-pointed it")
     endpoints: list[Endpoint] = Field(default_factory=list)
     reason: str | None = Field(default=None, description="why the arm is blackholed, e.g. NoHealthyBackend")
+    backends: list[ArmBackend] = Field(
+        default_factory=list,
+        description="a weighted split (a UDPRoute's backendRefs): the arm's own cluster spreads new sessions over "
+        "these by weight; empty: the cluster is one backend's and `endpoints` are its",
+    )
+    idle_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="UDP session idle timeout for this Service (annotation mesh.aether.dev/udp-idle-timeout); "
+        "unset: the node's default",
+    )
 
 
 class UnsupportedShape(_Model):
@@ -90,12 +117,25 @@ class IneligibleDestination(_Model):
     reason: str
 
 
+class PairEvidence(_Model):
+    """Evidence that a request used a pair's twin (docs/pairs.md)."""
+
+    kind: Literal["Fetch", "Resubscribe", "Held"] | str = Field(
+        description="Fetch: an on-demand request for the twin; Resubscribe: a fresh proxy stream subscribed it by "
+        "name; Held: a fresh stream said it holds the twin"
+    )
+    time: str = Field(description="when the sidecar saw it (RFC 3339, UTC)")
+
+
 class QuicPair(_Model):
+    """Sidecar-owned: a (source ServiceAccount, destination) pair that has dialled over HTTP/3, and its twin."""
+
     source: str = Field(description="the source's SPIFFE ID")
     destination: str = Field(description="<namespace>/<name> of the destination Service")
     twin: str = Field(description="the twin cluster: quic:<ns>/<svc>@<source sa>")
-    since: str | None = None
-    evidence: str | None = None
+    since: str | None = Field(default=None, description="when the pair was admitted (RFC 3339, UTC)")
+    evidence: str | None = Field(default=None, description="what admitted it: Fetch or Resubscribe")
+    last_evidence: PairEvidence | None = Field(default=None, description="the last evidence of use")
 
 
 class QuicStatus(_Model):

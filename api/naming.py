@@ -20,6 +20,11 @@ def udp_cluster(namespace: str, service: str) -> str:
     return f"udp:{namespace}/{service}"
 
 
+def udp_split_cluster(namespace: str, service: str) -> str:
+    """The cluster of a weighted UDP arm: the parent Service's own, one locality per backendRef."""
+    return f"udp-split:{namespace}/{service}"
+
+
 def tcp_cluster(namespace: str, service: str) -> str:
     return f"tcp:{namespace}/{service}"
 

@@ -2,9 +2,10 @@
 
 As root it starts the API test bed, the operator, one node's xds sidecar and a real Envoy in network namespaces;
 creates client pods, three UDP echo backends and an HTTP app (netns + the real aether-cni); applies Services and a
-UDPRoute through the API; then shows which VIP reached which backend, what a route change did, what the same
-datagrams do under a REDIRECT capture, which SPIFFE ID arrived at the app over each source's HTTP/3 twin, and that
-the app port refuses a direct call (STRICT inbound) and a MeshAuthorizationPolicy turns a denied identity away (403). Everything it made goes away on exit, Ctrl-C, SIGTERM or failure;
+UDPRoute through the API; then shows which VIP reached which backend, what a route change did, how weights split
+new sessions, what the same datagrams do under a REDIRECT capture, which SPIFFE ID arrived at the app over each
+source's HTTP/3 twin, and that the app port refuses a direct call (STRICT inbound) and a MeshAuthorizationPolicy
+turns a denied identity away (403). Everything it made goes away on exit, Ctrl-C, SIGTERM or failure;
 `--keep` leaves the mesh running (with instructions) until Ctrl-C.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import secrets
 import shutil
 import signal
@@ -21,14 +23,28 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from aether.api.naming import mesh_host, quic_twin, spiffe_id
-from aether.e2e.demo_report import AccessRow, IdentityRow, Row, access_table, identity_table, keep_instructions, table
+from aether.api.naming import mesh_host, quic_twin, spiffe_id, udp_split_cluster
+from aether.e2e.demo_report import (
+    AccessRow,
+    IdentityRow,
+    Row,
+    access_table,
+    identity_table,
+    keep_instructions,
+    split_ok,
+    split_table,
+    table,
+)
 from aether.e2e.harness import HTTP_APP_PORT, Mesh, MeshPod
+from aether.e2e.kube import udp_arms
 from aether.e2e.node_proxy import MeshNodeProxy
-from aether.netns.contract import CaptureMode
+from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.testing.netlab import is_root
 from aether.testing.probe import http_get, wait_answer, wait_http, who_answers
+from aether.testing.split_probe import Split, locality_weights, probe_split
+from aether.testing.wait import wait_for
 
 NAMESPACE = "demo"
 NODE = "node-1"
@@ -38,6 +54,9 @@ AREAS = "udp,tcp-floor,eastwest"  # everything the sidecar translates (east-west
 WEB = "web"  # a TCP Service: an east-west destination, reached over HTTP/3 twins per source identity
 HTTP_CLIENTS = {"client": "client", "reporter": "reporter"}  # pod -> ServiceAccount
 POLICY = "web-callers"  # the MeshAuthorizationPolicy of section 5: only the client's identity may call web
+SPLIT = {"charlie": 70, "alpha": 30, "bravo": 0}  # step 3: the route's weights (bravo drained)
+SPLIT_NAMES = {SERVICES[s]: w for s, w in SPLIT.items()}  # the same, by the backend that answers
+SPLIT_PROBES = 200
 
 
 class Interrupted(BaseException):
@@ -135,7 +154,14 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         ]
         print(table(rows2))
 
-        print("\n3. The negative control: the same datagrams from a pod captured with REDIRECT (the classic")
+        split = weighted_split(mesh, client, vips["bravo"])
+        print(f"\n3. Weighted split: the same route given backendRefs charlie {SPLIT['charlie']} / alpha")
+        print(f"   {SPLIT['alpha']} / bravo {SPLIT['bravo']} (weights split new sessions). {SPLIT_PROBES} probes to")
+        print("   Service bravo, each from a fresh UDP socket (a new session), 10 in flight:\n")
+        print(split_table(SPLIT_NAMES, dict(split.by_backend), split.probes))
+        split_good = split_ok(SPLIT_NAMES, dict(split.by_backend), split.probes)
+
+        print("\n4. The negative control: the same datagrams from a pod captured with REDIRECT (the classic")
         print("   iptables-style capture) instead of mark-and-divert. REDIRECT rewrites the destination to")
         print("   127.0.0.1, the VIP is gone, and every Service lands on Envoy's no-match blackhole:\n")
         red = [
@@ -148,7 +174,7 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
             for s in SERVICES
         ]
         print(table(red))
-        print("\n4. East-west HTTP/3 with per-source identity: each pod's request to Service web goes through its")
+        print("\n5. East-west HTTP/3 with per-source identity: each pod's request to Service web goes through its")
         print("   own QUIC twin cluster carrying its own SVID (mTLS); the app reports the SPIFFE ID it received")
         print("   in x-forwarded-client-cert:\n")
         ids = [
@@ -157,17 +183,18 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         ]
         print(identity_table(ids))
         access = inbound_rows(mesh, client, reporter)
-        print("\n5. Only the mesh gets in, and only whom a policy allows: web-0's inbound is STRICT (the pod takes")
+        print("\n6. Only the mesh gets in, and only whom a policy allows: web-0's inbound is STRICT (the pod takes")
         print(f"   new flows only on the mesh's inbound port), and MeshAuthorizationPolicy {POLICY} lets only")
         print(
             f"   {spiffe_id(NAMESPACE, HTTP_CLIENTS['client'])} call Service {WEB} (Accepted={access[0]}; Envoy's RBAC"
         )
         print("   filter on the destination's inbound, matched on the verified peer certificate):\n")
         print(access_table(access[1]))
-        ok = all(r.ok for r in (*rows, *rows2, *red)) and all(r.ok for r in ids) and all(r.ok for r in access[1])
+        ok = all(r.ok for r in (*rows, *rows2, *red)) and all(r.ok for r in ids) and split_good
+        ok = ok and all(r.ok for r in access[1])
         good = (
-            "every VIP reached the backend it should; each source's own SPIFFE ID arrived over HTTP/3; "
-            "only the mesh and the allowed identity reached the app"
+            "every VIP reached the backend it should; the split followed its weights; each source's own SPIFFE ID "
+            "arrived over HTTP/3; only the mesh and the allowed identity reached the app"
         )
         print(f"\nresult: {good if ok else 'SOMETHING UNEXPECTED (see above)'}")
         if keep:
@@ -197,7 +224,7 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
 
 
 def inbound_rows(mesh: Mesh, client: MeshPod, reporter: MeshPod) -> tuple[str | None, list[AccessRow]]:
-    """Section 5: the app port called directly (STRICT drops it), then a policy allowing only the client's
+    """Section 6: the app port called directly (STRICT drops it), then a policy allowing only the client's
     identity, and both sources through the mesh (200 and RBAC's 403). -> (the policy's Accepted condition, rows)."""
     web, host = mesh.pods["web-0"], mesh_host(NAMESPACE, WEB)
     direct = http_get(reporter.netns_path, host, port=HTTP_APP_PORT, ip=web.ip, timeout=2.0)
@@ -210,6 +237,26 @@ def inbound_rows(mesh: Mesh, client: MeshPod, reporter: MeshPod) -> tuple[str | 
         AccessRow(f"{NAMESPACE}/{client.name}", f"{host} (mesh)", allowed, 200, f"allowed by {POLICY}"),
         AccessRow(f"{NAMESPACE}/{reporter.name}", f"{host} (mesh)", denied, 403, f"not in {POLICY}: RBAC"),
     ]
+
+
+def weighted_split(mesh: Mesh, client: MeshPod, vip: str) -> Split:
+    """Give ROUTE the SPLIT weights, wait for the split arm on the MeshNode and for Envoy's EDS, then probe."""
+    mesh.weighted_route(ROUTE, "bravo", SPLIT)
+    want = {f"{NAMESPACE}/{b}": w for b, w in SPLIT.items()}
+    cluster = udp_split_cluster(NAMESPACE, "bravo")
+
+    def arm_has_weights(obj: dict[str, Any]) -> bool:
+        arm = udp_arms(obj).get(vip, {})
+        return arm.get("cluster") == cluster and {b["backend"]: b["weight"] for b in arm.get("backends", [])} == want
+
+    mesh.kube.wait_meshnode(NODE, arm_has_weights, what=f"the split arm {want}")
+    node = mesh.nodes[NODE]
+    wait_for(
+        lambda: locality_weights(json.loads(node.running_envoy().admin("/config_dump?include_eds")), cluster) == want,
+        timeout=30,
+        what="the split in Envoy's EDS",
+    )
+    return probe_split(client.netns_path, vip, L4_OUTBOUND_PORT, SPLIT_PROBES)
 
 
 def identity_row(mesh: Mesh, node: MeshNodeProxy, pod: MeshPod, sa: str) -> IdentityRow:

@@ -48,6 +48,33 @@ def table(rows: Sequence[Row]) -> str:
     return _render(head, body)
 
 
+SPLIT_TOLERANCE = 5.0  # percentage points, as the Gateway API conformance suite's weighted-route test allows
+
+
+def split_ok(weights: dict[str, int], by_backend: dict[str, int], probes: int) -> bool:
+    """Every backend's observed share of `probes` fresh sessions within SPLIT_TOLERANCE of its weight's."""
+    total = sum(weights.values())
+    names = set(weights) | set(by_backend)
+    return probes > 0 and all(
+        abs(100.0 * by_backend.get(n, 0) / probes - 100.0 * weights.get(n, 0) / total) <= SPLIT_TOLERANCE for n in names
+    )
+
+
+def split_table(weights: dict[str, int], by_backend: dict[str, int], probes: int) -> str:
+    """backend | weight | expected share | sessions | observed share | verdict, one row per backend (and no reply)."""
+    total = sum(weights.values())
+    head = ("backend", "weight", "expected", "sessions", "observed", "")
+    body = []
+    for name in [*weights, *sorted(set(by_backend) - set(weights))]:
+        want = 100.0 * weights.get(name, 0) / total if total else 0.0
+        got = 100.0 * by_backend.get(name, 0) / probes if probes else 0.0
+        note = "as expected" if abs(got - want) <= SPLIT_TOLERANCE else "UNEXPECTED"
+        body.append(
+            (name, str(weights.get(name, "-")), f"{want:.0f}%", str(by_backend.get(name, 0)), f"{got:.1f}%", note)
+        )
+    return _render(head, body)
+
+
 def _render(head: tuple[str, ...], body: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(str(x[i])) for x in (head, *body)) for i in range(len(head))]
     lines = [

@@ -90,6 +90,9 @@ class Mesh:
     # direct datagram (docs/limits.md#security), so such a mesh runs PERMISSIVE; so does a test that compares the
     # mesh with the direct path.
     inbound: str | None = None
+    # the Gateway API channel of the test bed's UDPRoute CRD: None (v1alpha2 only, before Gateway API v1.6),
+    # "standard" (v1 only) or "experimental" (v1 and v1alpha2); crds/testbed/channels/
+    channel: str | None = None
     lab: Lab = field(init=False)
     api: TestBed | None = None
     kube: Kube = field(init=False)
@@ -137,7 +140,7 @@ class Mesh:
     # -- control plane ----------------------------------------------------------------------------
     def _start_control_plane(self) -> None:
         self.progress("starting the API test bed (kmock + aether's emulator layer)")
-        self.api = start_testbed(0, Path(self.kubeconfig))
+        self.api = start_testbed(0, Path(self.kubeconfig), channel=self.channel)
         self.kube = Kube(self.kubeconfig)
         self.progress(f"API test bed on {self.api.url}; kubeconfig {self.kubeconfig}")
         self.kube.namespace(self.namespace)
@@ -295,6 +298,12 @@ class Mesh:
     def add_route(self, name: str, parent: str, backend: str) -> None:
         self.kube.udproute(self.namespace, name, parent, backend, L4_OUTBOUND_PORT)
         self.progress(f"UDPRoute {name}: {parent} -> {backend}")
+
+    def weighted_route(self, name: str, parent: str, weights: dict[str, int], version: str = "v1alpha2") -> None:
+        """Apply UDPRoute `name` on Service `parent` with one backendRef per Service in `weights` (name -> weight),
+        through API `version`; applying it again replaces its backendRefs (a new generation)."""
+        self.kube.weighted_udproute(self.namespace, name, parent, weights, L4_OUTBOUND_PORT, version)
+        self.progress(f"UDPRoute {name} ({version}): {parent} -> " + ", ".join(f"{b} {w}" for b, w in weights.items()))
 
     def repoint_route(self, name: str, backend: str) -> None:
         self.kube.repoint_udproute(self.namespace, name, backend, L4_OUTBOUND_PORT)

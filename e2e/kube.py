@@ -48,9 +48,34 @@ class Kube:
         ipaddress.IPv4Address(vip)
         self.core.create_namespaced_service(ns, o.service(ns, name, vip, [(PORT_NAMES[protocol], port, protocol)]))
 
+    def annotate_service(self, ns: str, name: str, annotations: dict[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations on a Service, as `kubectl annotate` does."""
+        self.core.patch_namespaced_service(name, ns, {"metadata": {"annotations": annotations}})
+
     def udproute(self, ns: str, name: str, parent: str, backend: str, port: int) -> None:
         body = o.udproute(ns, name, parent, [o.backend(backend, port)])
         self.custom.create_namespaced_custom_object(GATEWAY_GROUP, "v1alpha2", ns, "udproutes", body)
+
+    def weighted_udproute(
+        self, ns: str, name: str, parent: str, weights: dict[str, int], port: int, version: str = "v1alpha2"
+    ) -> None:
+        """Create UDPRoute `name` (through `version`) with these weighted backendRefs, or replace its rules."""
+        refs = [o.backend(b, port, weight=w) for b, w in weights.items()]
+        try:
+            body = o.udproute(ns, name, parent, refs, version=version)
+            self.custom.create_namespaced_custom_object(GATEWAY_GROUP, version, ns, "udproutes", body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            patch = {"spec": {"rules": [{"backendRefs": refs}]}}
+            self.custom.patch_namespaced_custom_object(
+                GATEWAY_GROUP, version, ns, "udproutes", name, patch, _content_type=MERGE
+            )
+
+    def udproute_as(self, ns: str, name: str, version: str) -> dict[str, Any]:
+        """The whole route read through API `version`."""
+        obj: Any = self.custom.get_namespaced_custom_object(GATEWAY_GROUP, version, ns, "udproutes", name)
+        return dict(obj)
 
     def repoint_udproute(self, ns: str, name: str, backend: str, port: int) -> None:
         patch = {"spec": {"rules": [{"backendRefs": [o.backend(backend, port)]}]}}

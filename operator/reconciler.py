@@ -182,7 +182,7 @@ class Reconciler:
         checks = checks or set()
         for route, backend, reason in sorted(out.new_discards):
             UDP_UNSUPPORTED.labels(reason=reason).inc()
-            log.info("UDPRoute %s: backend %s discarded (%s)", route, backend, reason)
+            log.info("unsupported UDP shape on %s: %s (%s)", route, backend, reason)
         self.desired.update(out.desired)
         jobs: list[Coroutine[Any, Any, None]] = []
         for name, desired in out.desired.items():

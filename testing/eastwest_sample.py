@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aether.api.meshnode import MeshNode, parse_meshnode
+from aether.api.naming import quic_twin, spiffe_id
 from aether.netns.contract import INBOUND_PORT
 from aether.netns.records import PodRecord
 
@@ -29,9 +30,22 @@ class SampleDestination:
     vip: str | None = None
 
 
+def dialled_pairs(pods: Sequence[SamplePod], dests: Sequence[SampleDestination]) -> list[dict[str, str]]:
+    """`status.quic.pairs` as if every local ServiceAccount had dialled every destination (twins for all)."""
+    out: dict[str, dict[str, str]] = {}
+    for p in pods:
+        for d in dests:
+            ns, _, svc = d.service.partition("/")
+            twin = quic_twin(ns, svc, p.service_account, p.namespace)
+            out[twin] = {"source": spiffe_id(p.namespace, p.service_account), "destination": d.service, "twin": twin}
+    return [out[t] for t in sorted(out)]
+
+
 def sample_node(
-    name: str, pods: Sequence[SamplePod], dests: Sequence[SampleDestination]
+    name: str, pods: Sequence[SamplePod], dests: Sequence[SampleDestination], dialled: bool = True
 ) -> tuple[MeshNode, dict[str, PodRecord]]:
+    """The node's MeshNode and pod records; `dialled`: its status lists every pair (`dialled_pairs`), so the
+    builders make every twin, as on a node whose every source has dialled every destination."""
     status = {
         "pods": [
             {"uid": p.uid, "namespace": p.namespace, "name": p.name, "ip": p.ip, "serviceAccount": p.service_account}
@@ -51,7 +65,8 @@ def sample_node(
                     "endpoints": [{"ip": ip, "port": INBOUND_PORT} for ip in d.endpoint_ips],
                 }
                 for d in dests
-            ]
+            ],
+            "pairs": dialled_pairs(pods, dests) if dialled else [],
         },
     }
     node = parse_meshnode({"metadata": {"name": name}, "status": status})

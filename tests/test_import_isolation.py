@@ -76,7 +76,8 @@ def test_production_modules_load_no_test_support() -> None:
     modules = production_modules()
     some = {"aether.xds.ads.server", "aether.xds.sidecar.cli", "aether.xds.translate.l4.udp", "aether.api.meshnode"}
     assert some | {"aether.operator.handlers", "aether.operator.reconcile.model", "aether.netns.cni"} <= set(modules)
-    result = load_in_fresh_interpreter(modules)
+    # the tree under test first: a shared venv's editable install may point at another checkout of the project
+    result = load_in_fresh_interpreter(modules, [str(ROOT)])
     assert set(modules) <= set(result.ours)  # every one really was imported
     assert result.test_support == [], result.by_import
     assert result.by_import == {}

@@ -79,9 +79,10 @@ class RouteView:
         return (self.namespace, self.name)
 
     @property
-    def order(self) -> tuple[str, str, str]:
-        """Conflict order: the older route wins (creationTimestamp, then namespace/name)."""
-        return (self.created, self.namespace, self.name)
+    def order(self) -> tuple[str, str]:
+        """Conflict order (Gateway API): the oldest creationTimestamp wins, then `{namespace}/{name}` alphabetically
+        (as one string: `a-b/x` sorts before `a/y`)."""
+        return (self.created, f"{self.namespace}/{self.name}")
 
 
 def _parent_ref(raw: Any, i: int) -> ParentRef:

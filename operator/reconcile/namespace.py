@@ -31,6 +31,7 @@ from aether.operator.reconcile.world import World
 
 MULTIPLE_UDP_PORTS, MULTIPLE_TCP_PORTS = "MultipleUDPPorts", "MultipleTCPPorts"
 INVALID_SERVICE, NO_CLUSTER_IP, DUPLICATE_VIP = "InvalidService", "NoClusterIP", "DuplicateVIP"
+INVALID_IDLE_TIMEOUT = "InvalidIdleTimeout"
 NO_READY_ENDPOINTS, MIXED_SERVICE_ACCOUNTS, UNKNOWN_ENDPOINT_PODS = (
     "NoReadyEndpoints",
     "MixedServiceAccounts",
@@ -98,6 +99,7 @@ def _plain_arm(world: World, svc: ServiceView, protocol: str) -> tuple[ServiceAr
         cluster=cluster,
         backend=sref,
         endpoints=list(endpoints_at(world, svc, ports[0])),
+        idle_timeout_seconds=svc.udp_idle_timeout_s if protocol == "UDP" else None,
     )
     return arm, shapes
 
@@ -184,6 +186,14 @@ def compute_namespace(world: World, namespace: str) -> NamespaceResult:
             continue
         if svc.problems:
             udp_shapes.append(UnsupportedShape(route=sref, reason=INVALID_SERVICE, message="; ".join(svc.problems)))
+        if svc.idle_timeout_problem and svc.ports_of("UDP"):
+            udp_shapes.append(
+                UnsupportedShape(
+                    route=sref,
+                    reason=INVALID_IDLE_TIMEOUT,
+                    message=f"{svc.idle_timeout_problem}: the Service keeps the node's default idle timeout",
+                )
+            )
         if not lost:
             tcp_arm, shapes = _plain_arm(world, svc, "TCP")
             if tcp_arm is not None:
@@ -194,6 +204,9 @@ def compute_namespace(world: World, namespace: str) -> NamespaceResult:
             dests.append(q)
         elif q is not None:
             inel.append(q)
+    # every shape still unsupported is counted once (aether_udp_unsupported_total): each discarded part, or the
+    # object itself when the shape discards none
+    discards.update((x.route, d, x.reason) for x in udp_shapes for d in (x.discarded or [x.route]))
     by_route: dict[tuple[str, str], list[Verdict]] = {}
     for (rns, rname, _), v in sorted(verdicts.items()):
         by_route.setdefault((rns, rname), []).append(v)

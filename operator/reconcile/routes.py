@@ -1,17 +1,22 @@
 """GAMMA UDPRoutes on mesh Services: which route owns a parent, where its arm points, and each route's verdict.
 
-udp_proxy routes an arm to exactly one cluster, so of several backendRefs the heaviest *live* one (ready
-endpoints at the port) wins, ties by cluster name, weight 0 is drain and never chosen; no live backend sends
-the arm to the blackhole with reason NoHealthyBackend. A backend always resolves to its own endpoints (routes
-are never chained), so route loops cannot form. Two routes on one parent: the older wins."""
+Weights split new sessions (Gateway API): a route with one valid backendRef of positive weight points the arm at
+that backend's own cluster; any other route gives the arm its own cluster (`udp-split:<ns>/<parent>`) whose
+localities spread new sessions by weight (`aether.operator.reconcile.split` computes the shares; the MeshNode arm
+lists each backend with weight, share and reason; the sidecar builds the localities). Weight 0 drains (no new
+session, open ones finish); an invalid backendRef keeps its share and that share is dropped, with ResolvedRefs=False
+and the spec's reason. Every backendRef refused sends the arm to the blackhole with the refusal's reason. A backend
+always resolves to its own endpoints (routes are never chained), so route loops cannot form. Two routes on one
+parent: the older wins (creationTimestamp, then namespace/name); the loser is told Accepted=False Conflicted."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aether.api.meshnode import Endpoint, ServiceArm, UnsupportedShape
-from aether.api.naming import BLACKHOLE_CLUSTER, ref, udp_cluster
+from aether.api.meshnode import ArmBackend, Endpoint, ServiceArm, UnsupportedShape
+from aether.api.naming import BLACKHOLE_CLUSTER, ref, udp_cluster, udp_split_cluster
 from aether.operator.reconcile.gateway import BackendRef, ParentRef, RouteView
+from aether.operator.reconcile.split import Share, SplitRef, compute_split
 from aether.operator.reconcile.views import ServicePort, ServiceView
 from aether.operator.reconcile.world import World
 
@@ -28,7 +33,7 @@ RESOLVED, REF_NOT_PERMITTED, INVALID_KIND, BACKEND_NOT_FOUND = (
     "InvalidKind",
     "BackendNotFound",
 )
-WEIGHTED_SPLIT, DRAINED, NO_HEALTHY_BACKEND = "WeightedSplit", "Drained", "NoHealthyBackend"
+DRAINED, NO_HEALTHY_BACKEND = "Drained", "NoHealthyBackend"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,67 +140,81 @@ def _resolve_backend(world: World, route: RouteView, b: BackendRef) -> tuple[_Ca
     return _Candidate(b, udp_cluster(b.namespace, b.name), endpoints_at(world, svc, ports[0])), RESOLVED, ""
 
 
+def _split_message(shares: tuple[Share, ...]) -> str:
+    return ", ".join(f"{s.backend} {s.share:g}%" + (f" ({s.reason})" if s.reason else "") for s in shares)
+
+
 def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: ServiceView) -> tuple[ServiceArm, Verdict]:
     """The arm a route gives its parent Service, and the route's verdict for that parent."""
     bad: list[tuple[str, str, str]] = []  # (ref, reason, message)
     usable: list[_Candidate] = []
+    refs: list[SplitRef] = []
+    endpoints: dict[tuple[str, int | None], tuple[Endpoint, ...]] = {}
     for b in route.backends:
         cand, reason, message = _resolve_backend(world, route, b)
         if cand is None:
             bad.append((b.ref, reason, message))
+            refs.append(SplitRef(b.ref, b.port, b.weight, reason))
         else:
             usable.append(cand)
-    live = [c for c in usable if c.backend.weight > 0 and c.endpoints]
-    winner = min(live, key=lambda c: (-c.backend.weight, c.cluster), default=None)
-    discarded: list[tuple[str, str]] = [(r, reason) for r, reason, _ in bad]
-    for c in usable:
-        if c is winner:
-            continue
-        reason = DRAINED if c.backend.weight == 0 else NO_HEALTHY_BACKEND if not c.endpoints else WEIGHTED_SPLIT
-        discarded.append((c.backend.ref, reason))
+            refs.append(SplitRef(b.ref, b.port, b.weight))
+            endpoints[(b.ref, b.port)] = cand.endpoints
     vip = svc.cluster_ip or ""
-    route_ref = ref(route.namespace, route.name)
+    sref, route_ref = ref(svc.namespace, svc.name), ref(route.namespace, route.name)
     resolved_reason = RESOLVED
     for r in (REF_NOT_PERMITTED, INVALID_KIND, BACKEND_NOT_FOUND, UNSUPPORTED_VALUE):
         if any(reason == r for _, reason, _ in bad):
             resolved_reason = r
             break
-    # the arm's reason is the real one: every backend refused -> the refusal's; some usable but none live -> none healthy
-    blackhole_reason = resolved_reason if not usable and bad else NO_HEALTHY_BACKEND
-    if winner is None:
+    idle = svc.udp_idle_timeout_s
+    shares = compute_split(refs)
+    # one backend (refs naming it more than once are one) of positive weight: its own cluster, no split needed
+    one = shares[0] if len(shares) == 1 and shares[0].reason is None else None
+    single = next(c for c in usable if (c.backend.ref, c.backend.port) == (one.backend, one.port)) if one else None
+    if not usable:  # every backendRef refused: the refusal's reason
+        arm = ServiceArm(service=sref, vip=vip, cluster=BLACKHOLE_CLUSTER, route=route_ref, reason=resolved_reason)
+        message, chosen = f"no usable backend: the arm goes to the blackhole ({resolved_reason})", None
+    elif single is not None and not single.endpoints:
+        arm = ServiceArm(service=sref, vip=vip, cluster=BLACKHOLE_CLUSTER, route=route_ref, reason=NO_HEALTHY_BACKEND)
+        message, chosen = "no live backend: the arm goes to the blackhole (NoHealthyBackend)", None
+    elif single is not None:
         arm = ServiceArm(
-            service=ref(svc.namespace, svc.name),
+            service=sref,
             vip=vip,
-            cluster=BLACKHOLE_CLUSTER,
+            cluster=single.cluster,
+            backend=single.backend.ref,
             route=route_ref,
-            reason=blackhole_reason,
+            endpoints=list(single.endpoints),
+            idle_timeout_seconds=idle,
         )
+        message, chosen = f"routes {sref} to {single.cluster}", single.cluster
     else:
+        cluster = udp_split_cluster(svc.namespace, svc.name)
+        backends = [
+            ArmBackend(
+                backend=s.backend,
+                weight=s.weight,
+                share=s.share,
+                endpoints=list(endpoints.get((s.backend.partition(":")[0], s.port), ()))
+                if s.reason in (None, DRAINED)
+                else [],
+                reason=s.reason,
+            )
+            for s in shares
+        ]
         arm = ServiceArm(
-            service=ref(svc.namespace, svc.name),
-            vip=vip,
-            cluster=winner.cluster,
-            backend=winner.backend.ref,
-            route=route_ref,
-            endpoints=list(winner.endpoints),
+            service=sref, vip=vip, cluster=cluster, route=route_ref, backends=backends, idle_timeout_seconds=idle
         )
+        message, chosen = f"splits new sessions of {sref} by weight: {_split_message(shares)}", cluster
     verdict = Verdict(
         parent=parent,
         accepted=True,
         accepted_reason=ACCEPTED,
-        accepted_message=(
-            f"routes {ref(svc.namespace, svc.name)} to {winner.cluster}"
-            if winner
-            else f"no usable backend: the arm goes to the blackhole ({blackhole_reason})"
-            if blackhole_reason != NO_HEALTHY_BACKEND
-            else "no live backend: the arm goes to the blackhole (NoHealthyBackend)"
-        )
-        + rules_note(route.rules),
+        accepted_message=message + rules_note(route.rules),
         resolved=not bad,
         resolved_reason=resolved_reason,
         resolved_message="; ".join(m for _, _, m in bad) or "all backendRefs resolved",
-        discarded=tuple(sorted(discarded)),
-        chosen=winner.cluster if winner else None,
+        chosen=chosen,
     )
     return arm, verdict
 

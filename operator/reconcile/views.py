@@ -6,6 +6,7 @@ gets a condition saying why instead of crashing the operator."""
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +14,9 @@ from aether.api.addresses import unroutable_vip
 
 MESH_LABEL = "mesh.aether.dev/enabled"
 EGRESS_ANNOTATION = "mesh.aether.dev/egress"
+# a Service's own UDP session idle timeout (docs/operations.md): a duration such as 5s, 500ms, 2m, 1m30s
+UDP_IDLE_TIMEOUT_ANNOTATION = "mesh.aether.dev/udp-idle-timeout"
+UDP_IDLE_TIMEOUT_BOUNDS = (1.0, 86_400.0)  # seconds: shorter churns sessions under a slow reply; a day at most
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 # Our own bounds, the v1alpha2 UDPRoute CRD's (16 rules x 16 backendRefs, 32 parentRefs): a route the CRD admits is
@@ -120,6 +124,31 @@ def parse_pod(obj: Raw) -> PodView:
     )
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_idle_timeout(value: Any) -> tuple[float | None, str | None]:
+    """The annotation's value -> (seconds, None), or (None, why it is refused). A duration as Kubernetes and Go
+    spell them: one or more <number><unit>, units ms, s, m, h (`5s`, `500ms`, `1m30s`), within
+    UDP_IDLE_TIMEOUT_BOUNDS."""
+    where = f"annotation {UDP_IDLE_TIMEOUT_ANNOTATION}"
+    if not isinstance(value, str) or not value.strip():
+        return None, f"{where} {value!r} is not a duration (e.g. 5s, 500ms, 2m)"
+    text = value.strip()
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if m is None:
+            return None, f"{where} {value!r} is not a duration (e.g. 5s, 500ms, 2m; units ms, s, m, h)"
+        total += float(m.group(1)) * _UNIT_S[m.group(2)]
+        pos = m.end()
+    low, high = UDP_IDLE_TIMEOUT_BOUNDS
+    if not low <= total <= high:
+        return None, f"{where} {value!r} is outside {low:g}s..{high:g}s"
+    return round(total, 3), None
+
+
 @dataclass(frozen=True, slots=True)
 class ServicePort:
     name: str
@@ -136,6 +165,8 @@ class ServiceView:
     problems: tuple[str, ...] = ()
     created: str = ""  # creationTimestamp: of two Services with one ClusterIP the older keeps it
     bad_vip: bool = False  # spec.clusterIP is set but unusable (a problem says why): not headless
+    udp_idle_timeout_s: float | None = None  # UDP_IDLE_TIMEOUT_ANNOTATION; None: the node's default
+    idle_timeout_problem: str | None = None  # the annotation is set but refused (the arm keeps the default)
 
     @property
     def order(self) -> tuple[str, str, str]:
@@ -175,6 +206,10 @@ def parse_service(obj: Raw) -> ServiceView:
             problems.append(f"spec.ports[{i}].protocol {protocol!r} is not TCP, UDP or SCTP")
             continue
         ports.append(ServicePort(str(p.get("name") or ""), number, protocol))
+    idle_s, idle_problem = None, None
+    annotations = _d(meta.get("annotations"))
+    if UDP_IDLE_TIMEOUT_ANNOTATION in annotations:
+        idle_s, idle_problem = parse_idle_timeout(annotations[UDP_IDLE_TIMEOUT_ANNOTATION])
     return ServiceView(
         str(meta.get("namespace", "")),
         str(meta.get("name", "")),
@@ -183,6 +218,8 @@ def parse_service(obj: Raw) -> ServiceView:
         tuple(problems),
         str(meta.get("creationTimestamp") or ""),
         bad_vip,
+        idle_s,
+        idle_problem,
     )
 
 

@@ -6,7 +6,8 @@ HTTP server on its own thread so sync clients, kubectl, subprocesses and asyncio
 It is an emulator: custom resources are pruned and validated against their CRD's openAPIV3Schema (schema.py; a
 422 Invalid with the field paths in details.causes), built-in kinds are not validated; no RBAC, no controllers
 except the ownerReference garbage
-collection in store.py. `.audit` lists every request as (verb, apiGroup, resource, subresource, namespace).
+collection in store.py. Size walls as a real server's (sizes.py): a body over 3 MiB gets 413, an object over etcd's
+1.5 MiB gets 500 "etcdserver: request is too large". `.audit` lists every request as (verb, apiGroup, resource, subresource, namespace).
 """
 
 from __future__ import annotations

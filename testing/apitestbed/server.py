@@ -19,6 +19,7 @@ from aether.testing.apitestbed.faults import Fault
 from aether.testing.apitestbed.patches import PatchError, json_patch, merge_patch, strip_directives
 from aether.testing.apitestbed.resources import ALL_VERBS, ResourceType
 from aether.testing.apitestbed.selectors import Selector
+from aether.testing.apitestbed.sizes import body_refusal
 from aether.testing.apitestbed.store import ApiError, Obj, Store
 from aether.testing.apitestbed.tables import table, wants_table
 
@@ -250,7 +251,13 @@ class TestBedHandler(kmock.KubernetesEmulator):
 
     @staticmethod
     async def _body(raw: aiohttp.web.BaseRequest) -> Any:
-        text = await raw.text()
+        data = bytearray()  # read past aiohttp's own 1 MiB default (client_max_size): the wall is kube-apiserver's
+        while chunk := await raw.content.read(1 << 16):
+            data += chunk
+            refusal = body_refusal(len(data))
+            if refusal is not None:
+                raise ApiError(*refusal)
+        text = bytes(data).decode("utf-8", errors="replace")
         if not text:
             return None
         try:

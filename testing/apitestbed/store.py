@@ -23,6 +23,7 @@ from typing import Any
 from aether.testing.apitestbed.resources import BUILTIN, ResourceType, from_crd
 from aether.testing.apitestbed.schema import admit
 from aether.testing.apitestbed.selectors import Selector
+from aether.testing.apitestbed.sizes import stored_refusal
 
 Obj = dict[str, Any]
 EVENT_LOG_SIZE = 20000
@@ -40,9 +41,10 @@ class ApiError(Exception):
             "metadata": {},
             "status": "Failure",
             "code": self.code,
-            "reason": self.reason,
             "message": self.message,
         }
+        if self.reason:  # StatusReasonUnknown is "" and omitted, as kube-apiserver's JSON omits it
+            out["reason"] = self.reason
         if self.details is not None:
             out["details"] = self.details
         return out
@@ -142,6 +144,14 @@ class Store:
         obj["metadata"]["resourceVersion"] = str(self.rv)
 
     # ---- reads -------------------------------------------------------------------------------
+    @staticmethod
+    def _fits(rt: ResourceType, namespace: str, name: str, obj: Obj) -> None:
+        """etcd's request limit (sizes.py): an object too large to store is refused as kube-apiserver relays it."""
+        key = f"/registry/{rt.group + '/' if rt.group else ''}{rt.plural}/{namespace + '/' if namespace else ''}{name}"
+        refusal = stored_refusal(key, obj)
+        if refusal is not None:
+            raise ApiError(*refusal)
+
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> Obj:
         obj = self.objects[rt.key].get((namespace or "", name))
         if obj is None:
@@ -228,6 +238,7 @@ class Store:
             obj["status"] = {"phase": "Active"}
         obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
         obj = _admitted(rt, obj, self.validate)
+        self._fits(rt, ns, name, obj)
         self._bump(obj)
         self.objects[rt.key][(ns, name)] = obj
         self._emit(rt, "ADDED", obj)
@@ -279,6 +290,7 @@ class Store:
         obj = _admitted(rt, obj, self.validate, old)
         if obj == {**old, "apiVersion": rt.api_version, "kind": rt.kind}:
             return self._versioned(rt, old)  # a no-op write does not bump resourceVersion
+        self._fits(rt, key[0], name, obj)
         self._bump(obj)
         self.objects[rt.key][key] = obj
         meta = obj["metadata"]

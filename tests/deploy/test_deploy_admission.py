@@ -136,6 +136,10 @@ def test_its_own_pairs_and_programmed_condition_are_admitted() -> None:
     none_yet["status"]["conditions"] = none_yet["status"]["conditions"][:1]
     both = _merge(_merge(none_yet, _pairs_patch()), _programmed_patch(none_yet))
     assert admit(_request("node-a"), both, none_yet) == []
+    # the PairsPersisted condition (xds/pairs/persist.py) beside them
+    persisted = {"type": "PairsPersisted", "status": "False", "reason": "WriteFailed", "message": "x"}
+    with_it = _merge(old, {"status": {"conditions": [*old["status"]["conditions"], persisted]}})
+    assert admit(_request("node-a"), with_it, old) == []
 
 
 def test_another_nodes_meshnode_is_refused() -> None:
@@ -185,7 +189,8 @@ def test_operator_owned_conditions_are_refused() -> None:
     ):
         failed = admit(_request("node-a"), _merge(old, {"status": {"conditions": conditions}}), old)
         assert failed == [
-            "a node's sidecar may write only the Programmed condition; the operator owns every other condition"
+            "a node's sidecar may write only the Programmed and PairsPersisted conditions; the operator owns every "
+            "other condition"
         ]
 
 

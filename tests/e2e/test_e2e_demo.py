@@ -116,6 +116,12 @@ def test_demo_completes_shows_selection_and_leaves_nothing_behind() -> None:
         assert re.search(rf"demo/client +demo/{svc} +(\S+):18082 +{backend} +\1:18082 +as expected\n", out), out
     assert re.search(r"demo/client +demo/bravo +\S+ +echo-charlie +\S+ +as expected \(was echo-bravo\)", out), out
     assert len(re.findall(r"demo/client-redirect +demo/\w+ +\S+ +no reply +- +as expected", out)) == 3, out
+    # the weighted split after the re-point: 70/30/0 over fresh sessions, each within 5 points, the drained one 0
+    for backend, weight in (("echo-charlie", 70), ("echo-alpha", 30)):
+        m = re.search(rf"\n +{backend} +{weight} +{weight}% +(\d+) +([\d.]+)% +as expected\n", out)
+        assert m and abs(float(m.group(2)) - weight) <= 5, out
+    assert re.search(r"\n +echo-bravo +0 +0% +0 +0\.0% +as expected\n", out), out
+    assert "no reply" not in out.split("3. Weighted split")[1].split("4. The negative control")[0], out
     for pod, sa in demo.HTTP_CLIENTS.items():  # table 4: each source's own identity over its own HTTP/3 twin
         twin, sid = f"quic:demo/web@{sa}", f"spiffe://cluster.local/ns/demo/sa/{sa}"
         assert re.search(

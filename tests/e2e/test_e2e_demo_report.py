@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from aether.e2e.demo_report import AccessRow, IdentityRow, Row, access_table, identity_table, keep_instructions, table
+from aether.e2e.demo_report import (
+    AccessRow,
+    IdentityRow,
+    Row,
+    access_table,
+    identity_table,
+    keep_instructions,
+    split_ok,
+    split_table,
+    table,
+)
 from aether.testing.probe import Answer, HttpAnswer
 
 VIP = "10.96.77.10"
@@ -94,3 +104,18 @@ def test_access_rows_expect_the_status_and_say_what_decided() -> None:
     assert lines[2].split()[-4:] == ["answer", "STRICT", "as", "expected"]
     assert f"200 (app saw {sid})" in lines[3] and lines[4].split()[3] == "403"
     assert lines[5].endswith("UNEXPECTED")
+
+
+def test_split_table_and_its_verdict() -> None:
+    weights = {"echo-charlie": 70, "echo-alpha": 30, "echo-bravo": 0}
+    assert split_ok(weights, {"echo-charlie": 140, "echo-alpha": 60}, 200)
+    assert split_ok(weights, {"echo-charlie": 148, "echo-alpha": 52}, 200)  # 74/26: within 5 points
+    assert not split_ok(weights, {"echo-charlie": 160, "echo-alpha": 40}, 200)  # 80/20
+    assert not split_ok(weights, {"echo-charlie": 120, "echo-alpha": 60, "<no reply>": 20}, 200)  # lost sessions
+    assert not split_ok(weights, {}, 0)
+    lines = split_table(weights, {"echo-charlie": 140, "echo-alpha": 60}, 200).splitlines()
+    assert lines[0].split() == ["backend", "weight", "expected", "sessions", "observed"]
+    assert lines[2].split() == ["echo-charlie", "70", "70%", "140", "70.0%", "as", "expected"]
+    assert lines[4].split() == ["echo-bravo", "0", "0%", "0", "0.0%", "as", "expected"]
+    bad = split_table(weights, {"echo-charlie": 100, "<no reply>": 100}, 200)
+    assert "UNEXPECTED" in bad and "<no reply>" in bad

@@ -322,7 +322,7 @@ def corpus(ns: str, ctl: str, plain: str) -> list[tuple[str, dict[str, Any], tup
         (
             "all-drained",
             raw_route(ns, "all-drained", {"parentRefs": [svc_parent(v[27])], "rules": rules(o.backend(v[27], 53, 0))}),
-            ("mesh.aether.dev/UnsupportedShape", "True", "DiscardedBackends"),
+            ("Accepted", "True", "Accepted"),  # a drain is supported: no new session, open ones finish
         ),
     ]
 

@@ -80,38 +80,61 @@ def test_meshnode_per_node_owned_by_it_with_pods_arms_and_identities(mesh: Mesh,
     assert wait_for(lambda: cluster.meshnode(mesh.n2), what="MeshNode for the second node", ignore=READ_ERRORS)
 
 
-def test_weights_tie_drain_no_live_backend_and_route_deleted(mesh: Mesh, cluster: Cluster) -> None:
-    for i, name in enumerate("abc"):
-        mesh.service(name, f"10.96.0.{20 + i}", [(f"10.1.0.{20 + i}", True, None)])
+def test_only_shapes_still_unsupported_are_counted(mesh: Mesh, cluster: Cluster) -> None:
+    """aether_udp_unsupported_total: a Service with two UDP ports counts once (MultipleUDPPorts); a weighted split
+    and a drain count nothing (they are supported)."""
 
     def counted(reason: str) -> float:
         return REGISTRY.get_sample_value("aether_udp_unsupported_total", {"reason": reason}) or 0.0
 
-    split_before, drained_before = counted("WeightedSplit"), counted("Drained")
-    mesh.route("r", "a", [o.backend("c", 53, 1), o.backend("b", 53, 1)])
-    arm = mesh.wait_arm("a", f"udp:{mesh.ns}/b")  # tie by cluster name
+    before = {r: counted(r) for r in ("MultipleUDPPorts", "WeightedSplit", "Drained")}
+    cluster.apply(o.service(mesh.ns, "two", "10.96.0.30", [("a", 53, "UDP"), ("b", 54, "UDP")]))
+    for i, name in enumerate("xy"):
+        mesh.service(name, f"10.96.0.{31 + i}", [(f"10.1.0.{31 + i}", True, None)])
+    mesh.route("split", "x", [o.backend("x", 53, 0), o.backend("y", 53, 1)])
+    mesh.wait_arm("x", f"udp-split:{mesh.ns}/x")
+    shapes = wait_for(
+        lambda: [s for s in (cluster.meshnode(mesh.n1) or {})["status"]["udp"].get("unsupportedShapes", [])] or None,
+        what="the MultipleUDPPorts shape",
+        ignore=READ_ERRORS,
+    )
+    assert [(s["route"], s["reason"]) for s in shapes] == [(f"{mesh.ns}/two", "MultipleUDPPorts")]
+    if cluster.bed is not None:  # the counter is readable when the operator runs in-process
+        assert counted("MultipleUDPPorts") == before["MultipleUDPPorts"] + 1
+        assert counted("WeightedSplit") == before["WeightedSplit"] and counted("Drained") == before["Drained"]
+
+
+def test_weights_drain_no_live_backend_and_route_deleted(mesh: Mesh, cluster: Cluster) -> None:
+    for i, name in enumerate("abc"):
+        mesh.service(name, f"10.96.0.{20 + i}", [(f"10.1.0.{20 + i}", True, None)])
+
+    def backends(arm: dict[str, Any]) -> list[tuple[str, int, float, str | None]]:
+        return [(b["backend"], b["weight"], b["share"], b.get("reason")) for b in arm.get("backends") or []]
+
+    mesh.route("r", "a", [o.backend("c", 53, 1), o.backend("b", 53, 3)])
+    arm = mesh.wait_arm("a", f"udp-split:{mesh.ns}/a")
     assert arm["route"] == f"{mesh.ns}/r" and arm["vip"] == "10.96.0.20"
+    assert backends(arm) == [(f"{mesh.ns}/b", 3, 75.0, None), (f"{mesh.ns}/c", 1, 25.0, None)]
     parent = wait_for(lambda: mesh.ours("r"), what="our status parent", ignore=READ_ERRORS)
     conds = {c["type"]: c for c in parent["conditions"]}
     assert parent["parentRef"] == {"group": "", "kind": "Service", "name": "a"}
     assert conds["Accepted"]["status"] == "True" and conds["Accepted"]["reason"] == "Accepted"
     assert conds["ResolvedRefs"]["status"] == "True" and conds["Accepted"]["observedGeneration"] >= 1
-    assert "WeightedSplit" in conds[SHAPE_CONDITION]["message"]
-    shapes = (cluster.meshnode(mesh.n1) or {})["status"]["udp"]["unsupportedShapes"]
-    assert {"route": f"{mesh.ns}/r", "reason": "WeightedSplit", "discarded": [f"{mesh.ns}/c"], "message": ""} in shapes
+    assert SHAPE_CONDITION not in conds  # a weighted split is supported: no shape
+    shapes = (cluster.meshnode(mesh.n1) or {})["status"]["udp"].get("unsupportedShapes", [])
+    assert [s for s in shapes if s["route"] in (f"{mesh.ns}/r", f"{mesh.ns}/a")] == []
 
     mesh.route("r", "a", [o.backend("c", 53, 1), o.backend("b", 53, 0)])  # b drained
-    mesh.wait_arm("a", f"udp:{mesh.ns}/c")
     wait_for(
-        lambda: "Drained" in (mesh.condition("r", SHAPE_CONDITION) or {}).get("message", ""),
-        what="Drained reported",
+        lambda: (
+            backends(mesh.arm("a") or {}) == [(f"{mesh.ns}/b", 0, 0.0, "Drained"), (f"{mesh.ns}/c", 1, 100.0, None)]
+        ),
+        what="b drained",
         ignore=READ_ERRORS,
     )
-    # each discarded backend is counted once in aether_udp_unsupported_total (when the operator runs in-process)
-    if cluster.bed is not None:
-        assert counted("WeightedSplit") == split_before + 1 and counted("Drained") == drained_before + 1
-
-    cluster.apply(o.endpoint_slice(mesh.ns, "c", SL, [("10.1.0.22", False, None)]))  # c not live, b drained
+    mesh.route("r", "a", [o.backend("c", 53, 1)])
+    mesh.wait_arm("a", f"udp:{mesh.ns}/c")  # one backend: its own cluster
+    cluster.apply(o.endpoint_slice(mesh.ns, "c", SL, [("10.1.0.22", False, None)]))  # c not live
     arm = mesh.wait_arm("a", "blackhole")
     assert arm["reason"] == "NoHealthyBackend" and arm["endpoints"] == []
 

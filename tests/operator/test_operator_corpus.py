@@ -311,12 +311,8 @@ ROUTES: list[RouteCase] = [
     ("backend-port-mismatch", _own(_raw(o.backend("front", 54))), ("ResolvedRefs", "False", "BackendNotFound")),
     ("backend-tcp-only", _own(_fresh(ports=[("http", 80, "TCP")])), ("ResolvedRefs", "False", "BackendNotFound")),
     ("backend-not-ready", _own(_fresh(ready=False)), ACC_T),
-    (
-        "backend-drained",
-        _own(_raw(o.backend("front", 53, 0))),
-        ("mesh.aether.dev/UnsupportedShape", "True", "DiscardedBackends"),
-    ),
-    ("backend-split", _own(_two_backends), ("mesh.aether.dev/UnsupportedShape", "True", "DiscardedBackends")),
+    ("backend-drained", _own(_raw(o.backend("front", 53, 0))), ACC_T),  # a drain is supported: no shape
+    ("backend-split", _own(_two_backends), ACC_T),  # so is a weighted split
     ("cross-ns-no-grant", _own(_elsewhere(None)), ("ResolvedRefs", "False", "RefNotPermitted")),
     ("cross-ns-grant-any", _own(_elsewhere("*")), ("ResolvedRefs", "True", "ResolvedRefs")),
     ("cross-ns-grant-it", _own(_elsewhere("it")), ("ResolvedRefs", "True", "ResolvedRefs")),

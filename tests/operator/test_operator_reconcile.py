@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from aether.api.meshnode import MeshNodeStatus, ServiceArm
 from aether.operator.reconcile.model import ClusterModel, Output
-from aether.operator.reconcile.routes import Verdict
 from aether.testing.apitestbed import objects as o
 
 UDP = [("dns", 53, "UDP")]
@@ -62,37 +61,10 @@ def test_plain_service_arm_points_at_its_own_ready_endpoints() -> None:
     assert node_status(m, "n2").udp.services == []  # no meshed pod on n2: nothing to serve there
 
 
-def test_heaviest_live_backend_wins_and_the_rest_are_reported_once() -> None:
+def test_one_live_backend_uses_its_own_cluster_and_an_empty_one_is_no_healthy_backend() -> None:
+    """(Weighted splits: tests/operator/test_operator_weights.py.)"""
     m = base()
-    route(m, "r", "a", [o.backend("b", 53, 10), o.backend("c", 53, 30)])
-    st_ = node_status(m)
-    assert arms(st_)["app/a"].cluster == "udp:app/c"
-    assert [(s.route, s.reason, s.discarded) for s in st_.udp.unsupported_shapes] == [
-        ("app/r", "WeightedSplit", ["app/b"])
-    ]
-
-
-def test_tie_is_broken_by_cluster_name() -> None:
-    m = base()
-    route(m, "r", "a", [o.backend("c", 53, 5), o.backend("b", 53, 5)])
-    assert arms(node_status(m))["app/a"].cluster == "udp:app/b"
-
-
-def test_weight_zero_is_drain_even_when_it_is_the_only_live_one() -> None:
-    m = base()
-    route(m, "r", "a", [o.backend("b", 53, 0), o.backend("c", 53, 1)])
-    s = node_status(m)
-    assert arms(s)["app/a"].cluster == "udp:app/c"
-    assert ("Drained", ["app/b"]) in [(x.reason, x.discarded) for x in s.udp.unsupported_shapes]
-    route(m, "r", "a", [o.backend("b", 53, 0)])
-    a = arms(node_status(m))["app/a"]
-    assert (a.cluster, a.reason) == ("blackhole", "NoHealthyBackend")
-
-
-def test_no_live_backend_goes_to_blackhole_and_a_dead_heavy_one_loses() -> None:
-    m = base()
-    m.apply_raw("slice", o.endpoint_slice("app", "c", SLICE_UDP, [("10.1.0.12", False, None)]))
-    route(m, "r", "a", [o.backend("c", 53, 100), o.backend("b", 53, 1)])
+    route(m, "r", "a", [o.backend("b", 53, 3)])
     assert arms(node_status(m))["app/a"].cluster == "udp:app/b"
     m.apply_raw("slice", o.endpoint_slice("app", "b", SLICE_UDP, []))
     a = arms(node_status(m))["app/a"]
@@ -127,6 +99,17 @@ def test_older_route_wins_a_parent_and_deleting_it_hands_over_then_restores() ->
     m.apply_raw("route", {"metadata": {"namespace": "app", "name": "young"}}, deleted=True)
     a = arms(m.reconcile().nodes["n1"])["app/a"]
     assert (a.cluster, a.route) == ("udp:app/a", None)
+
+
+def test_a_tie_in_age_goes_to_the_first_name_and_the_loser_is_told() -> None:
+    m = base()
+    route(m, "b-route", "a", [o.backend("c", 53)])
+    route(m, "a-route", "a", [o.backend("b", 53)])  # same creationTimestamp
+    out = m.reconcile(full=True)
+    assert arms(out.nodes["n1"])["app/a"].route == "app/a-route"
+    loser = out.routes[("app", "b-route")][0]
+    assert (loser.accepted, loser.accepted_reason) == (False, "Conflicted")
+    assert "app/a-route" in loser.accepted_message
 
 
 def test_pod_moving_between_nodes_updates_both() -> None:
@@ -241,18 +224,24 @@ def test_property_incremental_equals_full_and_is_deterministic(routes: list[Any]
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(route_st, max_size=5), st.lists(st.booleans(), min_size=4, max_size=4))
-def test_property_every_discarded_backend_is_reported_exactly_once(routes: list[Any], ready: list[bool]) -> None:
-    out: Output = world(routes, ready).reconcile(full=True)
-    shapes = out.nodes["n1"].udp.unsupported_shapes
+def test_property_every_backend_ref_is_in_the_split_or_the_arm(routes: list[Any], ready: list[bool]) -> None:
+    """An accepted route's arm accounts for every backendRef: the one backend it points at, or one split entry per
+    distinct (backend, port) whose shares add up to 100 (0 when every weight is 0); routes add no shapes."""
+    m = world(routes, ready)
+    out: Output = m.reconcile(full=True)
+    status = out.nodes["n1"]
+    assert not [x for x in status.udp.unsupported_shapes if x.route.split("/")[1].startswith("r")]
+    by_service = arms(status)
     for key, verdicts in out.routes.items():
         accepted = [v for v in verdicts if v.accepted]
         if not accepted:
-            assert not [s for s in shapes if s.route == f"{key[0]}/{key[1]}"]
             continue
-        v: Verdict = accepted[0]
-        reported = [(b, s.reason) for s in shapes if s.route == f"{key[0]}/{key[1]}" for b in s.discarded]
-        assert sorted(reported) == sorted(v.discarded)
-        assert len(v.discarded) + (1 if v.chosen else 0) == len(world(routes, ready).routes["app"][key[1]].backends)
+        arm = by_service[f"app/{accepted[0].parent.name}"]
+        assert arm.route == f"{key[0]}/{key[1]}"
+        if arm.backends:
+            weights = sum(b.weight for b in arm.backends)
+            assert round(sum(b.share for b in arm.backends) * 100) == (10_000 if weights else 0)
+            assert all(b.endpoints == [] for b in arm.backends if b.reason not in (None, "Drained"))
 
 
 @settings(max_examples=60, deadline=None)
@@ -374,9 +363,9 @@ def test_property_shared_fragment_wire_equals_the_model_wire(routes: list[Any], 
 
 def test_new_discards_are_reported_once_until_they_change() -> None:
     m = base()
-    route(m, "r", "a", [o.backend("b", 53, 2), o.backend("c", 53, 1)])
-    assert m.reconcile().new_discards == {("app/r", "app/c", "WeightedSplit")}
+    m.apply_raw("service", o.service("app", "multi", "10.96.0.41", [("a", 1, "UDP"), ("b", 2, "UDP")]))
+    assert m.reconcile().new_discards == {("app/multi", "app/multi:b", "MultipleUDPPorts")}
     m.apply_raw("service", o.service("app", "d", "10.96.0.40", UDP))
-    assert m.reconcile().new_discards == set()  # still discarded, not counted again
+    assert m.reconcile().new_discards == set()  # still unsupported, not counted again
     route(m, "r", "a", [o.backend("b", 53, 2), o.backend("c", 53, 0)])
-    assert m.reconcile().new_discards == {("app/r", "app/c", "Drained")}
+    assert m.reconcile().new_discards == set()  # weights and drain are supported: nothing counted

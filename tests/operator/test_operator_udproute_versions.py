@@ -119,19 +119,24 @@ def test_route_served_through_the_version_the_cluster_serves(
 @pytest.mark.parametrize("bed", ["experimental"], indirect=True)
 def test_v1alpha2_route_with_two_rules_served_as_one_set_and_reported(bed: tuple[TestBed, Cluster]) -> None:
     """v1alpha2 admits up to 16 rules; a UDPRoute rule has no matches, so every rule applies: the rules' backendRefs
-    are one set (the heaviest live one wins, as for one rule); the Accepted message says so, through v1."""
+    are one set, split by weight as for one rule; the Accepted message says so, through v1."""
     _tb, k = bed
     ns, node = _mesh(k)
     k.apply(_two_rules(ns, "v1alpha2"))
-    wait_for(
-        lambda: (a := k.arm(node, f"{ns}/dns")) and a["cluster"] == f"udp:{ns}/dns-v2" and a,
-        what="the arm to the heavier backend of two rules",
+    arm = wait_for(
+        lambda: (a := k.arm(node, f"{ns}/dns")) and a["cluster"] == f"udp-split:{ns}/dns" and a,
+        what="the split arm of two rules",
         ignore=READ_ERRORS,
     )
+    assert [(b["backend"], b["weight"], b["share"]) for b in arm["backends"]] == [
+        (f"{ns}/dns-v2", 2, 66.67),
+        (f"{ns}/dns-v3", 1, 33.33),
+    ]
     route = wait_for(lambda: _accepted_at(k, ns, "two", "v1", 1), what="Accepted through v1")
     conds = {c["type"]: c for c in (_ours(route) or {})["conditions"]}
     assert "2 rules" in conds["Accepted"]["message"], conds
-    assert f"{ns}/dns-v3 (WeightedSplit)" in conds["mesh.aether.dev/UnsupportedShape"]["message"], conds
+    assert f"{ns}/dns-v2 66.67%, {ns}/dns-v3 33.33%" in conds["Accepted"]["message"], conds
+    assert "mesh.aether.dev/UnsupportedShape" not in conds, conds
     assert len(route["spec"]["rules"]) == 2  # read through v1, written back through v1: the rules are kept
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from aether.api.meshnode import ArmBackend, Endpoint, ServiceArm
 from aether.testing.envoy import validate
 from aether.testing.samples import node_with, records_for
-from aether.xds.resources import CLUSTER, LISTENER, ResourceDict, Resources, TranslateOptions
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, TranslateOptions
 from aether.xds.sidecar.bootstrap import static_bootstrap
 from aether.xds.translate.compose import translate
 from aether.xds.translate.l4.udp import GSO_WRITER, GSO_WRITER_CONFIG
@@ -119,4 +120,69 @@ def test_preserve_source_is_opt_in_and_envoy_accepts_it() -> None:
     assert _proxy(_listener(options))["useOriginalSrcIp"] is True
     node = node_with(2, 1)
     out = _validate(translate(node, records_for(node, "/run/netns"), options))
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_a_service_with_its_own_idle_timeout_gets_a_listener_bound_to_its_vip(envoy_bin: Path) -> None:
+    """One listener per (pod, timed VIP) at VIP:18082 in the pod netns with the Service's timeout; the pod's
+    wildcard listener keeps the default; the real Envoy accepts both."""
+    node = node_with(3, 2)
+    node.status.udp.services[1].idle_timeout_seconds = 5.0
+    timed = node.status.udp.services[1]
+    res = translate(node, records_for(node, "/run/netns"), TranslateOptions(areas=("udp",)))
+    udp = {k: v for k, v in res[LISTENER].items() if k.startswith("capture-udp:")}
+    assert len(udp) == 4  # two pods x (wildcard + one VIP)
+    for name, listener in udp.items():
+        sa = listener["address"]["socketAddress"]
+        proxy = _proxy(listener)
+        if "@" in name:
+            assert name.endswith(f"@{timed.vip}") and sa["address"] == timed.vip and listener["transparent"]
+            assert proxy["idleTimeout"] == "5s"
+            assert list(proxy["matcher"]["matcherTree"]["exactMatchMap"]["map"]) == [timed.vip]
+        else:
+            assert sa["address"] == "0.0.0.0" and proxy["idleTimeout"] == "60s"
+        assert sa["portValue"] == 18082
+    assert len({listener["statPrefix"] for listener in udp.values()}) == 4  # each listener its own stats
+    out = _validate(res)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_a_split_arm_has_one_locality_per_backend_with_unique_names() -> None:
+    """Weights as locality weights, weight 0 without one, an invalid ref's share on the drop endpoint, and a repeated
+    name (a Service and an invalid ref of another kind called the same) as two localities, never one."""
+    node = node_with(1, 1)
+    ep = [Endpoint(ip="10.1.0.1", port=53)]
+    backends = [
+        ArmBackend(backend="default/a", weight=60, share=60.0, endpoints=ep),
+        ArmBackend(backend="default/a", weight=30, share=30.0, reason="InvalidKind"),
+        ArmBackend(backend="default/b", weight=0, share=0.0, endpoints=ep, reason="Drained"),
+        ArmBackend(backend="default/c", weight=10, share=10.0),  # valid, no ready endpoint: share dropped
+    ]
+    node.status.udp.services.append(
+        ServiceArm(service="default/s", vip="10.96.9.9", cluster="udp-split:default/s", backends=backends)
+    )
+    res = translate(node, records_for(node, "/run/netns"), TranslateOptions(areas=("udp",)))
+    assert res[CLUSTER]["udp-split:default/s"]["commonLbConfig"] == {"localityWeightedLbConfig": {}}
+    locs = res[ENDPOINT]["udp-split:default/s"]["endpoints"]
+    got = [
+        (
+            loc["locality"]["subZone"],
+            loc.get("loadBalancingWeight"),
+            [
+                (
+                    e["endpoint"]["address"]["socketAddress"]["address"],
+                    e["endpoint"]["address"]["socketAddress"]["portValue"],
+                )
+                for e in loc["lbEndpoints"]
+            ],
+        )
+        for loc in locs
+    ]
+    assert got == [
+        ("default/a", 60, [("10.1.0.1", 53)]),
+        ("default/a#1", 30, [("127.0.0.1", 0)]),
+        ("default/b", None, [("10.1.0.1", 53)]),
+        ("default/c", 10, [("127.0.0.1", 0)]),
+    ]
+    out = _validate(res)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -6,7 +6,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from aether.api.meshnode import MeshNode, ServiceArm
+from aether.api.meshnode import ArmBackend, Endpoint, MeshNode, ServiceArm
 from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.metrics import XDS_GATE_REFUSALS
 from aether.netns.records import PodRecord
@@ -129,6 +129,35 @@ def test_a_vip_no_pod_can_dial_is_refused_alone() -> None:
         kept, failures = refuse_arms(odd)
         assert [f.gate for f in failures] == ["invalid-vip"] and bad in failures[0].reason
         assert len(kept.status.udp.services) == 2
+
+
+def test_a_split_arm_must_own_a_udp_split_cluster_and_is_refused_alone() -> None:
+    """The split gate: a split arm naming another arm's cluster would replace that cluster's load assignment with
+    its localities (the other Service's sessions then spread over the split's backends); each misfit is refused
+    alone, a well-formed split passes."""
+    node = node_with(3, 1)
+    split = ArmBackend(backend="default/svc-1", weight=1, share=100.0, endpoints=[Endpoint(ip="10.1.0.1", port=53)])
+    good = ServiceArm(service="default/s", vip="10.96.50.1", cluster="udp-split:default/s", backends=[split])
+    cases = {
+        "lists backends but its cluster is not a udp-split: one": good.model_copy(
+            update={"cluster": node.status.udp.services[1].cluster}
+        ),
+        "names a udp-split: cluster without backends": good.model_copy(update={"backends": []}),
+    }
+    ok = copy.deepcopy(node)
+    ok.status.udp.services.append(good)
+    assert refuse_arms(ok) == (ok, [])
+    for why, bad in cases.items():
+        odd = copy.deepcopy(node)
+        odd.status.udp.services.append(bad)
+        kept, failures = refuse_arms(odd)
+        assert [f.gate for f in failures] == ["split-arm-cluster"] and why in failures[0].reason, failures
+        assert [a.service for a in kept.status.udp.services] == [a.service for a in node.status.udp.services]
+    twice = copy.deepcopy(node)
+    twice.status.udp.services += [good, good.model_copy(update={"service": "default/t", "vip": "10.96.50.2"})]
+    kept, failures = refuse_arms(twice)
+    assert [f.gate for f in failures] == ["split-arm-cluster"] * 2 and "shares its" in failures[0].reason
+    assert len(kept.status.udp.services) == 3
 
 
 def test_a_listener_into_a_missing_netns_is_refused_alone() -> None:

@@ -1,8 +1,10 @@
 """The delta-ADS gRPC server (grpcio): type-agnostic, one diff state per stream and type.
 
 It serves whatever type URLs the node's snapshot holds (LDS/CDS/EDS today; RDS and SDS when other builders add
-them). Policy lives outside: `Events` hears ACKs, NACKs (with Envoy's `error_detail`) and connects; `OnDemand`
-may add explicitly requested names to the snapshot before they are answered as removed.
+them). Policy lives outside: `Events` hears ACKs, NACKs (with Envoy's `error_detail`), connects and each type's
+first request on a stream (what a fresh stream subscribes and holds); `OnDemand` hears names subscribed explicitly
+later on the stream and may add them to the snapshot before they are answered (as removed, when still missing).
+Both run on the stream's thread before its request is answered.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from aether.xds.resources import short_type
 log = logging.getLogger("aether.xds.ads.server")
 
 OnDemand = Callable[[str, str, set[str]], None]
-"""on_demand(node, type_url, names): names explicitly subscribed that the snapshot lacks. It may install a
-snapshot holding them (synchronously) before they are answered; names still missing are answered as removed."""
+"""on_demand(node, type_url, names): names newly subscribed explicitly after a type's first request on a stream
+(on-demand CDS sends each name this way), whether the snapshot has them or not. It may install a snapshot holding
+them (synchronously) before they are answered; names still missing are answered as removed."""
 
 
 class Events:
@@ -47,6 +50,14 @@ class Events:
 
     def on_ack(self, node: str, type_url: str, snapshot_version: str) -> None:
         pass
+
+    def on_first_request(
+        self, node: str, stream_id: int, type_url: str, subscribed: frozenset[str], held: frozenset[str]
+    ) -> bool:
+        """A type's first request on a stream: its explicit subscribe set (without `*`) and the names its
+        `initial_resource_versions` hold. Runs before the request is answered; may install a new snapshot.
+        Returns whether it took the request's explicit names (then `on_demand` is not asked about them)."""
+        return False
 
     def on_nack(self, node: str, type_url: str, snapshot_version: str, error_detail: str) -> None:
         log.warning("NACK node=%s type=%s version=%s: %s", node, short_type(type_url), snapshot_version, error_detail)
@@ -162,11 +173,18 @@ class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: 
                 sent = ts.ack(req.response_nonce)
                 if sent is not None:
                     self.events.on_ack(stream.node, req.type_url, sent.snapshot_version)
-        new = ts.apply_request(
-            req.resource_names_subscribe, req.resource_names_unsubscribe, dict(req.initial_resource_versions)
-        )
+        first = not ts.started
+        initial = dict(req.initial_resource_versions)
+        new = ts.apply_request(req.resource_names_subscribe, req.resource_names_unsubscribe, initial)
+        if first and self.events.on_first_request(
+            stream.node, stream.id, req.type_url, frozenset(ts.subscribed), frozenset(initial)
+        ):
+            new = set()
         snap = self.cache.get(stream.node)
-        if new and self.on_demand is not None:
+        if new and self.on_demand is not None and not first:
+            self.on_demand(stream.node, req.type_url, new)
+            snap = self.cache.get(stream.node)
+        elif new and self.on_demand is not None:
             missing = {n for n in new if snap is None or n not in snap.versions.get(req.type_url, {})}
             if missing:
                 self.on_demand(stream.node, req.type_url, missing)

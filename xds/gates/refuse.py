@@ -1,6 +1,7 @@
 """Per-resource refusal (pure): the gates' findings that name one resource remove that resource, and the rest of the
 state is served. Before translation: arms whose VIP another arm of the same transport also claims (all of them: which
-one the matcher map would keep is not ours to guess) and arms whose VIP no pod can dial. After translation:
+one the matcher map would keep is not ours to guess), arms whose VIP no pod can dial, and weighted arms whose
+cluster is not their own `udp-split:` one. After translation:
 listeners naming a cluster not in CDS, bound into a netns that does not exist, or binding what an earlier listener
 binds. Each removal is a GateFailure, reported in Programmed's message and counted by gate."""
 
@@ -14,7 +15,23 @@ from aether.api.meshnode import MeshNode, ServiceArm
 from aether.xds.gates.core import GateFailure, PathExists, bind_key, clusters_named_by, netns_of
 from aether.xds.resources import CLUSTER, LISTENER, ResourceDict, Resources
 
-DUPLICATE_VIP, BAD_VIP = "duplicate-vip", "invalid-vip"
+DUPLICATE_VIP, BAD_VIP, SPLIT_CLUSTER = "duplicate-vip", "invalid-vip", "split-arm-cluster"
+SPLIT_PREFIX = "udp-split:"  # aether.api.naming.udp_split_cluster
+
+
+def _split_misfits(arms: list[ServiceArm]) -> set[int]:
+    """Indices of arms that would corrupt a weighted split: an arm with `backends` whose cluster is not a
+    `udp-split:` one, or a `udp-split:` cluster that another arm names too (the split's load assignment would
+    replace or be replaced by the other arm's endpoints)."""
+    splits = [i for i, a in enumerate(arms) if a.backends or a.cluster.startswith(SPLIT_PREFIX)]
+    if not splits:
+        return set()
+    named = Counter(a.cluster for a in arms)
+    return {
+        i
+        for i in splits
+        if not arms[i].backends or not arms[i].cluster.startswith(SPLIT_PREFIX) or named[arms[i].cluster] > 1
+    }
 
 
 def _keep(arms: list[ServiceArm], transport: str) -> tuple[list[ServiceArm], list[GateFailure]]:
@@ -40,6 +57,19 @@ def _keep(arms: list[ServiceArm], transport: str) -> tuple[list[ServiceArm], lis
 def refuse_arms(node: MeshNode) -> tuple[MeshNode, list[GateFailure]]:
     """The node without the arms no pod could be served by correctly, and what was removed."""
     udp, udp_out = _keep(node.status.udp.services, "udp")
+    misfits = _split_misfits(udp)
+    if misfits:
+        for i in sorted(misfits):
+            a = udp[i]
+            why = (
+                "lists backends but its cluster is not a udp-split: one"
+                if a.backends and not a.cluster.startswith(SPLIT_PREFIX)
+                else "names a udp-split: cluster without backends"
+                if not a.backends
+                else "shares its udp-split: cluster with another arm"
+            )
+            udp_out.append(GateFailure(SPLIT_CLUSTER, f"udp arm {a.service}: {why} ({a.cluster!r}): refused"))
+        udp = [a for i, a in enumerate(udp) if i not in misfits]
     tcp, tcp_out = _keep(node.status.tcp.services, "tcp")
     if not udp_out and not tcp_out:
         return node, []

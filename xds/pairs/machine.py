@@ -123,7 +123,7 @@ class _Work:
     def admit(self, pair: Pair, evidence: Evidence) -> None:
         if evidence.kind not in admission_on_evidence():
             raise ValueError(f"{pair.twin}: {evidence.kind} is no evidence that a request routed to the twin")
-        self.records[pair.twin] = PairRecord(pair, self.now, evidence)
+        self.records[pair.twin] = PairRecord(pair, self.now, evidence, admitted=evidence.kind)
         self.refused.pop(pair.twin, None)
         self.out.append(Admit(pair, evidence))
         if self.valid(pair):
@@ -285,7 +285,7 @@ def carry_over(event: SidecarStarted) -> Step:
         if pair is None or pair != (p.source, p.destination):
             w.out.append(Prune(Pair(p.source, p.destination), PruneCause.MALFORMED_RECORD))
             continue
-        w.records.setdefault(p.twin, PairRecord(pair, p.since, p.evidence, carried=True))
+        w.records.setdefault(p.twin, PairRecord(pair, p.since, p.evidence, carried=True, admitted=p.admitted))
     for twin in sorted(w.records):
         pair = w.records[twin].pair
         if w.valid(pair):

@@ -124,8 +124,9 @@ class PairRecord:
 
     pair: Pair
     since: float
-    evidence: Evidence | None
+    evidence: Evidence | None  # the last evidence of use
     carried: bool = False
+    admitted: EvidenceKind | None = None  # the evidence that admitted it (None: unknown, e.g. an older record)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,8 @@ class PersistedPair:
     destination: str
     twin: str
     since: float
-    evidence: Evidence | None = None
+    evidence: Evidence | None = None  # the last evidence of use (`lastEvidence`)
+    admitted: EvidenceKind | None = None  # how it was admitted (`evidence`)
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,7 @@ Decision = Admit | Publish | Withdraw | Dormant | Prune | Refuse | AnswerAbsent 
 
 def persisted(record: PairRecord) -> PersistedPair:
     p = record.pair
-    return PersistedPair(p.source, p.destination, p.twin, record.since, record.evidence)
+    return PersistedPair(p.source, p.destination, p.twin, record.since, record.evidence, record.admitted)
 
 
 def persist_view(records: Mapping[str, PairRecord], env: Environment) -> Persist:

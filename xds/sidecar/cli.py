@@ -1,7 +1,7 @@
 """`aether xds`: the node sidecar, `aether xds render` and `aether xds bootstrap`.
 
     aether xds --node N [--state FILE | --kubeconfig F] [--listen ADDR] [--allow-sds-over-tcp] [--records DIR]
-               [--status-out FILE] [--metrics ADDR]
+               [--status-out FILE] [--metrics ADDR] [--quic-pair-fetch-window DURATION]
     aether xds render --state FILE [--records DIR]
     aether xds bootstrap --node N [--xds ADDR] [--admin ADDR]
 
@@ -78,6 +78,22 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
         return number
 
     return parse
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _duration(value: str) -> float:
+    """`90`, `90s`, `30m`, `1h` (seconds, minutes, hours): greater than 0."""
+    text = value.strip().lower()
+    unit = _UNITS.get(text[-1:])
+    try:
+        number = float(text[:-1] if unit else text) * (unit or 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: not a duration (e.g. 3600, 90s, 30m, 1h)") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be greater than 0")
+    return number
 
 
 def _render(argv: list[str]) -> int:
@@ -184,6 +200,13 @@ def _serve(argv: list[str]) -> int:
         help="east-west: a PEM directory per identity (docs/identity.md); without it a built-in CA "
         "(tests and the demo only: nodes do not share it)",
     )
+    p.add_argument(
+        "--quic-pair-fetch-window",
+        type=_duration,
+        default="1h",
+        help="a stored QUIC pair with no evidence of use (fetch, re-subscription, held) this long after the sidecar "
+        "starts is pruned with its twin; never a dormant one (default 1h; docs/pairs.md)",
+    )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     from aether.xds.translate.compose import AREAS
@@ -235,13 +258,16 @@ def _serve(argv: list[str]) -> int:
         if not args.certs_dir:
             log.warning("east-west identities from a built-in CA: for tests and the demo only (use --certs-dir)")
         keeper = SecretKeeper(make_source(args.certs_dir, options))
-    sidecar = Sidecar(args.node, cache, sink, args.records, options, secrets=keeper)
+    from aether.xds.pairs.values import PairConfig
+
+    pair_config = PairConfig(fetch_window_s=args.quic_pair_fetch_window)
+    sidecar = Sidecar(args.node, cache, sink, args.records, options, secrets=keeper, pair_config=pair_config)
     stop = threading.Event()
     if not args.state and serves_secrets:  # cluster mode: the policies come from the API, read-only
         policies = importlib.import_module("aether.xds.sidecar.kube_policies")
         sidecar.awaiting_policies = True
         policies.start(sidecar.on_policies, stop, args.kubeconfig)
-    servicer = DeltaAdsServer(cache, events=sidecar)
+    servicer = DeltaAdsServer(cache, events=sidecar, on_demand=sidecar.on_demand)
     try:
         server, port = serve(servicer, args.listen)
     except (OSError, RuntimeError) as exc:

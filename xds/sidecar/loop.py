@@ -7,6 +7,13 @@ the rest is served), False with a reason when the state file is invalid (Invalid
 (GateRefused), it does not encode (EncodeFailed) or
 Envoy NACKs it (Rejected, with Envoy's error_detail). In every False case the last good state keeps serving:
 a NACKed snapshot is rolled back in the cache and not served again until the desired state changes.
+
+QUIC pairs (docs/pairs.md): the sidecar runs the pair machine (`aether.xds.pairs.keeper`). It starts from the
+stored pairs at the first desired state, hears each stream's first CDS request (`on_first_request`) and every later
+explicit CDS subscription (`on_demand`), the environment on every reconcile and the clock from its loop; every step
+and the snapshot it implies happen under the one lock, before the request that caused them is answered. Twins are
+translated from the machine's published pairs (put into `status.quic.pairs` of the node handed to `translate`), and
+every `Persist` goes to the `PairWriter` (`PairsPersisted` condition), never blocking the snapshot.
 """
 
 from __future__ import annotations
@@ -15,24 +22,28 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from aether.api.authz import compile_bodies
-from aether.api.meshnode import Condition, MeshNode
-from aether.metrics import XDS_GATE_REFUSALS
+from aether.api.meshnode import Condition, MeshNode, QuicPair
+from aether.metrics import QUIC_PAIR_FETCH_SECONDS, XDS_GATE_REFUSALS
 from aether.netns.records import PodRecord, load_records
 from aether.xds.ads.cache import SnapshotCache, make_snapshot
 from aether.xds.ads.server import Events
 from aether.xds.codec.protojson import CodecError
 from aether.xds.gates.core import GateFailure, PathExists, run_gates
 from aether.xds.gates.refuse import refuse_arms, refuse_listeners
-from aether.xds.resources import TranslateOptions, count, short_type
+from aether.xds.pairs.keeper import PairKeeper
+from aether.xds.pairs.persist import PairWriter, stored, to_wire
+from aether.xds.pairs.values import Environment, PairConfig, Persist, is_twin_name
+from aether.xds.resources import CLUSTER, TranslateOptions, count, short_type
 from aether.xds.sidecar.secrets import SecretKeeper
 from aether.xds.sidecar.sources import StateSource, StatusSink
 from aether.xds.translate.compose import translate
+from aether.xds.translate.eastwest.plan import EastWestOptions, destinations, local_pods, pair_environment
 
 log = logging.getLogger("aether.xds.sidecar.loop")
 PROGRAMMED = "Programmed"
@@ -52,6 +63,8 @@ class Sidecar(Events):
         options: TranslateOptions | None = None,
         path_exists: PathExists = os.path.exists,
         secrets: SecretKeeper | None = None,
+        pair_config: PairConfig | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_name = node_name
         self.cache = cache
@@ -72,6 +85,10 @@ class Sidecar(Events):
         # guarded Service must never be served open while its policy is still on the way)
         self.awaiting_policies = False
         self._refusal_changed = False
+        self.pair_writer: PairWriter | None = None
+        if sink is not None and hasattr(sink, "publish_pairs"):
+            self.pair_writer = PairWriter(node_name, sink, self.options.trust_domain, self._publish_condition)  # type: ignore[arg-type]
+        self.pairs = PairKeeper(pair_config, clock, persist=self._persist)
 
     # -- condition ---------------------------------------------------------------------------------
     def _set(self, status: str, reason: str, message: str) -> None:
@@ -89,6 +106,68 @@ class Sidecar(Events):
                 self.sink.publish(self.node_name, [self.condition])
             except Exception:
                 log.exception("cannot publish the Programmed condition")
+
+    def _publish_condition(self, condition: Condition) -> None:
+        if self.sink is not None:
+            self.sink.publish(self.node_name, [condition])
+
+    # -- QUIC pairs ------------------------------------------------------------------------------------
+    def _persist(self, view: Persist) -> None:
+        if self.pair_writer is not None:
+            self.pair_writer.submit(view)
+
+    def _eastwest(self) -> bool:
+        return not self.options.areas or "eastwest" in self.options.areas
+
+    def _pair_environment(self, node: MeshNode) -> Environment:
+        td = self.options.trust_domain
+        return pair_environment(local_pods(node, self.records, td, EastWestOptions()), destinations(node, td), node)
+
+    def _with_pairs(self, node: MeshNode) -> MeshNode:
+        """`node` as translated: the machine started or told the environment, its published pairs as
+        status.quic.pairs (the builders make twins for those only)."""
+        if not self._eastwest():
+            return node
+        env = self._pair_environment(node)
+        if not self.pairs.started:
+            found = getattr(self.sink, "stored_pairs", lambda _: None)(self.node_name)
+            pairs, dormant = found if found is not None else (node.status.quic.pairs, node.status.quic.dormant_pairs)
+            td = self.options.trust_domain
+            self.pairs.start(env, stored(pairs, td), stored(dormant, td))
+        else:
+            self.pairs.environment(env)
+        assert self.pairs.state is not None
+        wire: list[QuicPair] = [to_wire(p, self.options.trust_domain) for p in self.pairs.state.persist().pairs]
+        quic = node.status.quic.model_copy(update={"pairs": wire})
+        return node.model_copy(update={"status": node.status.model_copy(update={"quic": quic})})
+
+    def on_first_request(
+        self, node: str, stream_id: int, type_url: str, subscribed: frozenset[str], held: frozenset[str]
+    ) -> bool:
+        """A fresh stream's first CDS request: StreamOpened, and its snapshot, before it is answered."""
+        if node != self.node_name or type_url != CLUSTER or not self._eastwest():
+            return False
+        with self._lock:
+            self.pairs.stream_opened(subscribed, held)
+            self._reconcile()
+        return True
+
+    def on_demand(self, node: str, type_url: str, names: set[str]) -> None:
+        """Twin names subscribed explicitly on the live stream (on-demand CDS): Fetched, then its snapshot."""
+        twins = frozenset(n for n in names if is_twin_name(n))
+        if node != self.node_name or type_url != CLUSTER or not twins or not self._eastwest():
+            return
+        t0 = time.perf_counter()
+        with self._lock:
+            self.pairs.fetched(twins)
+            self._reconcile()
+        QUIC_PAIR_FETCH_SECONDS.observe(time.perf_counter() - t0)
+
+    def tick_pairs(self) -> None:
+        """The clock for the fetch window: a prune changes the snapshot."""
+        with self._lock:
+            if self.pairs.tick():
+                self._reconcile()
 
     # -- inputs --------------------------------------------------------------------------------------
     def on_state(
@@ -153,7 +232,7 @@ class Sidecar(Events):
         if self.awaiting_policies:
             self._set("Unknown", "Pending", "waiting for the first list of MeshAuthorizationPolicies; nothing served")
             return
-        node, refused = refuse_arms(self.desired)  # one bad arm or listener is refused, the rest served
+        node, refused = refuse_arms(self._with_pairs(self.desired))  # one bad arm or listener refused, the rest served
         resources = translate(node, self.records, self.options)
         resources, dropped = refuse_listeners(resources, self.path_exists)
         self._note_refused([*refused, *dropped])
@@ -240,10 +319,22 @@ class Sidecar(Events):
         stop: threading.Event,
         records_interval: float = 0.2,
         secrets_interval: float = 5.0,
+        pairs_interval: float = 5.0,
     ) -> None:
+        try:
+            self.poll_records()  # before the first state: the pair machine starts from the real local sources
+        except Exception:
+            log.exception("reading pod records failed")
+
         def records_loop() -> None:
-            last_secrets = 0.0
+            last_secrets = last_tick = 0.0
             while not stop.is_set():
+                if time.monotonic() - last_tick >= pairs_interval:
+                    last_tick = time.monotonic()
+                    try:
+                        self.tick_pairs()
+                    except Exception:
+                        log.exception("the QUIC pair clock failed")
                 try:
                     self.poll_records()
                 except Exception:
@@ -261,3 +352,5 @@ class Sidecar(Events):
         for update in source.updates(stop):
             self.on_state(update.node, update.error, update.policies)
         t.join(timeout=2)
+        if self.pair_writer is not None:
+            self.pair_writer.close()

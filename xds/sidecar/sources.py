@@ -2,8 +2,9 @@
 
 File mode: `FileSource` re-reads a MeshNode file (or a `kind: List` of it and MeshAuthorizationPolicies,
 `aether.api.statefile`) when it changes; a bad file keeps the last good state (the
-sidecar says why in its log and in the condition). `FileStatusSink` writes a MeshNode-shaped JSON holding
-`status.conditions`. Cluster mode: `aether.xds.sidecar.kube_source` (the operator engineer's) provides
+sidecar says why in its log and in the condition). `FileStatusSink` writes a MeshNode-shaped JSON holding the
+sidecar's `status.conditions` (merged by type) and its `status.quic` pair fields; a restarted sidecar starts its
+pair machine from that file when it holds pairs (`stored_pairs`), else from the state file's. Cluster mode: `aether.xds.sidecar.kube_source` (the operator engineer's) provides
 `source(node) -> StateSource` and `status_sink(node) -> StatusSink` with the same protocols.
 """
 
@@ -26,6 +27,7 @@ from aether.api.meshnode import (
     Condition,
     MeshNode,
     MeshNodeFileError,
+    QuicPair,
 )
 from aether.api.statefile import load_state_file
 from aether.atomicfile import write_text_atomic
@@ -84,15 +86,55 @@ def default_status_path(state: str | os.PathLike[str]) -> Path:
 class FileStatusSink:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._lock = threading.Lock()
+        self._conditions: dict[str, dict[str, object]] = {}
+        self._quic: dict[str, object] = {}
+        try:
+            status = json.loads(self.path.read_text()).get("status", {})
+            self._quic = {k: v for k, v in (status.get("quic") or {}).items()}
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def _write(self, node_name: str) -> None:
+        status: dict[str, object] = {"conditions": list(self._conditions.values())}
+        if self._quic:
+            status["quic"] = self._quic
+        doc = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": node_name}}
+        write_text_atomic(self.path, json.dumps({**doc, "status": status}, indent=2))
 
     def publish(self, node_name: str, conditions: list[Condition]) -> None:
-        doc = {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
-            "kind": KIND,
-            "metadata": {"name": node_name},
-            "status": {"conditions": [c.wire() for c in conditions]},
-        }
-        write_text_atomic(self.path, json.dumps(doc, indent=2))
+        with self._lock:
+            for c in conditions:
+                self._conditions[c.type] = c.wire()
+            self._write(node_name)
+
+    def publish_pairs(self, node_name: str, pairs: list[QuicPair], dormant: list[QuicPair]) -> None:
+        with self._lock:
+            self._quic = {
+                "pairs": [p.wire() for p in pairs],
+                "dormantPairs": [p.wire() for p in dormant],
+                "pairCount": len(pairs),
+                "dormantPairCount": len(dormant),
+            }
+            self._write(node_name)
+
+    def stored_pairs(self, node_name: str) -> tuple[list[QuicPair], list[QuicPair]] | None:
+        """What an earlier sidecar wrote here (None when nothing: then the state file's pairs)."""
+        quic = self._quic
+        if not quic.get("pairs") and not quic.get("dormantPairs"):
+            return None
+        try:
+            pairs = [QuicPair.model_validate(p) for p in quic.get("pairs") or []]  # type: ignore[attr-defined]
+            dormant = [QuicPair.model_validate(p) for p in quic.get("dormantPairs") or []]  # type: ignore[attr-defined]
+        except ValueError:
+            return None
+        return pairs, dormant
+
+
+def read_status_pairs(path: str | os.PathLike[str]) -> dict[str, object]:
+    """The `status.quic` pair fields of a status file (tests, the demo)."""
+    quic = json.loads(Path(path).read_text()).get("status", {}).get("quic") or {}
+    return dict(quic)
 
 
 def read_status_file(path: str | os.PathLike[str]) -> list[Condition]:

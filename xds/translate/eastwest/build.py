@@ -4,7 +4,10 @@
 Secrets are not built here (they need a certificate source, which reads files): `required_secrets` names what
 these resources reference, and `aether.xds.identity.sds.secrets(source, ids)` builds them.
 
-Twins are built for every (local identity x destination) when QUIC is on: demand-scoping is a later issue.
+Twins are demand-scoped (docs/pairs.md): the route keeps one selection arm per local ServiceAccount for every
+destination, but a twin and its load assignment (EDS name: the twin's own name) are built only for the pairs
+`status.quic.pairs` lists (`plan.twin_pairs`); the sidecar fills that list with its pair machine's published pairs.
+A twin that is missing is fetched on demand by the outbound's `on_demand` filter.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from aether.xds.identity.sds import secrets
 from aether.xds.identity.svid import CertificateSource, bundle_secret_name
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
 from aether.xds.translate.eastwest import inbound, outbound, rbac
-from aether.xds.translate.eastwest.plan import EastWestOptions, destinations, identities, local_pods
+from aether.xds.translate.eastwest.plan import EastWestOptions, destinations, identities, local_pods, twin_pairs
 
 __all__ = ["EastWestOptions", "build", "camel", "required_secrets", "secrets_for"]
 
@@ -71,12 +74,10 @@ def build(
         name = h2_cluster(d.namespace, d.service)
         clusters[name] = outbound.h2_cluster_resource(d, td, md, ew)
         endpoints[name] = outbound.load_assignment(name, d)
-        if not ew.quic:
-            continue
-        for sid in sources:
-            twin = outbound.twin_name(d, sid)
-            clusters[twin] = outbound.twin_resource(d, sid, td, md, ew)
-            endpoints[twin] = outbound.load_assignment(twin, d)
+    for d, sid in twin_pairs(node, pods, dests) if ew.quic else ():
+        twin = outbound.twin_name(d, sid)
+        clusters[twin] = outbound.twin_resource(d, sid, td, md, ew)
+        endpoints[twin] = outbound.load_assignment(twin, d)
     out: Resources = {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: endpoints}
     if pods:
         out[ROUTE] = {ew.http_outbound_route: outbound.route_config(dests, sources, md, ew), **routes}

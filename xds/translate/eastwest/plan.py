@@ -2,7 +2,11 @@
 
 - local pods: listed in the MeshNode with an IP *and* with a CNI record (the netns to bind into);
 - destinations: `status.quic.destinations`, with the VIP taken from the service's L4 arm when it has one;
-- identities: the local pods' SPIFFE IDs (those are the sources; `status.quic.identities` is the operator's copy).
+- identities: the local pods' SPIFFE IDs (those are the sources; `status.quic.identities` is the operator's copy);
+- the pair environment (`pair_environment`): what the pair machine checks a twin name against, from the same parts
+  (sources: `<ns>/<sa>` of the local pods; destinations: the QUIC destinations; ineligible: `status.quic.ineligible`);
+- twin pairs (`twin_pairs`): the (destination, source SPIFFE ID) pairs whose twin is built: `status.quic.pairs`
+  (the sidecar puts its machine's published pairs there) whose source is local and destination listed.
 
 Application ports of a local pod (the inbound routes to them): the ports of every destination whose endpoints
 include the pod's IP, else `EastWestOptions.app_ports[pod uid]`, else `EastWestOptions.default_app_ports`. The
@@ -16,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aether.api.meshnode import MeshNode
-from aether.api.naming import spiffe_id
+from aether.api.naming import parse_quic_twin, ref, spiffe_id
 from aether.netns.contract import INBOUND_PORT
 from aether.netns.records import PodRecord
+from aether.xds.pairs.values import Environment
 
 
 @dataclass(frozen=True)
@@ -128,3 +133,28 @@ def local_pods(
 
 def identities(pods: list[LocalPod]) -> list[str]:
     return sorted({p.identity for p in pods})
+
+
+def pair_environment(pods: list[LocalPod], dests: list[Destination], node: MeshNode) -> Environment:
+    return Environment(
+        sources=frozenset(ref(p.namespace, p.service_account) for p in pods),
+        destinations=frozenset(ref(d.namespace, d.service) for d in dests),
+        ineligible=frozenset(i.service for i in node.status.quic.ineligible),
+    )
+
+
+def twin_pairs(node: MeshNode, pods: list[LocalPod], dests: list[Destination]) -> list[tuple[Destination, str]]:
+    """(destination, source SPIFFE ID) for every listed pair the node can serve, sorted by twin; a pair whose twin
+    name does not parse, or whose source or destination is not here, builds nothing."""
+    by_ref = {ref(d.namespace, d.service): d for d in dests}
+    local = {ref(p.namespace, p.service_account): p.identity for p in pods}
+    out: dict[str, tuple[Destination, str]] = {}
+    for pair in node.status.quic.pairs:
+        try:
+            t = parse_quic_twin(pair.twin)
+        except ValueError:
+            continue
+        dest, source = by_ref.get(ref(t.namespace, t.service)), local.get(ref(t.source_namespace, t.source_sa))
+        if dest is not None and source is not None:
+            out[pair.twin] = (dest, source)
+    return [out[t] for t in sorted(out)]

@@ -4,7 +4,11 @@ For each local pod (MeshNode lists it and the CNI wrote its record) one listener
 into the pod netns (`network_namespace_filepath`, `transparent: true`), whose `udp_proxy` matcher maps every
 arm's VIP (`DestinationIPInput`, exact) to the arm's `udp:<ns>/<svc>` cluster, `on_no_match` -> blackhole.
 One EDS cluster per UDP service (EDS name = cluster name) with endpoints at the backend's application port.
-Listener count scales with local pods, never with services.
+Listener count scales with local pods, never with services, with one exception: a Service with its own session
+idle timeout (`ServiceArm.idle_timeout_seconds`, from its annotation) gets one more listener per pod, bound to
+`<VIP>:18082` in the same netns with that timeout (udp_proxy's idle timeout is per listener). The kernel hands a
+datagram to the most specific bound socket, so the VIP's flows land there and the wildcard listener sees the rest.
+A weighted arm (a UDPRoute split) names its own cluster, one locality per backend (`aether.xds.translate.l4.split`).
 
 Every datagram a UDP socket can carry (to 65,507 bytes) passes both ways: both the capture listener and
 udp_proxy's upstream sockets set `max_rx_datagram_size` (Envoy's default, 1,500, drops anything larger as soon
@@ -28,6 +32,7 @@ from aether.netns.records import PodRecord
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions, seconds
 from aether.xds.translate.l4.common import Arms, ClusterShape, local_pods, stat_name
 from aether.xds.translate.l4.memo import DigestMemo
+from aether.xds.translate.l4.split import split_resources
 
 UDP_PROXY_FILTER: Final = "envoy.filters.udp_listener.udp_proxy"
 UDP_PROXY_CONFIG: Final = "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.UdpProxyConfig"
@@ -63,15 +68,29 @@ def matcher(arms: Arms) -> ResourceDict:
     return out
 
 
+def vip_listener_name(namespace: str, pod: str, vip: str) -> str:
+    return f"{LISTENER_PREFIX}{namespace}/{pod}@{vip}"
+
+
 @lru_cache(maxsize=4096)
-def capture_listener(name: str, netns: str, arms: Arms, options: TranslateOptions, stat_prefix: str) -> ResourceDict:
+def capture_listener(
+    name: str,
+    netns: str,
+    arms: Arms,
+    options: TranslateOptions,
+    stat_prefix: str,
+    address: str = "0.0.0.0",
+    idle_s: float | None = None,
+) -> ResourceDict:
+    """A capture listener: the pod's wildcard one (every arm), or one bound to a single VIP (`address`) for a
+    Service with its own session idle timeout (`idle_s`; None: the node's default)."""
     listener: ResourceDict = {
         "name": name,
         "statPrefix": stat_prefix,  # listener.<pod>.* rather than one listener.0.0.0.0_18082.* for every pod
         "address": {
             "socketAddress": {
                 "protocol": "UDP",
-                "address": "0.0.0.0",
+                "address": address,
                 "portValue": L4_OUTBOUND_PORT,
                 "networkNamespaceFilepath": netns,
             }
@@ -83,7 +102,7 @@ def capture_listener(name: str, netns: str, arms: Arms, options: TranslateOption
                 "typedConfig": {
                     "@type": UDP_PROXY_CONFIG,
                     "statPrefix": stat_prefix,
-                    "idleTimeout": seconds(options.udp_session_idle_s),
+                    "idleTimeout": seconds(options.udp_session_idle_s if idle_s is None else idle_s),
                     "matcher": matcher(arms),
                 },
             }
@@ -127,6 +146,9 @@ def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOp
     shape = ClusterShape(options.cluster_connect_timeout_s, options.udp_max_sessions)
     dig = MEMO.digest(node.metadata.name, "udp", node.status.udp.services, BLACKHOLE_CLUSTER, shape)
     key = dig.key
+    # the few arms that need more than the digest: a weighted split or a Service's own idle timeout (one pass)
+    special = [a for a in node.status.udp.services if a.backends or a.idle_timeout_seconds is not None]
+    timed = sorted({(a.vip, a.cluster, a.idle_timeout_seconds or 0.0) for a in special if a.idle_timeout_seconds})
     listeners: dict[str, ResourceDict] = {}
     for pod, record in local_pods(node, records):
         name = listener_name(pod.namespace, pod.name)
@@ -136,6 +158,18 @@ def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOp
         if listener is None:
             listener = dig.remember(memo_key, capture_listener(name, record.netns, key, options, stat))
         listeners[name] = listener
+        for vip, cluster, idle in timed:
+            # the Service's own idle timeout: a listener bound to its VIP in the same pod netns. The kernel
+            # delivers a datagram to the most specific bound socket, so this VIP's flows land here and every
+            # other VIP's on the wildcard listener (docs/operations.md)
+            vname = vip_listener_name(pod.namespace, pod.name, vip)
+            vstat = stat_name(f"udp_capture_{pod.namespace}_{pod.name}_{vip}")
+            listeners[vname] = capture_listener(vname, record.netns, ((vip, cluster),), options, vstat, vip, idle)
     clusters: dict[str, ResourceDict] = {BLACKHOLE_CLUSTER: blackhole_cluster(options)}
     clusters.update(dig.clusters)  # arm order: deterministic for one input
-    return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: dict(dig.assignments)}
+    assignments = dict(dig.assignments)
+    if special:
+        split_clusters, split_assignments = split_resources(special, shape)
+        clusters.update(split_clusters)  # the weighted arms' own clusters replace the plain EDS shape
+        assignments.update(split_assignments)
+    return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: assignments}

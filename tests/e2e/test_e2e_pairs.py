@@ -1,0 +1,216 @@
+"""The QUIC pair lifecycle through the whole mesh: two nodes in network namespaces, the operator and cluster-mode
+sidecars, real Envoys. node-a: client-a (SA alpha) and client-b (SA beta); node-b: web-0 (SA web) behind Service
+web. The scenarios run in order on one mesh (each builds on the pair state the last one left), and each asserts
+the HTTP status, that the request left node-a's Envoy on the source's own twin over HTTP/3, and the SPIFFE ID the
+app received, plus the MeshNode's pair state (and `kubectl get meshnodes`' counts).
+
+Whether a twin was fetched on demand is read from node-a's sidecar (`aether_quic_pair_fetch_seconds_count` on its
+`--metrics` endpoint): "no fetch" means that count did not move.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
+from aether.api.naming import mesh_host, quic_twin, spiffe_id
+from aether.e2e.harness import Mesh
+from aether.e2e.lifecycle import (
+    STREAMS,
+    delete_pod,
+    pair_state,
+    printer_columns,
+    restart_envoy,
+    restart_sidecar,
+    set_http_endpoints,
+    start_sidecar,
+    stop_sidecar,
+    wait_pairs,
+)
+from aether.e2e.node_proxy import MeshNodeProxy
+from aether.testing.probe import HttpAnswer, http_get, wait_http
+from aether.testing.wait import wait_for
+
+pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
+
+NS = "pairs"
+ALPHA, BETA = quic_twin(NS, "web", "alpha"), quic_twin(NS, "web", "beta")
+HOST = mesh_host(NS, "web")
+METRICS_PORT = 19391
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[Mesh]:
+    m = Mesh(namespace=NS, areas="udp,tcp-floor,eastwest", shared_ca=True)
+    try:
+        a, b = m.add_node("node-a"), m.add_node("node-b")
+        m.start_node_proxies()
+        m.add_pod(a, "client-a", sa="alpha")
+        m.add_pod(a, "client-b", sa="beta")
+        m.add_http_backend(b, "web-0", sa="web")
+        m.add_http_service("web", ["web-0"])
+        m.kube.wait_meshnode("node-a", lambda o: bool((o.get("status") or {}).get("quic", {}).get("destinations")))
+        # node-a's sidecar with its metrics endpoint (both sidecars share the harness's netns: one port)
+        m.sidecar_args = ("--metrics", f"127.0.0.1:{METRICS_PORT}")
+        restart_sidecar(m, a)
+        m.programmed(a)
+        m.programmed(b)
+        yield m
+    finally:
+        m.close()
+
+
+def node_a(mesh: Mesh) -> MeshNodeProxy:
+    return mesh.nodes["node-a"]
+
+
+def fetches() -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
+    m = re.search(r"^aether_quic_pair_fetch_seconds_count (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def twin_stat(mesh: Mesh, twin: str, stat: str) -> int:
+    return node_a(mesh).stat(f"cluster.{twin.replace(':', '_')}.{stat}")
+
+
+def envoy_has(mesh: Mesh, twin: str) -> bool:
+    return f"{twin}::" in node_a(mesh).admin("/clusters")
+
+
+def call(mesh: Mesh, pod: str, sa: str, retry: bool = False) -> None:
+    """One request (or, with `retry`, until the first 200): 200 from web-0 with `sa`'s SPIFFE ID, on its twin,
+    over HTTP/3."""
+    twin = quic_twin(NS, "web", sa)
+    netns = mesh.pods[pod].netns_path
+    got = wait_http(netns, HOST) if retry else http_get(netns, HOST)
+    assert got == HttpAnswer(200, "web-0", spiffe_id(NS, sa)), f"{pod}: {got}\n{mesh.diagnostics()}"
+    assert twin_stat(mesh, twin, "upstream_rq_200") >= 1
+    assert twin_stat(mesh, twin, "upstream_cx_http3_total") >= 1
+
+
+def test_first_use_fetches_the_twin_and_records_the_pair(mesh: Mesh) -> None:
+    a = node_a(mesh)
+    assert not envoy_has(mesh, ALPHA) and not envoy_has(mesh, BETA)  # no twin until a pair dials
+    before = fetches()
+    call(mesh, "client-a", "alpha")  # the very first request: paused for the fetch, then 200 over HTTP/3
+    assert fetches() == before + 1
+    wait_pairs(mesh, a, {ALPHA}, set())
+    pair = pair_state(mesh, a)[0][ALPHA]
+    assert (pair.source, pair.destination, pair.evidence, pair.last_kind) == (
+        spiffe_id(NS, "alpha"),
+        f"{NS}/web",
+        "Fetch",
+        "Fetch",
+    )
+    assert not envoy_has(mesh, BETA)  # beta has not dialled
+    cols = printer_columns(mesh, a)
+    assert cols is None or (cols["QUIC PAIRS"], cols["DORMANT PAIRS"]) == ("1", "0"), cols
+
+
+def test_second_use_needs_no_fetch(mesh: Mesh) -> None:
+    before = fetches()
+    requests = twin_stat(mesh, ALPHA, "upstream_rq_total")
+    for _ in range(3):
+        call(mesh, "client-a", "alpha")
+    assert fetches() == before and twin_stat(mesh, ALPHA, "upstream_rq_total") == requests + 3
+    call(mesh, "client-b", "beta")  # beta's first use
+    assert fetches() == before + 1
+    wait_pairs(mesh, node_a(mesh), {ALPHA, BETA}, set())
+
+
+def test_source_pod_deleted_goes_dormant_and_its_return_republishes_with_no_fetch(mesh: Mesh) -> None:
+    a = node_a(mesh)
+    delete_pod(mesh, "client-b")  # beta's only pod leaves the node
+    wait_pairs(mesh, a, {ALPHA}, {BETA})
+    wait_for(lambda: not envoy_has(mesh, BETA), 30, "beta's twin withdrawn")
+    cols = printer_columns(mesh, a)
+    assert cols is None or (cols["QUIC PAIRS"], cols["DORMANT PAIRS"]) == ("1", "1"), cols
+    call(mesh, "client-a", "alpha")  # the other pair is untouched
+    before = fetches()
+    mesh.add_pod(a, "client-b2", sa="beta")  # a new pod of the same ServiceAccount (a rollout)
+    wait_pairs(mesh, a, {ALPHA, BETA}, set())
+    wait_for(lambda: envoy_has(mesh, BETA), 30, "beta's twin republished")
+    call(mesh, "client-b2", "beta", retry=True)  # retry: the new pod's own listeners arrive with it
+    assert fetches() == before  # the twin came back with the pod: no request asked for it
+
+
+def test_destination_delisted_and_relisted(mesh: Mesh) -> None:
+    a = node_a(mesh)
+    set_http_endpoints(mesh, "web", [])  # web loses its ready endpoints: no longer QUIC-eligible
+    wait_pairs(mesh, a, set(), {ALPHA, BETA})
+    wait_for(lambda: not envoy_has(mesh, ALPHA), 30, "alpha's twin withdrawn")
+    before = fetches()
+    set_http_endpoints(mesh, "web", ["web-0"])
+    wait_pairs(mesh, a, {ALPHA, BETA}, set())
+    wait_for(lambda: envoy_has(mesh, ALPHA) and envoy_has(mesh, BETA), 30, "both twins republished")
+    call(mesh, "client-a", "alpha", retry=True)  # retry: the route's virtual host comes back with the destination
+    call(mesh, "client-b2", "beta")
+    assert fetches() == before
+
+
+def test_sidecar_restart_under_traffic_fails_no_request_of_a_persisted_pair(mesh: Mesh) -> None:
+    a = node_a(mesh)
+    answers: list[HttpAnswer] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        while not stop.is_set():
+            answers.append(http_get(mesh.pods["client-a"].netns_path, HOST))
+
+    t = threading.Thread(target=traffic, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: len(answers) >= 5, 30, "traffic before the restart")
+        streams = a.stat(STREAMS)
+        stop_sidecar(mesh, a)
+        during = len(answers)
+        wait_for(lambda: len(answers) >= during + 5, 30, "traffic while the sidecar is down")
+        start_sidecar(mesh, a, streams)
+        after = len(answers)
+        wait_for(lambda: len(answers) >= after + 10, 30, "traffic after the restart")
+    finally:
+        stop.set()
+        t.join(10)
+    want = HttpAnswer(200, "web-0", spiffe_id(NS, "alpha"))
+    assert len(answers) >= 20 and all(x == want for x in answers), [x for x in answers if x != want][:5]
+    wait_pairs(mesh, a, {ALPHA, BETA}, set())  # carried over; re-subscribed by the proxy
+    wait_for(lambda: pair_state(mesh, a)[0][ALPHA].last_kind == "Resubscribe", 30, "alpha re-subscribed")
+    call(mesh, "client-a", "alpha")
+
+
+def test_proxy_restart_prunes_dormant_pairs_and_every_live_pair_answers(mesh: Mesh) -> None:
+    a = node_a(mesh)
+    delete_pod(mesh, "client-b2")
+    wait_pairs(mesh, a, {ALPHA}, {BETA})
+    before = fetches()
+    restart_envoy(mesh, a)  # a new generation: holds nothing, re-subscribes nothing
+    wait_pairs(mesh, a, {ALPHA}, set())  # beta: pruned (NotResubscribed)
+    call(mesh, "client-a", "alpha", retry=True)  # retry: the new Envoy binds its listeners
+    assert fetches() == before  # alpha's twin reached the new Envoy with the snapshot (wildcard)
+
+
+def test_migration_a_held_twin_without_a_stored_pair_is_answered_absent_then_fetched_on_use(mesh: Mesh) -> None:
+    """What an earlier sidecar left: Envoy holds alpha's twin (through the wildcard, never subscribed) and the
+    MeshNode stores no pair for it. The new sidecar answers it absent; the next request is a first use."""
+    a = node_a(mesh)
+    streams = a.stat(STREAMS)
+    stop_sidecar(mesh, a)
+    empty = {"pairs": [], "dormantPairs": [], "pairCount": 0, "dormantPairCount": 0}
+    mesh.kube.custom.patch_cluster_custom_object_status(
+        API_GROUP, API_VERSION, PLURAL, "node-a", {"status": {"quic": empty}}
+    )
+    assert envoy_has(mesh, ALPHA)
+    start_sidecar(mesh, a, streams)
+    wait_for(lambda: not envoy_has(mesh, ALPHA), 30, "alpha's held-only twin answered absent")
+    wait_pairs(mesh, a, set(), set())
+    before = fetches()
+    call(mesh, "client-a", "alpha")
+    assert fetches() == before + 1
+    wait_pairs(mesh, a, {ALPHA}, set())
+    assert pair_state(mesh, a)[0][ALPHA].evidence == "Fetch"

@@ -1,0 +1,116 @@
+"""A Service's own UDP session idle timeout through the whole mesh (API test bed, operator, sidecars, real Envoy
+per node, pods captured by the real aether-cni), same node and across nodes:
+
+- `kubectl annotate service ... mesh.aether.dev/udp-idle-timeout=1s` reaches the arm (idleTimeoutSeconds) and a
+  capture listener bound to that VIP in the client pod's netns; the Service's sessions expire after 1 s idle
+  (Envoy's `idle_timeout` counter on that listener), for a backend on the client's node and one on another node;
+- a third Service on the same pod and port keeps the default (60 s): its session stays open meanwhile;
+- a bad value is refused alone: an `InvalidIdleTimeout` shape on the MeshNode, the arm served with the default.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from functools import partial
+
+import pytest
+
+from aether.e2e.harness import Mesh
+from aether.e2e.node_proxy import MeshNodeProxy
+from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.operator.reconcile.views import UDP_IDLE_TIMEOUT_ANNOTATION
+from aether.testing.nodebed import ask, udp_socket_in, wait_reply
+from aether.testing.wait import wait_for
+
+pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
+
+SHORT = ("short-near", "short-far")  # backends on node-a (the client's) and node-b
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Iterator[Mesh]:
+    m = Mesh(namespace="e2e")
+    try:
+        a, b = m.add_node("node-a"), m.add_node("node-b")
+        m.start_node_proxies()
+        m.add_pod(a, "client")
+        m.add_backend(a, "near")
+        m.add_backend(b, "far")
+        m.add_backend(b, "keep-be")
+        m.add_service("short-near", ["near"])
+        m.add_service("short-far", ["far"])
+        m.add_service("keep", ["keep-be"])
+        for svc in SHORT:
+            m.kube.annotate_service(m.namespace, svc, {UDP_IDLE_TIMEOUT_ANNOTATION: "1s"})
+        want = {m.services[s]: 1.0 for s in SHORT}
+        m.kube.wait_meshnode(
+            "node-a",
+            lambda obj: all(
+                {a["vip"]: a.get("idleTimeoutSeconds") for a in obj["status"]["udp"]["services"]}.get(v) == t
+                for v, t in want.items()
+            ),
+            what="idleTimeoutSeconds on the short arms",
+        )
+        m.wait_listeners(a, 3)  # the client's wildcard listener and one per short VIP
+        yield m
+    finally:
+        m.close()
+
+
+def _at_least(node: MeshNodeProxy, stat: str, n: int) -> bool:
+    return node.stat(stat) >= n
+
+
+def _prefix(mesh: Mesh, svc: str | None) -> str:
+    base = "udp.udp_capture_e2e_client"
+    return base if svc is None else f"{base}_{mesh.services[svc].replace('.', '_')}"
+
+
+def test_short_services_expire_same_node_and_across_nodes_while_the_default_holds(mesh: Mesh) -> None:
+    client, node = mesh.pods["client"], mesh.nodes["node-a"]
+    socks: dict[str, socket.socket] = {s: udp_socket_in(client.netns_path) for s in (*SHORT, "keep")}
+    try:
+        backend = {"short-near": b"near", "short-far": b"far", "keep": b"keep-be"}
+        for svc, sock in socks.items():
+            wait_reply(sock, mesh.services[svc], backend[svc], timeout=60)
+        stats = node.running_envoy().stats("udp.")
+        totals = {s: stats[f"{_prefix(mesh, s)}.downstream_sess_total"] for s in SHORT}
+        assert all(t >= 1 for t in totals.values()), stats
+        assert stats[f"{_prefix(mesh, None)}.downstream_sess_total"] >= 1, stats  # keep: on the wildcard listener
+        for svc in SHORT:
+            name, total = f"{_prefix(mesh, svc)}.idle_timeout", totals[svc]
+            wait_for(partial(_at_least, node, name, total), timeout=15, what=f"{svc} idle expiry")
+        stats = node.running_envoy().stats("udp.")
+        for svc in SHORT:
+            assert stats[f"{_prefix(mesh, svc)}.downstream_sess_active"] == 0, stats
+        assert stats[f"{_prefix(mesh, None)}.downstream_sess_active"] >= 1, stats  # the default: still open
+        assert stats[f"{_prefix(mesh, None)}.idle_timeout"] == 0, stats
+        for svc in SHORT:  # the same socket again: a new session, answered from the VIP
+            got = ask(socks[svc], mesh.services[svc])
+            assert got is not None and got[0].startswith(backend[svc]), svc
+            assert got[1] == (mesh.services[svc], L4_OUTBOUND_PORT)
+            assert node.stat(f"{_prefix(mesh, svc)}.downstream_sess_total") == totals[svc] + 1
+    finally:
+        for sock in socks.values():
+            sock.close()
+
+
+def test_a_bad_value_is_refused_alone_and_the_service_keeps_the_default(mesh: Mesh) -> None:
+    vip = mesh.services["keep"]
+    mesh.kube.annotate_service(mesh.namespace, "keep", {UDP_IDLE_TIMEOUT_ANNOTATION: "soon"})
+    obj = mesh.kube.wait_meshnode(
+        "node-a",
+        lambda o: any(s["reason"] == "InvalidIdleTimeout" for s in o["status"]["udp"].get("unsupportedShapes") or []),
+        what="InvalidIdleTimeout shape",
+    )
+    (shape,) = [s for s in obj["status"]["udp"]["unsupportedShapes"] if s["reason"] == "InvalidIdleTimeout"]
+    assert shape["route"] == "e2e/keep" and "'soon' is not a duration" in shape["message"]
+    arm = {a["vip"]: a for a in obj["status"]["udp"]["services"]}[vip]
+    assert "idleTimeoutSeconds" not in arm and arm["endpoints"]
+    sock = udp_socket_in(mesh.pods["client"].netns_path)
+    try:
+        wait_reply(sock, vip, b"keep-be")
+    finally:
+        sock.close()
+    mesh.kube.annotate_service(mesh.namespace, "keep", {UDP_IDLE_TIMEOUT_ANNOTATION: None})

@@ -1,0 +1,162 @@
+"""The pair state in MeshNode status: `status.quic.pairs` / `dormantPairs` to and from the machine's
+`PersistedPair` (pure), and `PairWriter`, the thread that writes the latest `Persist` without ever blocking the
+serving path.
+
+On the wire a pair's source is its SPIFFE ID and times are RFC 3339 (UTC, seconds); the machine's are
+`<ns>/<sa>` and float seconds. A record the sidecar cannot read back (a foreign SPIFFE ID, a bad time) is
+skipped with a log line: the machine prunes pairs whose names do not make their twin (`MalformedRecord`).
+
+`PairWriter` keeps only the latest view (a newer one replaces one not yet written), retries a failed write with
+backoff (1 s doubling to 30 s), and reports the `PairsPersisted` condition: True once the view in memory is
+written, False with the reason while writes fail. Traffic never waits for it: the snapshot is served from memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Final, Protocol
+
+from aether.api.meshnode import Condition, PairEvidence, QuicPair
+from aether.api.naming import ref, spiffe_id
+from aether.metrics import QUIC_PAIR_WRITE_FAILURES
+from aether.xds.identity.svid import parse_spiffe_id
+from aether.xds.pairs.values import Evidence, EvidenceKind, Persist, PersistedPair
+
+log = logging.getLogger("aether.xds.pairs")
+PAIRS_PERSISTED: Final = "PairsPersisted"
+_TIME = "%Y-%m-%dT%H:%M:%SZ"
+
+
+def wire_time(at: float) -> str:
+    return datetime.fromtimestamp(at, tz=UTC).strftime(_TIME)
+
+
+def parse_time(text: str) -> float:
+    return datetime.strptime(text, _TIME).replace(tzinfo=UTC).timestamp()
+
+
+def to_wire(p: PersistedPair, trust_domain: str) -> QuicPair:
+    ns, _, sa = p.source.partition("/")
+    last = PairEvidence(kind=p.evidence.kind.value, time=wire_time(p.evidence.at)) if p.evidence else None
+    return QuicPair(
+        source=spiffe_id(ns, sa, trust_domain),
+        destination=p.destination,
+        twin=p.twin,
+        since=wire_time(p.since),
+        evidence=p.admitted.value if p.admitted else None,
+        last_evidence=last,
+    )
+
+
+def from_wire(q: QuicPair, trust_domain: str) -> PersistedPair | None:
+    """The machine's record of a stored pair, or None (logged) when it cannot be read."""
+    try:
+        sid = parse_spiffe_id(q.source)
+        if sid.trust_domain != trust_domain:
+            raise ValueError(f"trust domain {sid.trust_domain!r}, not {trust_domain!r}")
+        since = parse_time(q.since) if q.since else 0.0
+        evidence = None
+        if q.last_evidence is not None:
+            evidence = Evidence(EvidenceKind(q.last_evidence.kind), parse_time(q.last_evidence.time))
+        admitted = EvidenceKind(q.evidence) if q.evidence else None
+    except ValueError as exc:
+        log.warning("stored QUIC pair %s skipped: %s", q.twin, exc)
+        return None
+    return PersistedPair(ref(sid.namespace, sid.service_account), q.destination, q.twin, since, evidence, admitted)
+
+
+def stored(pairs: list[QuicPair], trust_domain: str) -> tuple[PersistedPair, ...]:
+    return tuple(p for p in (from_wire(q, trust_domain) for q in pairs) if p is not None)
+
+
+class PairSink(Protocol):
+    def publish_pairs(self, node_name: str, pairs: list[QuicPair], dormant: list[QuicPair]) -> None: ...
+
+
+class PairWriter:
+    """Writes the latest `Persist` through `sink` on its own thread; `condition(c)` hears PairsPersisted."""
+
+    def __init__(
+        self,
+        node_name: str,
+        sink: PairSink,
+        trust_domain: str,
+        condition: Callable[[Condition], None],
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.node_name, self.sink, self.trust_domain = node_name, sink, trust_domain
+        self.condition_cb, self.backoff, self.max_backoff = condition, backoff, max_backoff
+        self._cv = threading.Condition()
+        self._pending: Persist | None = None
+        self._stop = False
+        self.written: Persist | None = None
+        self.last_error: str | None = None
+        self.writes = 0
+        self._status: tuple[str, str] | None = None
+        self._thread = threading.Thread(target=self._run, name="pair-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, view: Persist) -> None:
+        with self._cv:
+            self._pending = view
+            self._cv.notify()
+
+    def idle(self) -> bool:
+        """Nothing waiting to be written (tests and the shutdown path)."""
+        with self._cv:
+            return self._pending is None
+
+    def close(self, timeout: float = 2.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _report(self, status: str, reason: str, message: str) -> None:
+        if self._status == (status, reason):
+            return
+        self._status = (status, reason)
+        level = logging.INFO if status == "True" else logging.WARNING
+        log.log(level, "%s=%s %s: %s", PAIRS_PERSISTED, status, reason, message)
+        try:
+            self.condition_cb(Condition(type=PAIRS_PERSISTED, status=status, reason=reason, message=message))
+        except Exception:  # the condition is best effort: the API may be the thing that is down
+            log.debug("cannot publish %s", PAIRS_PERSISTED, exc_info=True)
+
+    def _run(self) -> None:
+        delay = self.backoff
+        while True:
+            with self._cv:
+                while self._pending is None and not self._stop:
+                    self._cv.wait()
+                if self._pending is None:
+                    return
+                view = self._pending
+                self._pending = None
+            try:
+                self.sink.publish_pairs(
+                    self.node_name,
+                    [to_wire(p, self.trust_domain) for p in view.pairs],
+                    [to_wire(p, self.trust_domain) for p in view.dormant],
+                )
+            except Exception as exc:
+                QUIC_PAIR_WRITE_FAILURES.inc()
+                self.last_error = f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}"
+                log.warning("writing QUIC pairs failed (retry in %.0f s): %s", delay, self.last_error)
+                self._report("False", "WriteFailed", f"{self.last_error}; serving {len(view.pairs)} pairs from memory")
+                with self._cv:
+                    if self._pending is None:
+                        self._pending = view  # retry it unless a newer view came meanwhile
+                    if self._stop:
+                        return
+                    self._cv.wait(delay)
+                delay = min(delay * 2, self.max_backoff)
+                continue
+            delay = self.backoff
+            self.written, self.last_error = view, None
+            self.writes += 1
+            self._report("True", "Persisted", "status.quic.pairs and dormantPairs hold the sidecar's pair state")
