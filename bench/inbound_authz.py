@@ -27,7 +27,6 @@ Needs root (netns). Prints one line per batch and a JSON summary.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import subprocess
@@ -37,10 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from aether.netns.contract import InboundMode
-from aether.testing.quic_mesh import CLIENT, HOST, TD, TWIN, VIP, Mesh, quic_mesh
+from aether.testing.quic_mesh import CLIENT, HOST, TD, TWIN, VIP, Mesh, quic_mesh, wait_in_place, without_rbac
 from aether.testing.wait import wait_for
 from aether.xds.resources import LISTENER, ROUTE, Resources
-from aether.xds.translate.eastwest.rbac import RBAC_FILTER
 
 ARMS = ("today", "rbac-filter", "rbac-policy", "strict", "both")
 
@@ -85,18 +83,6 @@ def policy() -> dict[str, Any]:
     }
 
 
-def without_rbac(res: Resources) -> Resources:
-    """Node B's resources with the RBAC filter taken out of every inbound HCM: the inbound as it was before."""
-    out = copy.deepcopy(res)
-    for name, lst in out[LISTENER].items():
-        if not name.startswith("inbound-"):
-            continue
-        for chain in lst["filterChains"]:
-            hcm = chain["filters"][0]["typedConfig"]
-            hcm["httpFilters"] = [f for f in hcm["httpFilters"] if f["name"] != RBAC_FILTER]
-    return out
-
-
 def serve_arm(mesh: Mesh, arm: str, served: dict[str, Resources]) -> None:
     """Node B's inbound and web-0's ruleset for `arm`. A listener change (the RBAC filter in or out) is an in-place
     filter chain update in Envoy 1.40, after which config_dump keeps reporting the listener's previous version_info
@@ -112,12 +98,7 @@ def serve_arm(mesh: Mesh, arm: str, served: dict[str, Resources]) -> None:
     mesh.serve_b(res=res)
     served["last"] = res
     if changed:
-        wait_for(
-            lambda: mesh.b.stat("listener_manager.listener_in_place_updated") >= updates + 2,
-            30,
-            f"node B's inbound listeners updated in place for {arm}",
-        )
-        mesh.b.wait_drained()
+        wait_in_place(mesh.b, updates)
     snap = mesh.ads.cache.get("node-b")
     assert snap is not None
     want = {n: v for n, v in snap.versions.get(ROUTE, {}).items() if n.startswith("inbound:")}

@@ -273,6 +273,30 @@ class Mesh:
         wait_for(lambda: self.a.stat_sum(QUIC_UPSTREAM_ACTIVE) == 0, 10, "node A's QUIC connections to B closed")
 
 
+def without_rbac(res: Resources) -> Resources:
+    """`res` with the RBAC filter taken out of every inbound HCM (the inbound as it was before authorization; the
+    negative control of the `rbac-enforced` gate, and the bench's baseline)."""
+    out = copy.deepcopy(res)
+    for name, lst in out[LISTENER].items():
+        if not name.startswith("inbound-"):
+            continue
+        for chain in lst["filterChains"]:
+            hcm = chain["filters"][0]["typedConfig"]
+            hcm["httpFilters"] = [f for f in hcm["httpFilters"] if f["name"] != "envoy.filters.http.rbac"]
+    return out
+
+
+def wait_in_place(node: Envoy, before: int, listeners: int = 2) -> None:
+    """Until `listeners` more in-place listener updates happened on `node` (a filter-chain-only change), drained.
+    Envoy 1.40's config_dump keeps reporting such a listener's previous version, so versions cannot say it."""
+    wait_for(
+        lambda: node.stat("listener_manager.listener_in_place_updated") >= before + listeners,
+        30,
+        f"{listeners} in-place listener updates on {node.node_id}",
+    )
+    node.wait_drained()
+
+
 def as_names(svid: Svid, spiffe_id: str) -> dict[str, dict[str, Any]]:
     """`svid` served under both of `spiffe_id`'s secret names."""
     return {n: svid_secret(svid, n) for n in (svid_secret_name(spiffe_id), selector_secret_name(spiffe_id))}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -226,3 +227,34 @@ def test_golden_guarded_inbound_http_filters() -> None:
         policy("admin", targets=["web-admin"], rules=[{"from": [OTHER]}]),
     )
     check_golden(GOLDEN / "inbound_rbac.json", golden_json(inbound_routes(res)))
+
+
+# -- the rbac-enforced gate (its data-path negative control: tests/xds/test_inbound_authz.py) ------------------------
+def test_gate_passes_what_we_build_and_refuses_a_missing_or_misplaced_filter() -> None:
+    from aether.xds.gates.authz import rbac_enforced
+    from aether.xds.gates.quic import run_quic_gates
+
+    res = translate(policy())
+    assert rbac_enforced(res) == [] and run_quic_gates(res) == []
+    assert rbac_enforced(translate()) == []  # no policy: still every inbound HCM runs the filter
+    after = copy.deepcopy(res)
+    hcm = after[LISTENER]["inbound-h2:default/web-0"]["filterChains"][0]["filters"][0]["typedConfig"]
+    hcm["httpFilters"].reverse()  # the router first: the RBAC filter never runs
+    (failure,) = rbac_enforced(after)
+    assert failure.gate == "rbac-enforced" and "inbound-h2:default/web-0" in failure.reason
+    assert "rbac-enforced" in {f.gate for f in run_quic_gates(after)}
+
+
+def test_gate_refuses_rules_served_to_a_connection_manager_without_the_filter() -> None:
+    from aether.xds.gates.authz import rbac_enforced
+
+    res = translate(policy())
+    other = copy.deepcopy(res[LISTENER]["inbound-h2:default/web-0"])
+    other["name"] = "side-door"
+    other["filterChains"] = other["filterChains"][:1]
+    other["filterChains"][0]["filters"][0]["typedConfig"]["httpFilters"] = [
+        {"name": "envoy.filters.http.router", "typedConfig": {"@type": ROUTER_TYPE}}
+    ]
+    res[LISTENER]["side-door"] = other
+    (failure,) = rbac_enforced(res)
+    assert "side-door" in failure.reason and "carries RBAC rules" in failure.reason

@@ -7,6 +7,8 @@ spiffe://cluster.local/ns/default/sa/client, other-0 as .../ns/team-b/sa/client.
 - no policy: any identity of the trust domain (today's behaviour); an invalid policy fails closed on its Service;
 - a policy change while client-0's traffic flows on one connection: every request answers 200, no listener is
   modified and node A opens no new upstream connection (the change is a route update over RDS);
+- without the RBAC filter Envoy accepts the rules on the routes and ignores them (the `rbac-enforced` gate's negative
+  control: red on the data path, refused by the gate);
 - the real Envoy accepts the RBAC it is given (`--mode validate` on the TCP inbound with its routes inline, and the
   ACKed snapshots above, the QUIC listener included).
 """
@@ -23,8 +25,9 @@ import pytest
 
 from aether.testing.eastwest_lab import client_result, start_client, xfcc_uri
 from aether.testing.envoy import Envoy, validate
-from aether.testing.quic_mesh import CLIENT, HOST, OTHER, TWIN, VIP, Mesh, quic_mesh
+from aether.testing.quic_mesh import CLIENT, HOST, OTHER, TWIN, VIP, Mesh, quic_mesh, wait_in_place, without_rbac
 from aether.testing.wait import wait_for
+from aether.xds.gates.authz import rbac_enforced
 from aether.xds.resources import CLUSTER, LISTENER, ROUTE, Resources
 from aether.xds.sidecar.bootstrap import static_bootstrap
 
@@ -167,6 +170,27 @@ def test_a_policy_change_while_traffic_flows_keeps_allowed_connections(mesh: Mes
     assert {xfcc_uri(b) for _, b in results} == {CLIENT}
     assert mesh.b.stat("listener_manager.listener_modified") == modified  # routes changed, no listener
     assert mesh.a.stat_sum(r"^cluster\.quic_default/web@client\.upstream_cx_total$") == upstream  # no reconnect
+
+
+def test_without_the_filter_the_rules_are_silently_ignored_and_the_gate_refuses(mesh: Mesh) -> None:
+    """The `rbac-enforced` gate's negative control: node B's inbound with the policy's rules on its routes but no
+    RBAC filter in its HCMs is accepted by Envoy and lets the denied source in (red); the gate refuses that state."""
+    serve_b_synced(mesh, ONLY_CLIENT)
+    assert mesh.get(mesh.other)[0][0] == 403
+    good = mesh.resources_b(ONLY_CLIENT)
+    assert rbac_enforced(good) == []
+    broken = without_rbac(good)
+    assert [f.gate for f in rbac_enforced(broken)] == ["rbac-enforced"] * 6  # 3 chains x 2 inbound listeners
+    updates = mesh.b.stat("listener_manager.listener_in_place_updated")
+    try:
+        mesh.serve_b(res=broken)
+        wait_in_place(mesh.b, updates)
+        wait_for(lambda: mesh.get(mesh.other)[0][0] == 200, 30, "the denied source let in (the silent failure)")
+    finally:
+        updates = mesh.b.stat("listener_manager.listener_in_place_updated")
+        mesh.serve_b(policies=ONLY_CLIENT)
+        wait_in_place(mesh.b, updates)
+    wait_for(lambda: mesh.get(mesh.other)[0][0] == 403, 30, "denied again with the filter back")
 
 
 def inline_tcp_inbound(res: Resources) -> dict[str, Any]:
