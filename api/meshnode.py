@@ -80,10 +80,11 @@ class ServiceArm(_Model):
     route: str | None = Field(default=None, description="<namespace>/<name> of the route that re-pointed it")
     endpoints: list[Endpoint] = Field(default_factory=list)
     reason: str | None = Field(default=None, description="why the arm is blackholed, e.g. NoHealthyBackend")
-    backends: list[ArmBackend] = Field(
-        default_factory=list,
+    backends: list[ArmBackend] | None = Field(
+        default=None,
         description="a weighted split (a UDPRoute's backendRefs): the arm's own cluster spreads new sessions over "
-        "these by weight; empty: the cluster is one backend's and `endpoints` are its",
+        "these by weight; absent: the cluster is one backend's and `endpoints` are its (absent rather than empty, "
+        "so plain arms cost no bytes in the status)",
     )
     idle_timeout_seconds: float | None = Field(
         default=None,

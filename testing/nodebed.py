@@ -203,9 +203,10 @@ class NodeBed:
 
         return wait_for(programmed, timeout=timeout, what="Programmed=True", ignore=(OSError, ValueError, LookupError))
 
-    def condition(self) -> dict[str, object]:
-        cond: dict[str, object] = json.loads(self.status_file.read_text())["status"]["conditions"][0]
-        return cond
+    def condition(self, kind: str = "Programmed") -> dict[str, object]:
+        """The status file's condition of type `kind` (the sidecar writes others beside it, e.g. PairsPersisted)."""
+        conditions: list[dict[str, object]] = json.loads(self.status_file.read_text())["status"]["conditions"]
+        return next(c for c in conditions if c.get("type") == kind)
 
     def wait_listeners(self, n: int, timeout: float = 30.0) -> None:
         wait_for(

@@ -91,6 +91,10 @@ def test_seventy_thirty_zero_over_500_fresh_sessions_and_one_socket_sticks(mesh:
         (f"{NS}/w2", 30, 30.0, None),
         (f"{NS}/w3", 0, 0.0, "Drained"),
     ]
+    shown = m.kubectl("get", "meshnode", "node-a", "-o", "yaml")  # what `kubectl get meshnode -o yaml` explains
+    if shown is not None:
+        for line in ("cluster: udp-split:e2e/front", "backend: e2e/w1", "share: 70", "weight: 70", "reason: Drained"):
+            assert line in shown, shown
     split = _probe(m, 500)
     print(f"\n{version}: 70/30/0, 500 fresh sessions, 10 in flight\n{split.table()}")
     assert abs(split.share("w1") - 70) <= 5 and abs(split.share("w2") - 30) <= 5, split.table()

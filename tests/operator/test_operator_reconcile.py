@@ -238,10 +238,11 @@ def test_property_every_backend_ref_is_in_the_split_or_the_arm(routes: list[Any]
             continue
         arm = by_service[f"app/{accepted[0].parent.name}"]
         assert arm.route == f"{key[0]}/{key[1]}"
-        if arm.backends:
-            weights = sum(b.weight for b in arm.backends)
-            assert round(sum(b.share for b in arm.backends) * 100) == (10_000 if weights else 0)
-            assert all(b.endpoints == [] for b in arm.backends if b.reason not in (None, "Drained"))
+        split = arm.backends or []
+        if split:
+            weights = sum(b.weight for b in split)
+            assert round(sum(b.share for b in split) * 100) == (10_000 if weights else 0)
+            assert all(b.endpoints == [] for b in split if b.reason not in (None, "Drained"))
 
 
 @settings(max_examples=60, deadline=None)

@@ -71,7 +71,7 @@ def test_a_usable_backend_with_no_endpoints_is_no_healthy_backend() -> None:
     # beside a refused one: a split whose two halves are both dropped (no endpoints; not permitted), each said why
     arm, verdict = route(model(), [{"backendRefs": [o.backend("dry", 53), o.backend("far", 53, namespace="other")]}])
     assert arm.cluster == "udp-split:app/front"
-    assert [(b.backend, b.share, b.reason, b.endpoints) for b in arm.backends] == [
+    assert [(b.backend, b.share, b.reason, b.endpoints) for b in arm.backends or []] == [
         ("app/dry", 50.0, None, []),
         ("other/far", 50.0, "RefNotPermitted", []),
     ]

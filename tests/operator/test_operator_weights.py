@@ -43,7 +43,7 @@ def node_status(m: ClusterModel) -> MeshNodeStatus:
 
 
 def _split(a: ServiceArm) -> list[tuple[str, int, float, str | None, list[tuple[str, int]]]]:
-    return [(b.backend, b.weight, b.share, b.reason, [(e.ip, e.port) for e in b.endpoints]) for b in a.backends]
+    return [(b.backend, b.weight, b.share, b.reason, [(e.ip, e.port) for e in b.endpoints]) for b in a.backends or []]
 
 
 def test_weights_split_new_sessions_through_the_arms_own_cluster() -> None:
@@ -87,3 +87,13 @@ def test_an_invalid_backends_share_is_kept_with_the_specs_reason() -> None:
     v = out.routes[("app", "r")][0]
     assert (v.accepted, v.resolved, v.resolved_reason) == (True, False, "BackendNotFound")
     assert "app/missing 80% (BackendNotFound)" in v.accepted_message
+
+
+def test_a_plain_arm_carries_no_split_fields_on_the_wire() -> None:
+    """MeshNode size: a plain arm (the common case, thousands per node) spends no bytes on splits or timeouts."""
+    m = base()
+    route(m, "r", "a", [o.backend("b", 53, 1), o.backend("c", 53, 1)])
+    status = node_status(m)
+    wire = {a["service"]: a for a in status.wire()["udp"]["services"]}
+    assert "backends" not in wire["app/b"] and "idleTimeoutSeconds" not in wire["app/b"]
+    assert [b["backend"] for b in wire["app/a"]["backends"]] == ["app/b", "app/c"]

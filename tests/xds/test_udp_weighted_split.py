@@ -200,6 +200,15 @@ def test_going_from_one_backend_to_a_split_restarts_open_sessions(bed: Bed) -> N
         endpoints=[Endpoint(ip=nb.services["a"].backend.ip, port=PORT)],
     )
     nb.write_state(nb.meshnode(extra_arms=[plain]))
+    # the plain arm in Envoy's active listeners first (an answer from a alone could still come from the old split,
+    # and two state writes close together reach Envoy as one)
+    wait_for(
+        lambda: (
+            CLUSTER not in (text := nb.running_envoy().active_config("dynamic_listeners")) and "udp:default/a" in text
+        ),
+        timeout=30,
+        what="the listeners routing the VIP to udp:default/a",
+    )
     sock = udp_socket_in(bed.client.path)
     try:
         wait_for(lambda: sticky_backends(sock, SPLIT_VIP, L4_OUTBOUND_PORT, 1) == {"a": 1}, timeout=30, what="a")

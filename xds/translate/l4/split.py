@@ -47,7 +47,7 @@ SplitKey = tuple[Locality, ...]
 
 def split_key(arm: ServiceArm) -> SplitKey:
     out: list[Locality] = []
-    for b in arm.backends:
+    for b in arm.backends or ():
         if b.reason is not None and b.reason != "Drained":
             out.append((b.backend, b.weight, b.weight == 0, (DROP_ENDPOINT,)))
         else:
