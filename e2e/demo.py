@@ -4,8 +4,9 @@ As root it starts the API test bed, the operator, one node's xds sidecar and a r
 creates client pods, three UDP echo backends and an HTTP app (netns + the real aether-cni); applies Services and a
 UDPRoute through the API; then shows which VIP reached which backend, what a route change did, how weights split
 new sessions, what the same datagrams do under a REDIRECT capture, which SPIFFE ID arrived at the app over each
-source's HTTP/3 twin, and that the app port refuses a direct call (STRICT inbound) and a MeshAuthorizationPolicy
-turns a denied identity away (403). Everything it made goes away on exit, Ctrl-C, SIGTERM or failure;
+source's HTTP/3 twin, the QUIC pairs the sidecar recorded in the MeshNode, and that the app port refuses a direct
+call (STRICT inbound) and a MeshAuthorizationPolicy turns a denied identity away (403). Everything it made goes
+away on exit, Ctrl-C, SIGTERM or failure;
 `--keep` leaves the mesh running (with instructions) until Ctrl-C.
 """
 
@@ -29,16 +30,19 @@ from aether.api.naming import mesh_host, quic_twin, spiffe_id, udp_split_cluster
 from aether.e2e.demo_report import (
     AccessRow,
     IdentityRow,
+    PairRow,
     Row,
     access_table,
     identity_table,
     keep_instructions,
+    pair_table,
     split_ok,
     split_table,
     table,
 )
 from aether.e2e.harness import HTTP_APP_PORT, Mesh, MeshPod
 from aether.e2e.kube import udp_arms
+from aether.e2e.lifecycle import pair_state, wait_pairs
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.testing.netlab import is_root
@@ -182,8 +186,14 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
             for pod, sa in ((client, HTTP_CLIENTS["client"]), (reporter, HTTP_CLIENTS["reporter"]))
         ]
         print(identity_table(ids))
+        pairs = pair_rows(mesh, node)
+        print(
+            f"\n6. QUIC pairs: MeshNode {NODE} status.quic.pairs, written by the sidecar (kubectl get mn {NODE} -o yaml)."
+        )
+        print("   A twin exists only for a pair that dialled: each source's first request fetched its own on demand:\n")
+        print(pair_table(pairs))
         access = inbound_rows(mesh, client, reporter)
-        print("\n6. Only the mesh gets in, and only whom a policy allows: web-0's inbound is STRICT (the pod takes")
+        print("\n7. Only the mesh gets in, and only whom a policy allows: web-0's inbound is STRICT (the pod takes")
         print(f"   new flows only on the mesh's inbound port), and MeshAuthorizationPolicy {POLICY} lets only")
         print(
             f"   {spiffe_id(NAMESPACE, HTTP_CLIENTS['client'])} call Service {WEB} (Accepted={access[0]}; Envoy's RBAC"
@@ -191,10 +201,10 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         print("   filter on the destination's inbound, matched on the verified peer certificate):\n")
         print(access_table(access[1]))
         ok = all(r.ok for r in (*rows, *rows2, *red)) and all(r.ok for r in ids) and split_good
-        ok = ok and all(r.ok for r in access[1])
+        ok = ok and all(r.ok for r in pairs) and all(r.ok for r in access[1])
         good = (
             "every VIP reached the backend it should; the split followed its weights; each source's own SPIFFE ID "
-            "arrived over HTTP/3; only the mesh and the allowed identity reached the app"
+            "arrived over HTTP/3; each pair is in the MeshNode; only the mesh and the allowed identity reached the app"
         )
         print(f"\nresult: {good if ok else 'SOMETHING UNEXPECTED (see above)'}")
         if keep:
@@ -224,7 +234,7 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
 
 
 def inbound_rows(mesh: Mesh, client: MeshPod, reporter: MeshPod) -> tuple[str | None, list[AccessRow]]:
-    """Section 6: the app port called directly (STRICT drops it), then a policy allowing only the client's
+    """Section 7: the app port called directly (STRICT drops it), then a policy allowing only the client's
     identity, and both sources through the mesh (200 and RBAC's 403). -> (the policy's Accepted condition, rows)."""
     web, host = mesh.pods["web-0"], mesh_host(NAMESPACE, WEB)
     direct = http_get(reporter.netns_path, host, port=HTTP_APP_PORT, ip=web.ip, timeout=2.0)
@@ -274,6 +284,18 @@ def identity_row(mesh: Mesh, node: MeshNodeProxy, pod: MeshPod, sa: str) -> Iden
         over_http3=node.stat(counter) > before
         and node.stat(f"cluster.{twin.replace(':', '_')}.upstream_cx_http3_total") > 0,
     )
+
+
+def pair_rows(mesh: Mesh, node: MeshNodeProxy) -> list[PairRow]:
+    """The node's pairs once the sidecar wrote the ones the identity table dialled (or whatever it holds then)."""
+    expected = {quic_twin(NAMESPACE, WEB, sa) for sa in HTTP_CLIENTS.values()}
+    with contextlib.suppress(TimeoutError):
+        wait_pairs(mesh, node, expected, set())
+    pairs, dormant, _ = pair_state(mesh, node)
+    return [
+        PairRow(p.source, p.destination, p.twin, p.evidence, p.last_kind, p.twin in expected, twin in dormant)
+        for twin, p in sorted({**pairs, **dormant}.items())
+    ] or [PairRow("-", "-", "(none)", None, None, False)]
 
 
 def main(argv: list[str]) -> int:

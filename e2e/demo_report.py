@@ -167,3 +167,36 @@ def access_table(rows: Sequence[AccessRow]) -> str:
             got += f" (app saw {r.answer.spiffe_id})"
         body.append((r.client, r.path, got, r.why, "as expected" if r.ok else "UNEXPECTED"))
     return _render(head, body)
+
+
+@dataclass(frozen=True)
+class PairRow:
+    """One entry of the MeshNode's status.quic.pairs (or dormantPairs), and whether the demo expects it there."""
+
+    source: str
+    destination: str
+    twin: str
+    evidence: str | None  # what admitted it
+    last: str | None  # lastEvidence kind
+    expected: bool
+    dormant: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.expected and not self.dormant and self.evidence in ("Fetch", "Resubscribe")
+
+
+def pair_table(rows: Sequence[PairRow]) -> str:
+    head = ("source (SPIFFE ID)", "destination", "twin", "evidence", "last evidence", "")
+    body = [
+        (
+            r.source,
+            r.destination + (" (dormant)" if r.dormant else ""),
+            r.twin,
+            r.evidence or "-",
+            r.last or "-",
+            "as expected" if r.ok else "UNEXPECTED",
+        )
+        for r in rows
+    ]
+    return _render(head, body)

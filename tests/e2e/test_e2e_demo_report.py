@@ -5,10 +5,12 @@ from __future__ import annotations
 from aether.e2e.demo_report import (
     AccessRow,
     IdentityRow,
+    PairRow,
     Row,
     access_table,
     identity_table,
     keep_instructions,
+    pair_table,
     split_ok,
     split_table,
     table,
@@ -104,6 +106,17 @@ def test_access_rows_expect_the_status_and_say_what_decided() -> None:
     assert lines[2].split()[-4:] == ["answer", "STRICT", "as", "expected"]
     assert f"200 (app saw {sid})" in lines[3] and lines[4].split()[3] == "403"
     assert lines[5].endswith("UNEXPECTED")
+
+
+def test_a_pair_row_is_ok_when_expected_admitted_on_evidence_and_not_dormant() -> None:
+    sid = "spiffe://cluster.local/ns/demo/sa/client"
+    good = PairRow(sid, "demo/web", "quic:demo/web@client", "Fetch", "Fetch", expected=True)
+    assert good.ok
+    assert not PairRow(sid, "demo/web", "quic:demo/web@client", "Fetch", "Fetch", expected=False).ok  # not dialled
+    assert not PairRow(sid, "demo/web", "quic:demo/web@client", None, None, expected=True).ok  # no evidence
+    assert not PairRow(sid, "demo/web", "quic:demo/web@client", "Fetch", "Held", True, dormant=True).ok
+    text = pair_table([good])
+    assert text.splitlines()[2].split() == [sid, "demo/web", "quic:demo/web@client", "Fetch", "Fetch", "as", "expected"]
 
 
 def test_split_table_and_its_verdict() -> None:

@@ -10,6 +10,7 @@ Whether a twin was fetched on demand is read from node-a's sidecar (`aether_quic
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import urllib.request
@@ -214,3 +215,33 @@ def test_migration_a_held_twin_without_a_stored_pair_is_answered_absent_then_fet
     assert fetches() == before + 1
     wait_pairs(mesh, a, {ALPHA}, set())
     assert pair_state(mesh, a)[0][ALPHA].evidence == "Fetch"
+
+
+def test_api_down_the_sidecar_admits_from_memory_and_catches_up(mesh: Mesh) -> None:
+    """With the API answering 503 to everything, a new pair's first request is still 200 over HTTP/3 (the pair is
+    admitted in memory; the write fails and is retried: PairsPersisted=False in the sidecar's log); when the API
+    is back the pair lands in the MeshNode and PairsPersisted is True."""
+    a = node_a(mesh)
+    mesh.add_pod(a, "client-c", sa="gamma")
+    gamma = quic_twin(NS, "web", "gamma")
+    mesh.kube.wait_meshnode("node-a", lambda o: "client-c" in json.dumps((o.get("status") or {}).get("pods")))
+    assert mesh.api is not None
+    before = fetches()
+    mesh.api.set_down(True)
+    try:
+        call(mesh, "client-c", "gamma", retry=True)  # retry: the new pod's listeners may still be arriving
+        assert fetches() >= before + 1
+        log = a.workdir / "sidecar.log"
+        wait_for(lambda: "PairsPersisted=False WriteFailed" in log.read_text(), 30, "a failed pair write logged")
+        call(mesh, "client-a", "alpha")  # the persisted pair is untouched
+    finally:
+        mesh.api.set_down(False)
+    wait_pairs(mesh, a, {ALPHA, gamma}, set(), timeout=60)
+    wait_for(
+        lambda: any(
+            c.get("type") == "PairsPersisted" and c.get("status") == "True"
+            for c in ((mesh.kube.meshnode("node-a") or {}).get("status") or {}).get("conditions") or []
+        ),
+        60,
+        "PairsPersisted=True after the outage",
+    )

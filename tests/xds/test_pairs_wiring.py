@@ -7,8 +7,11 @@ serving (PairsPersisted False with the reason)."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +26,7 @@ from aether.xds.ads.server import DeltaAdsServer, serve
 from aether.xds.pairs.values import PairConfig
 from aether.xds.resources import CLUSTER, ENDPOINT, TranslateOptions
 from aether.xds.sidecar.loop import Sidecar
+from aether.xds.sidecar.sources import FileStatusSink, read_status_file, read_status_pairs
 
 NODE = "node-a"
 TWIN = "quic:default/web@client"
@@ -240,3 +244,83 @@ def test_a_restarted_sidecar_carries_stored_pairs_and_the_window_prunes_unused_o
     finally:
         c.close()
         r.close()
+
+
+def test_the_fetch_fast_path_serves_exactly_what_a_full_translation_does(rig: Rig) -> None:
+    """A fetch adds the twin to the served snapshot without translating everything (`Sidecar._add_twins`); the
+    next full reconcile must find nothing to change (the same snapshot version, so nothing is pushed)."""
+    c = Client(rig.port)
+    try:
+        c.send(CLUSTER)
+        first = c.recv()
+        c.send(CLUSTER, response_nonce=first.nonce, resource_names_subscribe=[TWIN])
+        assert _names(c.recv()) == [TWIN]
+    finally:
+        c.close()
+    fast = rig.cache.get(NODE)
+    assert fast is not None
+    node, _ = node_and_records()
+    rig.sidecar.on_state(node)  # a full reconcile of the same state
+    full = rig.cache.get(NODE)
+    assert full is not None and full.version == fast.version
+    assert full.versions[CLUSTER][TWIN] == fast.versions[CLUSTER][TWIN]
+
+
+def test_the_sidecars_own_writes_coming_back_through_the_watch_are_no_new_desired_state() -> None:
+    from aether.xds.sidecar.kube_source import desired_part
+
+    status: dict[str, Any] = {
+        "conditions": [{"type": "Ready", "status": "True"}, {"type": "Programmed", "status": "Unknown"}],
+        "quic": {"destinations": [{"service": "a/web"}], "pairs": [], "pairCount": 0},
+    }
+    ours: dict[str, Any] = {
+        "conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": "Programmed", "status": "True"},
+            {"type": "PairsPersisted", "status": "True"},
+        ],
+        "quic": {"destinations": [{"service": "a/web"}], "pairs": [{"twin": "quic:a/web@x"}], "pairCount": 1},
+    }
+    assert desired_part(ours) == desired_part(status)
+    # the operator's changes are (negative control: the comparison sees them)
+    theirs = {**ours, "quic": {**ours["quic"], "destinations": []}}
+    assert desired_part(theirs) != desired_part(status)
+    ready = {**ours, "conditions": [{"type": "Ready", "status": "False"}]}
+    assert desired_part(ready) != desired_part(status)
+
+
+def test_file_mode_keeps_pairs_in_the_status_file_and_a_restart_carries_them(tmp_path: Path) -> None:
+    """`aether xds --state FILE`: the pairs go to the status file beside the conditions, and a sidecar started
+    again with that file starts from them (the state file itself is never written)."""
+    status = tmp_path / "node.status.json"
+    node, records = node_and_records()
+    first = Sidecar(
+        NODE, SnapshotCache(), FileStatusSink(status), options=TranslateOptions(), path_exists=lambda _: True
+    )
+    first.on_records(records)
+    first.on_state(node)
+    first.on_demand(NODE, CLUSTER, {TWIN})
+    assert first.pair_writer is not None
+    first.pair_writer.close()  # flushes the last view
+    quic = read_status_pairs(status)
+    pairs = quic["pairs"]
+    assert isinstance(pairs, list) and [p["twin"] for p in pairs] == [TWIN] and quic["pairCount"] == 1
+    assert {c.type for c in read_status_file(status)} >= {"Programmed", "PairsPersisted"}
+    again = Sidecar(
+        NODE, SnapshotCache(), FileStatusSink(status), options=TranslateOptions(), path_exists=lambda _: True
+    )
+    again.on_records(records)
+    again.on_state(node)  # the state file lists no pairs: the status file's are the carry-over
+    snap = again.cache.get(NODE)
+    assert snap is not None and TWIN in snap.versions[CLUSTER]
+    assert again.pair_writer is not None
+    again.pair_writer.close()
+
+
+def test_the_fetch_window_flag() -> None:
+    from aether.xds.sidecar.cli import _duration
+
+    assert [_duration(v) for v in ("3600", "90s", "30m", "1h", "0.5h")] == [3600, 90, 1800, 3600, 1800]
+    for bad in ("0", "-1h", "soon", "h"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _duration(bad)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 
 from aether.xds.pairs.values import (
@@ -87,6 +88,10 @@ class PairState:
         return frozenset(p.twin for p in self.published())
 
     def persist(self) -> Persist:
+        return self._persist
+
+    @cached_property
+    def _persist(self) -> Persist:  # computed once per state (the state is frozen)
         return persist_view(self.records, self.env)
 
     def is_subscribed(self, twin: str) -> bool:
@@ -112,6 +117,7 @@ class _Work:
         self.env = state.env
         self.now = state.now
         self.out: list[Decision] = []
+        self.dirty = False  # records changed: the persisted view may have
 
     def valid(self, pair: Pair) -> bool:
         return self.env.valid(pair)
@@ -123,6 +129,7 @@ class _Work:
     def admit(self, pair: Pair, evidence: Evidence) -> None:
         if evidence.kind not in admission_on_evidence():
             raise ValueError(f"{pair.twin}: {evidence.kind} is no evidence that a request routed to the twin")
+        self.dirty = True
         self.records[pair.twin] = PairRecord(pair, self.now, evidence, admitted=evidence.kind)
         self.refused.pop(pair.twin, None)
         self.out.append(Admit(pair, evidence))
@@ -130,9 +137,11 @@ class _Work:
             self.out.append(Publish(pair))
 
     def used(self, twin: str, evidence: Evidence) -> None:
+        self.dirty = True
         self.records[twin] = replace(self.records[twin], evidence=evidence, carried=False)
 
     def prune(self, twin: str, cause: PruneCause) -> None:
+        self.dirty = True
         record = self.records.pop(twin)
         if self.valid(record.pair):
             self.out.append(Withdraw(record.pair, cause))
@@ -154,9 +163,10 @@ class _Work:
             held=self.held,
             refused=MappingProxyType(self.refused),
         )
-        before, after = self.base.persist(), state.persist()
-        if after != before:
-            self.out.append(after)
+        if self.dirty or self.env != self.base.env:
+            before, after = self.base.persist(), state.persist()
+            if after != before:
+                self.out.append(after)
         return Step(state, tuple(self.out))
 
 
@@ -280,6 +290,7 @@ def carry_over(event: SidecarStarted) -> Step:
     the environment says now decides which are published; the subscriptions are unknown until the first stream."""
     empty = PairState(event.config, event.at, event.at, event.env, MappingProxyType({}))
     w = _Work(empty)
+    w.dirty = True
     for p in (*event.pairs, *event.dormant):
         pair = parse_pair(p.twin)
         if pair is None or pair != (p.source, p.destination):

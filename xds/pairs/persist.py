@@ -6,8 +6,8 @@ On the wire a pair's source is its SPIFFE ID and times are RFC 3339 (UTC, second
 `<ns>/<sa>` and float seconds. A record the sidecar cannot read back (a foreign SPIFFE ID, a bad time) is
 skipped with a log line: the machine prunes pairs whose names do not make their twin (`MalformedRecord`).
 
-`PairWriter` keeps only the latest view (a newer one replaces one not yet written), retries a failed write with
-backoff (1 s doubling to 30 s), and reports the `PairsPersisted` condition: True once the view in memory is
+`PairWriter` keeps only the latest view (a newer one replaces one not yet written; writes are at least 0.2 s
+apart, so a burst of first uses is one write), retries a failed write with backoff (1 s doubling to 30 s), and reports the `PairsPersisted` condition: True once the view in memory is
 written, False with the reason while writes fail. Traffic never waits for it: the snapshot is served from memory.
 """
 
@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Final, Protocol
 
 from aether.api.meshnode import Condition, PairEvidence, QuicPair
@@ -38,7 +40,9 @@ def parse_time(text: str) -> float:
     return datetime.strptime(text, _TIME).replace(tzinfo=UTC).timestamp()
 
 
+@lru_cache(maxsize=1 << 14)
 def to_wire(p: PersistedPair, trust_domain: str) -> QuicPair:
+    """(Cached: an unchanged pair is converted once, not on every write of the whole list.)"""
     ns, _, sa = p.source.partition("/")
     last = PairEvidence(kind=p.evidence.kind.value, time=wire_time(p.evidence.at)) if p.evidence else None
     return QuicPair(
@@ -87,9 +91,12 @@ class PairWriter:
         condition: Callable[[Condition], None],
         backoff: float = 1.0,
         max_backoff: float = 30.0,
+        min_interval: float = 0.2,
     ) -> None:
         self.node_name, self.sink, self.trust_domain = node_name, sink, trust_domain
         self.condition_cb, self.backoff, self.max_backoff = condition, backoff, max_backoff
+        self.min_interval = min_interval
+        self._last_write = 0.0
         self._cv = threading.Condition()
         self._pending: Persist | None = None
         self._stop = False
@@ -135,8 +142,13 @@ class PairWriter:
                     self._cv.wait()
                 if self._pending is None:
                     return
+                wait = self._last_write + self.min_interval - time.monotonic()
+                if wait > 0 and not self._stop:
+                    self._cv.wait(wait)  # coalesce: whatever arrives meanwhile replaces the view
+                    continue
                 view = self._pending
                 self._pending = None
+            self._last_write = time.monotonic()
             try:
                 self.sink.publish_pairs(
                     self.node_name,

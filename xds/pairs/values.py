@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import NamedTuple
 
 from aether.api.naming import QUIC_TWIN_PREFIX, parse_quic_twin, quic_twin, ref
@@ -128,6 +129,12 @@ class PairRecord:
     carried: bool = False
     admitted: EvidenceKind | None = None  # the evidence that admitted it (None: unknown, e.g. an older record)
 
+    @cached_property
+    def stored(self) -> PersistedPair:
+        """The record as persisted (made once per record: an unchanged record is the same object in every state)."""
+        p = self.pair
+        return PersistedPair(p.source, p.destination, p.twin, self.since, self.evidence, self.admitted)
+
 
 @dataclass(frozen=True)
 class PersistedPair:
@@ -243,13 +250,14 @@ Decision = Admit | Publish | Withdraw | Dormant | Prune | Refuse | AnswerAbsent 
 
 
 def persisted(record: PairRecord) -> PersistedPair:
-    p = record.pair
-    return PersistedPair(p.source, p.destination, p.twin, record.since, record.evidence, record.admitted)
+    return record.stored
 
 
 def persist_view(records: Mapping[str, PairRecord], env: Environment) -> Persist:
-    ordered = [records[t] for t in sorted(records)]
-    return Persist(
-        tuple(persisted(r) for r in ordered if env.valid(r.pair)),
-        tuple(persisted(r) for r in ordered if not env.valid(r.pair)),
-    )
+    """Both lists, sorted by twin, in one pass over the records (keyed by twin)."""
+    live: list[PersistedPair] = []
+    dormant: list[PersistedPair] = []
+    for twin in sorted(records):
+        r = records[twin]
+        (live if env.valid(r.pair) else dormant).append(r.stored)
+    return Persist(tuple(live), tuple(dormant))

@@ -30,6 +30,26 @@ from aether.api.meshnode import (
 from aether.xds.sidecar.sources import StateUpdate
 
 log = logging.getLogger("aether.xds.kube")
+# What the sidecar writes itself: a change of only these is not a new desired state (its own writes come back
+# through the watch; re-translating for each one held the sidecar's lock while fetches waited).
+SIDECAR_QUIC_FIELDS = frozenset({"pairs", "dormantPairs", "pairCount", "dormantPairCount"})
+SIDECAR_CONDITIONS = frozenset({"Programmed", "PairsPersisted"})
+
+
+def desired_part(status: Any) -> Any:
+    """`status` without the sidecar-owned fields (what decides whether an update is a new desired state)."""
+    if not isinstance(status, dict):
+        return status
+    out = dict(status)
+    if isinstance(out.get("quic"), dict):
+        out["quic"] = {k: v for k, v in out["quic"].items() if k not in SIDECAR_QUIC_FIELDS}
+    if isinstance(out.get("conditions"), list):
+        out["conditions"] = [
+            c for c in out["conditions"] if not (isinstance(c, dict) and c.get("type") in SIDECAR_CONDITIONS)
+        ]
+    return out
+
+
 MERGE = "application/merge-patch+json"
 USER_AGENT = "aether-xds"
 
@@ -59,9 +79,10 @@ class KubeSource:
         last: Any = "unset"
 
         def changed(body: Any, absent: str) -> StateUpdate | None:
-            """An update when spec or status differ from the last one yielded (or the object came or went)."""
+            """An update when spec or the operator's status differ from the last one yielded (or the object came or
+            went): the sidecar's own writes (pairs, its conditions) coming back through the watch are not one."""
             nonlocal last
-            key = None if body is None else (body.get("spec"), body.get("status"))
+            key = None if body is None else (body.get("spec"), desired_part(body.get("status")))
             if key == last:
                 return None
             last = key

@@ -13,7 +13,7 @@ A twin that is missing is fetched on demand by the outbound's `on_demand` filter
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aether.api.meshnode import MeshNode
@@ -24,9 +24,17 @@ from aether.xds.identity.sds import secrets
 from aether.xds.identity.svid import CertificateSource, bundle_secret_name
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
 from aether.xds.translate.eastwest import inbound, outbound, rbac
-from aether.xds.translate.eastwest.plan import EastWestOptions, destinations, identities, local_pods, twin_pairs
+from aether.xds.translate.eastwest.plan import (
+    Destination,
+    EastWestOptions,
+    LocalPod,
+    destinations,
+    identities,
+    local_pods,
+    twin_pairs,
+)
 
-__all__ = ["EastWestOptions", "build", "camel", "required_secrets", "secrets_for"]
+__all__ = ["EastWestOptions", "build", "camel", "required_secrets", "secrets_for", "twins_for"]
 
 _SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 
@@ -82,6 +90,30 @@ def build(
     if pods:
         out[ROUTE] = {ew.http_outbound_route: outbound.route_config(dests, sources, md, ew), **routes}
     converted: Resources = camel(out)
+    return converted
+
+
+def twins_for(
+    node: MeshNode,
+    records: Mapping[str, PodRecord],
+    options: TranslateOptions,
+    twins: Iterable[str],
+    ew: EastWestOptions | None = None,
+    plan: tuple[list[LocalPod], list[Destination]] | None = None,
+) -> Resources:
+    """Just the twin clusters and load assignments of `twins` that the node can serve, exactly as `build` makes
+    them: the sidecar's on-demand fast path adds these to the served snapshot instead of translating everything.
+    `plan`: `(local_pods, destinations)` of this node and these records, when the caller has them."""
+    ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
+    td, md = options.trust_domain, options.mesh_domain
+    pods, dests = plan or (local_pods(node, records, td, ew), destinations(node, td))
+    clusters: dict[str, dict[str, Any]] = {}
+    endpoints: dict[str, dict[str, Any]] = {}
+    for d, sid in twin_pairs(node, pods, dests, twins) if ew.quic else ():
+        twin = outbound.twin_name(d, sid)
+        clusters[twin] = outbound.twin_resource(d, sid, td, md, ew)
+        endpoints[twin] = outbound.load_assignment(twin, d)
+    converted: Resources = camel({CLUSTER: clusters, ENDPOINT: endpoints})
     return converted
 
 

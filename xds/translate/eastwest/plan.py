@@ -15,7 +15,7 @@ MeshNode has no per-pod port list yet; the first port is the primary one (the de
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,17 +103,18 @@ def destinations(node: MeshNode, trust_domain: str) -> list[Destination]:
 def local_pods(
     node: MeshNode, records: Mapping[str, PodRecord], trust_domain: str, options: EastWestOptions
 ) -> list[LocalPod]:
-    dests = node.status.quic.destinations
+    ports_by_ip: dict[str, list[int]] = {}  # the ports of every destination an IP is an endpoint of, in order
+    for d in node.status.quic.destinations:
+        for e in d.endpoints:
+            seen = ports_by_ip.setdefault(e.ip, [])
+            seen += [p for p in d.ports if p not in seen]
     out = []
     for pod in sorted(node.status.pods, key=lambda p: (p.namespace, p.name)):
         rec = records.get(pod.uid)
         ip = pod.ip or (rec.ips[0] if rec and rec.ips else None)
         if rec is None or not ip:
             continue
-        ports: list[int] = []
-        for d in dests:
-            if any(e.ip == ip for e in d.endpoints):
-                ports += [p for p in d.ports if p not in ports]
+        ports = list(ports_by_ip.get(ip, ()))
         if not ports:
             ports = list(options.app_ports.get(pod.uid, options.default_app_ports))
         out.append(
@@ -143,18 +144,21 @@ def pair_environment(pods: list[LocalPod], dests: list[Destination], node: MeshN
     )
 
 
-def twin_pairs(node: MeshNode, pods: list[LocalPod], dests: list[Destination]) -> list[tuple[Destination, str]]:
+def twin_pairs(
+    node: MeshNode, pods: list[LocalPod], dests: list[Destination], twins: Iterable[str] | None = None
+) -> list[tuple[Destination, str]]:
     """(destination, source SPIFFE ID) for every listed pair the node can serve, sorted by twin; a pair whose twin
-    name does not parse, or whose source or destination is not here, builds nothing."""
+    name does not parse, or whose source or destination is not here, builds nothing. `twins`: these twin names
+    instead of the ones `status.quic.pairs` lists."""
     by_ref = {ref(d.namespace, d.service): d for d in dests}
     local = {ref(p.namespace, p.service_account): p.identity for p in pods}
     out: dict[str, tuple[Destination, str]] = {}
-    for pair in node.status.quic.pairs:
+    for twin in (p.twin for p in node.status.quic.pairs) if twins is None else twins:
         try:
-            t = parse_quic_twin(pair.twin)
+            t = parse_quic_twin(twin)
         except ValueError:
             continue
         dest, source = by_ref.get(ref(t.namespace, t.service)), local.get(ref(t.source_namespace, t.source_sa))
         if dest is not None and source is not None:
-            out[pair.twin] = (dest, source)
+            out[twin] = (dest, source)
     return [out[t] for t in sorted(out)]
