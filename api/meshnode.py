@@ -166,6 +166,14 @@ class ServiceSlices(_Model):
     names: list[str] = Field(default_factory=list, description="every slice in effect on this node")
 
 
+class AuthorizationSummary(_Model):
+    """Operator-owned: the MeshAuthorizationPolicies guarding this node's pods (aether.operator.policies)."""
+
+    guarded_services: int = Field(default=0, description="Services with an endpoint here that a policy targets")
+    policies: int = Field(default=0, description="the policies targeting them")
+    not_accepted: int = Field(default=0, description="of those, the ones not Accepted (they allow nothing)")
+
+
 class MeshNodeStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
     pods: list[MeshPod] = Field(default_factory=list)
@@ -174,6 +182,7 @@ class MeshNodeStatus(_Model):
     quic: QuicStatus = Field(default_factory=QuicStatus)
     service_slices: ServiceSlices | None = None
     summary: Summary | None = None
+    authorization: AuthorizationSummary | None = None
     observed_generation: int | None = None
 
 

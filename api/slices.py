@@ -29,6 +29,7 @@ from aether.api.meshnode import (
     parse_meshnode,
     read_document,
 )
+from aether.api.statefile import split_items
 
 SLICE_KIND = "MeshServiceSlice"
 SLICE_PLURAL = "meshserviceslices"
@@ -156,6 +157,7 @@ class NodeState:
 
     node: MeshNode
     slices: dict[str, MeshServiceSlice] = field(default_factory=dict)
+    others: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # other kinds of a List, by kind
 
     def effective(self) -> MeshNode:
         return effective(self.node, self.slices)
@@ -165,36 +167,17 @@ class NodeState:
 
 
 def parse_state(data: Any, source: str = "<input>", node: str | None = None) -> NodeState:
-    """A bare MeshNode, or a `kind: List` of MeshNodes and MeshServiceSlices (`kubectl get mn,mss -o yaml`): the
-    MeshNode named `node` (or the only one) and every slice."""
-    if not isinstance(data, dict):
-        raise MeshNodeFileError(f"{source}: <root>: expected a MeshNode or a List, got {type(data).__name__}")
-    if data.get("kind") != "List":
-        return NodeState(parse_meshnode(data, source))
-    items = data.get("items")
-    if not isinstance(items, list):
-        raise MeshNodeFileError(f"{source}: items: a List needs a list of items")
-    nodes: list[MeshNode] = []
+    """A bare MeshNode, or a `kind: List` of MeshNodes, MeshServiceSlices and other objects the sidecar reads
+    (`kubectl get mn,mss -o yaml`; taken apart by api.statefile): the MeshNode named `node` (or the only one), every
+    slice (validated here) and the other items by kind, unparsed (each reader validates its own kind)."""
+    body, others = split_items(data, source, node)
+    if not isinstance(body, dict):
+        raise MeshNodeFileError(f"{source}: <root>: expected a MeshNode or a List, got {type(body).__name__}")
     slices: dict[str, MeshServiceSlice] = {}
-    for i, item in enumerate(items):
-        kind = item.get("kind") if isinstance(item, dict) else None
-        where = f"{source}: items[{i}]"
-        if kind == "MeshNode":
-            nodes.append(parse_meshnode(item, where))
-        elif kind == SLICE_KIND:
-            sl = parse_slice(item, where)
-            slices[sl.metadata.name] = sl
-        else:
-            raise MeshNodeFileError(f"{where}: kind: expected MeshNode or {SLICE_KIND}, got {kind!r}")
-    if node is not None and len(nodes) > 1:
-        nodes = [n for n in nodes if n.metadata.name == node]
-        if not nodes:
-            raise MeshNodeFileError(f"{source}: items: no MeshNode named {node!r}")
-    if len(nodes) != 1:
-        raise MeshNodeFileError(
-            f"{source}: items: {len(nodes)} MeshNodes; a List needs one" + (", or --node to pick" if nodes else "")
-        )
-    return NodeState(nodes[0], slices)
+    for i, item in enumerate(others.pop(SLICE_KIND, [])):
+        sl = parse_slice(item, f"{source}: {SLICE_KIND}[{i}]")
+        slices[sl.metadata.name] = sl
+    return NodeState(parse_meshnode(body, source), slices, others)
 
 
 def load_state_file(path: str | Path, node: str | None = None) -> NodeState:

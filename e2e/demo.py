@@ -4,8 +4,9 @@ As root it starts the API test bed, the operator, one node's xds sidecar and a r
 creates client pods, three UDP echo backends and an HTTP app (netns + the real aether-cni); applies Services and a
 UDPRoute through the API; then shows which VIP reached which backend, what a route change did, how weights split
 new sessions, what the same datagrams do under a REDIRECT capture, which SPIFFE ID arrived at the app over each
-source's HTTP/3 twin, and the QUIC pairs the sidecar recorded in the MeshNode. Everything it made goes away on
-exit, Ctrl-C, SIGTERM or failure;
+source's HTTP/3 twin, the QUIC pairs the sidecar recorded in the MeshNode, and that the app port refuses a direct
+call (STRICT inbound) and a MeshAuthorizationPolicy turns a denied identity away (403). Everything it made goes
+away on exit, Ctrl-C, SIGTERM or failure;
 `--keep` leaves the mesh running (with instructions) until Ctrl-C.
 """
 
@@ -27,9 +28,11 @@ from typing import Any
 
 from aether.api.naming import mesh_host, quic_twin, spiffe_id, udp_split_cluster
 from aether.e2e.demo_report import (
+    AccessRow,
     IdentityRow,
     PairRow,
     Row,
+    access_table,
     identity_table,
     keep_instructions,
     pair_table,
@@ -37,13 +40,13 @@ from aether.e2e.demo_report import (
     split_table,
     table,
 )
-from aether.e2e.harness import Mesh, MeshPod
+from aether.e2e.harness import HTTP_APP_PORT, Mesh, MeshPod
 from aether.e2e.kube import udp_arms
 from aether.e2e.lifecycle import pair_state, wait_pairs
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.testing.netlab import is_root
-from aether.testing.probe import wait_answer, wait_http, who_answers
+from aether.testing.probe import http_get, wait_answer, wait_http, who_answers
 from aether.testing.split_probe import Split, locality_weights, probe_split
 from aether.testing.wait import wait_for
 
@@ -54,6 +57,7 @@ ROUTE = "bravo-route"
 AREAS = "udp,tcp-floor,eastwest"  # everything the sidecar translates (east-west with its built-in CA)
 WEB = "web"  # a TCP Service: an east-west destination, reached over HTTP/3 twins per source identity
 HTTP_CLIENTS = {"client": "client", "reporter": "reporter"}  # pod -> ServiceAccount
+POLICY = "web-callers"  # the MeshAuthorizationPolicy of section 5: only the client's identity may call web
 SPLIT = {"charlie": 70, "alpha": 30, "bravo": 0}  # step 3: the route's weights (bravo drained)
 SPLIT_NAMES = {SERVICES[s]: w for s, w in SPLIT.items()}  # the same, by the backend that answers
 SPLIT_PROBES = 200
@@ -188,11 +192,19 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         )
         print("   A twin exists only for a pair that dialled: each source's first request fetched its own on demand:\n")
         print(pair_table(pairs))
+        access = inbound_rows(mesh, client, reporter)
+        print("\n7. Only the mesh gets in, and only whom a policy allows: web-0's inbound is STRICT (the pod takes")
+        print(f"   new flows only on the mesh's inbound port), and MeshAuthorizationPolicy {POLICY} lets only")
+        print(
+            f"   {spiffe_id(NAMESPACE, HTTP_CLIENTS['client'])} call Service {WEB} (Accepted={access[0]}; Envoy's RBAC"
+        )
+        print("   filter on the destination's inbound, matched on the verified peer certificate):\n")
+        print(access_table(access[1]))
         ok = all(r.ok for r in (*rows, *rows2, *red)) and all(r.ok for r in ids) and split_good
-        ok = ok and all(r.ok for r in pairs)
+        ok = ok and all(r.ok for r in pairs) and all(r.ok for r in access[1])
         good = (
             "every VIP reached the backend it should; the split followed its weights; each source's own SPIFFE ID "
-            "arrived over HTTP/3; each pair is in the MeshNode"
+            "arrived over HTTP/3; each pair is in the MeshNode; only the mesh and the allowed identity reached the app"
         )
         print(f"\nresult: {good if ok else 'SOMETHING UNEXPECTED (see above)'}")
         if keep:
@@ -219,6 +231,22 @@ def run(keep: bool, clock: Clock, workdir: Path) -> int:
         _ignore_signals()
         clock.say("cleaning up: processes, network namespaces, files")
         mesh.close()
+
+
+def inbound_rows(mesh: Mesh, client: MeshPod, reporter: MeshPod) -> tuple[str | None, list[AccessRow]]:
+    """Section 7: the app port called directly (STRICT drops it), then a policy allowing only the client's
+    identity, and both sources through the mesh (200 and RBAC's 403). -> (the policy's Accepted condition, rows)."""
+    web, host = mesh.pods["web-0"], mesh_host(NAMESPACE, WEB)
+    direct = http_get(reporter.netns_path, host, port=HTTP_APP_PORT, ip=web.ip, timeout=2.0)
+    mesh.kube.authorization_policy(NAMESPACE, POLICY, WEB, [spiffe_id(NAMESPACE, HTTP_CLIENTS["client"])])
+    accepted = mesh.kube.policy_condition(NAMESPACE, POLICY)
+    denied = wait_http(reporter.netns_path, host, want=403)
+    allowed = wait_http(client.netns_path, host)
+    return accepted, [
+        AccessRow(f"{NAMESPACE}/{reporter.name}", f"{web.ip}:{HTTP_APP_PORT} directly", direct, None, "STRICT"),
+        AccessRow(f"{NAMESPACE}/{client.name}", f"{host} (mesh)", allowed, 200, f"allowed by {POLICY}"),
+        AccessRow(f"{NAMESPACE}/{reporter.name}", f"{host} (mesh)", denied, 403, f"not in {POLICY}: RBAC"),
+    ]
 
 
 def weighted_split(mesh: Mesh, client: MeshPod, vip: str) -> Split:

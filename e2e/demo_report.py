@@ -144,6 +144,32 @@ def identity_table(rows: Sequence[IdentityRow]) -> str:
 
 
 @dataclass(frozen=True)
+class AccessRow:
+    """One call to the HTTP app: directly to its pod (around the mesh) or through the mesh, under a policy."""
+
+    client: str
+    path: str  # what was called, how
+    answer: HttpAnswer
+    expected: int | None  # the status it should get; None: no answer at all (dropped)
+    why: str  # what decides it
+
+    @property
+    def ok(self) -> bool:
+        return self.answer.status == self.expected
+
+
+def access_table(rows: Sequence[AccessRow]) -> str:
+    head = ("client pod", "calls", "answer", "because", "")
+    body = []
+    for r in rows:
+        got = "no answer" if r.answer.status is None else f"{r.answer.status}"
+        if r.answer.status == 200 and r.answer.spiffe_id:
+            got += f" (app saw {r.answer.spiffe_id})"
+        body.append((r.client, r.path, got, r.why, "as expected" if r.ok else "UNEXPECTED"))
+    return _render(head, body)
+
+
+@dataclass(frozen=True)
 class PairRow:
     """One entry of the MeshNode's status.quic.pairs (or dormantPairs), and whether the demo expects it there."""
 

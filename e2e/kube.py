@@ -5,11 +5,13 @@ Every call goes through the kubeconfig, so the same code drives a real cluster."
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from typing import Any
 
 import kubernetes
 
+from aether.api import authz
 from aether.api.client import api_client
 from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL, parse_meshnode
 from aether.api.slices import SLICE_PLURAL, NodeState, parse_slice
@@ -86,6 +88,30 @@ class Kube:
         obj: Any = self.custom.get_namespaced_custom_object(GATEWAY_GROUP, "v1alpha2", ns, "udproutes", name)
         status: dict[str, Any] = dict(obj).get("status") or {}
         return status
+
+    def authorization_policy(self, ns: str, name: str, service: str, sources: list[str]) -> None:
+        """A MeshAuthorizationPolicy: only `sources` (SPIFFE IDs) may call Service `service` (create or replace)."""
+        body = o.authorization_policy(ns, name, [service], [{"from": sources}])
+        try:
+            self.custom.create_namespaced_custom_object(API_GROUP, API_VERSION, ns, authz.PLURAL, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            self.custom.patch_namespaced_custom_object(
+                API_GROUP, API_VERSION, ns, authz.PLURAL, name, {"spec": body["spec"]}, _content_type=MERGE
+            )
+
+    def policy_condition(self, ns: str, name: str, kind: str = "Accepted", timeout: float = 30.0) -> str | None:
+        """`<status>/<reason>` of condition `kind` the operator wrote on MeshAuthorizationPolicy `name` (waits)."""
+
+        def cond() -> str | None:
+            obj: Any = self.custom.get_namespaced_custom_object(API_GROUP, API_VERSION, ns, authz.PLURAL, name)
+            found = [c for c in (dict(obj).get("status") or {}).get("conditions") or [] if c.get("type") == kind]
+            return f"{found[0]['status']}/{found[0]['reason']}" if found else None
+
+        with contextlib.suppress(TimeoutError):
+            return wait_for(cond, timeout, f"MeshAuthorizationPolicy {ns}/{name} condition {kind}")
+        return None
 
     # -- what the scheduler, kubelet and controllers would do ---------------------------------------
     def pod(self, ns: str, name: str, node: str, sa: str = "default") -> str:

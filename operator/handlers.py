@@ -17,11 +17,13 @@ import kopf
 import kubernetes
 import urllib3
 
+from aether.api import authz
 from aether.api.client import OPERATOR_USER_AGENT, ApiException, api_client, served_version
 from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
 from aether.api.slices import SLICE_PLURAL
 from aether.operator.kubeapi import UDPROUTE_VERSIONS, UDPROUTES, KubeWriter
+from aether.operator.policyctl import PolicyController
 from aether.operator.reconcile import gateway, views
 from aether.operator.reconcile.model import Kind, View
 from aether.operator.reconciler import Reconciler
@@ -29,6 +31,7 @@ from aether.operator.reconciler import Reconciler
 GATEWAY = "gateway.networking.k8s.io"
 log = logging.getLogger("aether.operator")
 WATCH_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *(30,) * 18)  # seconds between retries of one API request: 594 s in all
+POLICY_INPUTS = frozenset({"service", "slice", "pod"})  # kinds whose changes can change a policy's status or counts
 
 # kind -> (kopf resource spec, parser); the UDPRoute version is replaced by the one discovered at start
 WATCHED: dict[Kind, tuple[tuple[str, ...], Callable[[dict[str, Any]], View]]] = {
@@ -120,6 +123,8 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
             if reconciler is not None:
                 reconciler.ready.set()
                 reconciler.touch(kind, _key(body))
+            if kind in POLICY_INPUTS and (policy_ctl := state.get("policies")) is not None:
+                policy_ctl.touch()
 
         kopf.on.event(*resource, registry=registry, id=f"aether_{kind}_event")(event)
 
@@ -130,10 +135,21 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
     def meshnode_index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
         return {body.metadata.name or "": {"metadata": dict(body.metadata), "status": dict(body.status)}}
 
+    @kopf.index(API_GROUP, API_VERSION, authz.PLURAL, registry=registry, id="aether_policies")
+    def policy_index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+        return {_key(body): {"metadata": dict(body.metadata), "spec": dict(body.spec), "status": dict(body.status)}}
+
+    @kopf.on.event(API_GROUP, API_VERSION, authz.PLURAL, registry=registry, id="aether_policy_event")
+    def policy_event(**_: Any) -> None:
+        if (policy_ctl := state.get("policies")) is not None:
+            policy_ctl.touch()
+
     @kopf.on.event(API_GROUP, API_VERSION, PLURAL, registry=registry, id="aether_meshnode_event")
     def meshnode_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         """A MeshNode changed (by us, the sidecar, or behind our back): compare it with what we compute. Deleted by
         hand while its Node lives: made again."""
+        if (policy_ctl := state.get("policies")) is not None:
+            policy_ctl.touch()
         reconciler: Reconciler | None = state.get("reconciler")
         if reconciler is None:
             return
@@ -191,6 +207,24 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
         )
         state["reconciler"] = reconciler
         state["task"] = asyncio.create_task(reconciler.run(), name="aether-reconciler")
+
+        def values(index: Any) -> list[Any]:
+            return [v for store in index.values() for v in store]
+
+        policy_index_ = kwargs["aether_policies"]
+        policy_ctl = PolicyController(
+            writer.custom,
+            lambda: values(policy_index_),
+            lambda: values(indexes["service"]),
+            lambda: values(indexes["slice"]),
+            lambda: values(indexes["pod"]),
+            lambda: values(meshnodes),
+            config.trust_domain,
+            debounce=config.debounce,
+        )
+        state["policies"] = policy_ctl
+        state["policy_task"] = asyncio.create_task(policy_ctl.run(), name="aether-policies")
+        policy_ctl.touch()
         config.reconciler.append(reconciler)
 
     @kopf.on.probe(registry=registry, id="reconciler")
@@ -212,11 +246,12 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        task: asyncio.Task[None] | None = state.pop("task", None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for key in ("task", "policy_task"):
+            task: asyncio.Task[None] | None = state.pop(key, None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     return registry
 

@@ -95,11 +95,14 @@ class HttpAnswer:
     spiffe_id: str | None  # the URI= part of the x-forwarded-client-cert the app received
 
 
-def http_get(netns_path: str, host: str, port: int = HTTP_OUTBOUND_PORT, timeout: float = 5.0) -> HttpAnswer:
-    """GET http://127.0.0.1:<port>/ with `Host: host` from inside the pod netns (the pod's outbound HTTP listener)."""
+def http_get(
+    netns_path: str, host: str, port: int = HTTP_OUTBOUND_PORT, timeout: float = 5.0, ip: str = "127.0.0.1"
+) -> HttpAnswer:
+    """GET http://<ip>:<port>/ with `Host: host` from inside the pod netns (by default the pod's outbound HTTP
+    listener; another pod's IP and app port is the direct path, around the mesh)."""
 
     def get() -> tuple[int, str]:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn = http.client.HTTPConnection(ip, port, timeout=timeout)
         try:
             conn.request("GET", "/", headers={"Host": host})
             resp = conn.getresponse()
@@ -119,15 +122,15 @@ def http_get(netns_path: str, host: str, port: int = HTTP_OUTBOUND_PORT, timeout
     return HttpAnswer(status, doc.get("backend"), m.group(1) if m else None)
 
 
-def wait_http(netns_path: str, host: str, timeout: float = 30.0) -> HttpAnswer:
-    """Retry until a 200 (secrets and routes still arriving); returns the last answer either way."""
+def wait_http(netns_path: str, host: str, timeout: float = 30.0, want: int = 200) -> HttpAnswer:
+    """Retry until a `want` status (secrets, routes, policies still arriving); returns the last answer either way."""
     last = HttpAnswer(None, None, None)
 
     def ok() -> HttpAnswer | None:
         nonlocal last
         last = http_get(netns_path, host)
-        return last if last.status == 200 else None
+        return last if last.status == want else None
 
     with contextlib.suppress(TimeoutError):
-        return wait_for(ok, timeout, f"a 200 from {host}", interval=0.2)
+        return wait_for(ok, timeout, f"a {want} from {host}", interval=0.2)
     return last

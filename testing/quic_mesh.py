@@ -16,11 +16,12 @@ import contextlib
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from aether.api.authz import compile_bodies
 from aether.api.meshnode import Endpoint, ServiceArm
 from aether.netns.contract import CaptureMode, InboundMode, InboundPolicy
 from aether.netns.install import install_capture
@@ -100,20 +101,31 @@ class Mesh:
         ]
         return merge(self.resources_a(), udp.build(node, records, OPTS))
 
-    def resources_b(self) -> Resources:
-        node, records = sample_node("node-b", [SamplePod("u-web", "web-0", self.web.ip, "web-sa", self.web.path)], [])
+    def resources_b(self, policies: Sequence[dict[str, Any]] | None = None) -> Resources:
+        """Node B's resources; with `policies` (MeshAuthorizationPolicy bodies, possibly none) node B also knows
+        its local Service default/web (8080, 9090 on web-0), the Service policies target."""
+        dests = [] if policies is None else [SampleDestination("default/web", "web-sa", (8080, 9090), (self.web.ip,))]
+        node, records = sample_node(
+            "node-b", [SamplePod("u-web", "web-0", self.web.ip, "web-sa", self.web.path)], dests
+        )
         ew = EastWestOptions(access_log_path=str(self.workdir / "access-b.log"), app_ports={"u-web": (8080, 9090)})
-        return build(node, records, OPTS, ew)
+        opts = replace(OPTS, authorization=compile_bodies(policies or (), TD))
+        return build(node, records, opts, ew)
 
     def serve_a(self, res: Resources | None = None, secret_overrides: dict[str, dict[str, Any]] | None = None) -> None:
         sec = secrets(self.ca, [CLIENT, OTHER])
         sec[SECRET].update(secret_overrides or {})
         self.ads.set("node-a", res if res is not None else self.resources_a(), sec)
 
-    def serve_b(self, secret_overrides: dict[str, dict[str, Any]] | None = None, res: Resources | None = None) -> None:
+    def serve_b(
+        self,
+        secret_overrides: dict[str, dict[str, Any]] | None = None,
+        res: Resources | None = None,
+        policies: Sequence[dict[str, Any]] | None = None,
+    ) -> None:
         sec = secrets(self.ca, [WEB])
         sec[SECRET].update(secret_overrides or {})
-        self.ads.set("node-b", res if res is not None else self.resources_b(), sec)
+        self.ads.set("node-b", res if res is not None else self.resources_b(policies), sec)
 
     def get(
         self, pod: Pod, n: int = 1, via_vip: bool = True, headers: dict[str, str] | None = None
@@ -259,6 +271,30 @@ class Mesh:
         wait_for(lambda: f"{stamp}" in self.b.active_config("dynamic_listeners"), 30, "B re-bound")
         self.b.wait_drained()  # the old listener is removed after the drain time (2 s), its QUIC connections with it
         wait_for(lambda: self.a.stat_sum(QUIC_UPSTREAM_ACTIVE) == 0, 10, "node A's QUIC connections to B closed")
+
+
+def without_rbac(res: Resources) -> Resources:
+    """`res` with the RBAC filter taken out of every inbound HCM (the inbound as it was before authorization; the
+    negative control of the `rbac-enforced` gate, and the bench's baseline)."""
+    out = copy.deepcopy(res)
+    for name, lst in out[LISTENER].items():
+        if not name.startswith("inbound-"):
+            continue
+        for chain in lst["filterChains"]:
+            hcm = chain["filters"][0]["typedConfig"]
+            hcm["httpFilters"] = [f for f in hcm["httpFilters"] if f["name"] != "envoy.filters.http.rbac"]
+    return out
+
+
+def wait_in_place(node: Envoy, before: int, listeners: int = 2) -> None:
+    """Until `listeners` more in-place listener updates happened on `node` (a filter-chain-only change), drained.
+    Envoy 1.40's config_dump keeps reporting such a listener's previous version, so versions cannot say it."""
+    wait_for(
+        lambda: node.stat("listener_manager.listener_in_place_updated") >= before + listeners,
+        30,
+        f"{listeners} in-place listener updates on {node.node_id}",
+    )
+    node.wait_drained()
 
 
 def as_names(svid: Svid, spiffe_id: str) -> dict[str, dict[str, Any]]:

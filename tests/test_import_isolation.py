@@ -60,8 +60,9 @@ class Loaded:
 
 
 def load_in_fresh_interpreter(modules: list[str], extra_path: list[str] | None = None) -> Loaded:
+    # this tree first: `-I` drops PYTHONPATH, and the venv's installed `aether` may be another checkout's
     out = subprocess.run(
-        [sys.executable, "-I", "-c", CHILD, json.dumps(extra_path or []), *modules],
+        [sys.executable, "-I", "-c", CHILD, json.dumps([str(ROOT), *(extra_path or [])]), *modules],
         capture_output=True,
         text=True,
         cwd="/",

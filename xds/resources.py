@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
+from aether.api.authz import CompiledPolicy
 from aether.api.naming import DEFAULT_MESH_DOMAIN, DEFAULT_TRUST_DOMAIN
 
 _PREFIX: Final = "type.googleapis.com/"
@@ -65,6 +66,8 @@ class TranslateOptions:
     cluster_connect_timeout_s: float = 1.0
     # which builders run (names in aether.xds.translate.compose.AREAS); empty = all of them
     areas: tuple[str, ...] = ()
+    # MeshAuthorizationPolicies (aether.api.authz.compile_bodies): the east-west inbound's RBAC (eastwest/rbac.py)
+    authorization: tuple[CompiledPolicy, ...] = ()
 
 
 def seconds(value: float) -> str:

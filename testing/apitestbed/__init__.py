@@ -174,10 +174,11 @@ CHANNELS = ("standard", "experimental")  # Gateway API v1.6 UDPRoute CRDs: crds/
 
 
 def mesh_crds(channel: str | None = None) -> list[dict[str, Any]]:
-    """The CRDs aether needs: MeshNode and MeshServiceSlice (generated from the models) and the Gateway API test copies. `channel`
+    """The CRDs aether needs: MeshNode, MeshServiceSlice and MeshAuthorizationPolicy (generated from the models) and
+    the Gateway API test copies. `channel`
     (standard: UDPRoute v1 only; experimental: v1 and v1alpha2) replaces the default UDPRoute CRD (v1alpha2 only,
     the shape before Gateway API v1.6) with that channel's copy."""
-    from aether.api.crdgen import crds_dir, meshnode_crd, slice_crd
+    from aether.api.crdgen import crds_dir, meshnode_crd, policy_crd, slice_crd
 
     if channel is not None and channel not in CHANNELS:
         raise ValueError(f"unknown Gateway API channel {channel!r} (known: {', '.join(CHANNELS)})")
@@ -185,7 +186,7 @@ def mesh_crds(channel: str | None = None) -> list[dict[str, Any]]:
     paths = sorted(testbed.glob("*.yaml"))
     if channel is not None:
         paths = [testbed / "channels" / channel / p.name if p.name == "udproutes.yaml" else p for p in paths]
-    return [meshnode_crd(), slice_crd(), *(yaml.safe_load(p.read_text()) for p in paths)]
+    return [meshnode_crd(), slice_crd(), policy_crd(), *(yaml.safe_load(p.read_text()) for p in paths)]
 
 
 def start(

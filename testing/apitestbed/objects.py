@@ -1,5 +1,5 @@
 """Builders for the raw objects tests and the demo apply: namespaces, nodes, pods, Services, EndpointSlices,
-UDPRoutes, ReferenceGrants. Plain dicts in API shape, so they work with any client and any cluster."""
+UDPRoutes, ReferenceGrants, MeshAuthorizationPolicies. Plain dicts in API shape, so they work with any client and any cluster."""
 
 from __future__ import annotations
 
@@ -100,4 +100,17 @@ def reference_grant(ns: str, name: str, from_namespace: str, service: str | None
         "kind": "ReferenceGrant",
         "metadata": {"name": name, "namespace": ns},
         "spec": {"from": [{"group": GATEWAY_GROUP, "kind": "UDPRoute", "namespace": from_namespace}], "to": [to]},
+    }
+
+
+def authorization_policy(ns: str, name: str, targets: Sequence[str], rules: Sequence[Obj] | None = None) -> Obj:
+    """A MeshAuthorizationPolicy: `targets` Service names of `ns`, `rules` as `[{"from": [...], "ports": [...]}]`."""
+    spec: Obj = {"targetRefs": [{"kind": "Service", "name": t} for t in targets]}
+    if rules is not None:
+        spec["rules"] = list(rules)
+    return {
+        "apiVersion": "mesh.aether.dev/v1alpha1",
+        "kind": "MeshAuthorizationPolicy",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
     }

@@ -91,6 +91,7 @@ def _meshnode(name: str) -> dict[str, Any]:
         {"type": "Programmed", "status": "Unknown", "reason": "Pending", "message": "", "lastTransitionTime": "t0"},
     ]
     wire["status"]["summary"] = {"pods": 2, "namespaces": 1, "slices": 1}
+    wire["status"]["authorization"] = {"guardedServices": 1, "policies": 1, "notAccepted": 0}
     return wire
 
 
@@ -166,6 +167,8 @@ def test_another_nodes_meshnode_is_refused() -> None:
         ({"status": {"serviceSlices": {"selector": "x", "names": ["default.0"]}}}, "operator-owned status"),
         ({"status": {"observedGeneration": 9}}, "operator-owned status"),
         ({"status": {"summary": {"pods": 0}}}, "operator-owned status"),
+        ({"status": {"authorization": {"guardedServices": 0}}}, "operator-owned status"),  # the policy counts
+        ({"status": {"authorization": None}}, "operator-owned status"),
         ({"status": {"quic": {"destinations": []}}}, "not the operator's quic fields"),
         ({"status": {"quic": {"identities": ["spiffe://cluster.local/ns/kube-system/sa/admin"]}}}, "quic fields"),
         ({"spec": {"x": 1}}, "spec, labels or annotations"),

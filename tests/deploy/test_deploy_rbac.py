@@ -35,6 +35,8 @@ OPERATOR_CALLS = [
     *[(v, "mesh.aether.dev", "meshnodes", "") for v in ("get", "list", "watch", "create", "delete")],
     ("patch", "mesh.aether.dev", "meshnodes", "status"),
     *[(v, "mesh.aether.dev", "meshserviceslices", "") for v in ("get", "list", "watch", "create", "patch", "delete")],
+    *[(v, "mesh.aether.dev", "meshauthorizationpolicies", "") for v in ("list", "watch")],
+    ("patch", "mesh.aether.dev", "meshauthorizationpolicies", "status"),
     *[(v, "apiextensions.k8s.io", "customresourcedefinitions", "") for v in ("list", "watch")],
     ("create", "", "events", ""),
 ]
@@ -42,9 +44,12 @@ NODE_CALLS = [
     *[(v, "mesh.aether.dev", "meshnodes", "") for v in ("get", "list", "watch")],
     ("patch", "mesh.aether.dev", "meshnodes", "status"),
     *[(v, "mesh.aether.dev", "meshserviceslices", "") for v in ("list", "watch")],
+    *[(v, "mesh.aether.dev", "meshauthorizationpolicies", "") for v in ("list", "watch")],  # read-only
 ]
 # What each account must NOT be able to do: least privilege, pinned.
 NODE_FORBIDDEN = [
+    ("patch", "mesh.aether.dev", "meshauthorizationpolicies", "status"),  # the operator reports on policies
+    ("patch", "mesh.aether.dev", "meshauthorizationpolicies", ""),
     ("create", "mesh.aether.dev", "meshnodes", ""),
     ("delete", "mesh.aether.dev", "meshnodes", ""),
     ("patch", "mesh.aether.dev", "meshnodes", ""),
@@ -58,6 +63,7 @@ OPERATOR_FORBIDDEN = [
     ("patch", "mesh.aether.dev", "meshnodes", ""),  # spec and metadata are not the operator's to change
     ("patch", "", "services", ""),
     ("patch", "", "pods", ""),
+    ("patch", "mesh.aether.dev", "meshauthorizationpolicies", ""),  # a policy's spec is its author's
     ("update", "gateway.networking.k8s.io", "udproutes", ""),
     ("patch", "gateway.networking.k8s.io", "udproutes", ""),
 ]
@@ -136,7 +142,8 @@ NS = "e2e"
 
 
 def _seed(store: Any) -> None:
-    """A small cluster (the test bed installs the CRDs itself): a node, two meshed pods, a UDP Service with a slice, and a UDPRoute."""
+    """A small cluster (the test bed installs the CRDs itself): a node, two meshed pods, a UDP Service with a slice,
+    a UDPRoute and a MeshAuthorizationPolicy."""
     rt = {p: store.lookup("", "v1", p) for p in ("namespaces", "nodes", "pods", "services", "serviceaccounts")}
     store.create(rt["namespaces"], None, {"metadata": {"name": NS, "labels": {"mesh.aether.dev/enabled": "true"}}})
     store.create(rt["nodes"], None, {"metadata": {"name": "node-a"}})
@@ -172,6 +179,20 @@ def _seed(store: Any) -> None:
             "addressType": "IPv4",
             "endpoints": [{"addresses": ["10.200.1.3"], "conditions": {"ready": True}, "nodeName": "node-a"}],
             "ports": [{"name": "udp", "port": 5353, "protocol": "UDP"}],
+        },
+    )
+    policies = store.lookup("mesh.aether.dev", "v1alpha1", "meshauthorizationpolicies")
+    store.create(
+        policies,
+        NS,
+        {
+            "apiVersion": "mesh.aether.dev/v1alpha1",
+            "kind": "MeshAuthorizationPolicy",
+            "metadata": {"name": "dns-callers", "namespace": NS},
+            "spec": {
+                "targetRefs": [{"name": "dns-a"}],
+                "rules": [{"from": [f"spiffe://cluster.local/ns/{NS}/sa/client"]}],
+            },
         },
     )
     udproutes = next(t for t in store.types.values() if t.plural == "udproutes")
@@ -233,6 +254,9 @@ def _reconciled(store: Any) -> list[str]:
     events = store.objects.get(("", "events"), {}).values()
     if not any((e.get("involvedObject") or {}).get("kind") == "UDPRoute" for e in events):
         missing.append(f"an Event for UDPRoute {NS}/dns")
+    policy = store.objects.get(("mesh.aether.dev", "meshauthorizationpolicies"), {}).get((NS, "dns-callers")) or {}
+    if not (policy.get("status") or {}).get("conditions"):
+        missing.append(f"MeshAuthorizationPolicy {NS}/dns-callers status")
     return missing
 
 

@@ -130,6 +130,11 @@ def test_demo_completes_shows_selection_and_leaves_nothing_behind() -> None:
     for sa in demo.HTTP_CLIENTS.values():  # table 5: the pair each source's first request recorded
         twin, sid = f"quic:demo/web@{sa}", f"spiffe://cluster.local/ns/demo/sa/{sa}"
         assert re.search(rf"{re.escape(sid)} +demo/web +{re.escape(twin)} +Fetch +\w+ +as expected", out), out
+    # table 7: the app port called directly is dropped (STRICT); the policy lets client in and turns reporter away
+    assert re.search(r"demo/reporter +[\d.]+:8080 directly +no answer +STRICT +as expected", out), out
+    assert re.search(r"demo/client +web\.demo\.\S+ \(mesh\) +200 \(app saw \S+/sa/client\) +allowed by", out), out
+    assert re.search(r"demo/reporter +web\.demo\.\S+ \(mesh\) +403 +not in web-callers: RBAC +as expected", out), out
+    assert "Accepted=True/Accepted" in out
     assert "UNEXPECTED" not in out and "result: every VIP reached the backend it should" in out
     _assert_nothing_left(out, run.mark)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from aether.e2e.demo_report import (
+    AccessRow,
     IdentityRow,
     PairRow,
     Row,
+    access_table,
     identity_table,
     keep_instructions,
     pair_table,
@@ -89,6 +91,21 @@ def test_an_identity_row_needs_the_sources_own_id_over_http3() -> None:
         "as",
         "expected",
     ]
+
+
+def test_access_rows_expect_the_status_and_say_what_decided() -> None:
+    sid = "spiffe://cluster.local/ns/demo/sa/client"
+    rows = [
+        AccessRow("demo/reporter", "10.200.1.9:8080 directly", HttpAnswer(None, None, None), None, "STRICT"),
+        AccessRow("demo/client", "web (mesh)", HttpAnswer(200, "web-0", sid), 200, "allowed by web-callers"),
+        AccessRow("demo/reporter", "web (mesh)", HttpAnswer(403, None, None), 403, "not in web-callers: RBAC"),
+        AccessRow("demo/reporter", "10.200.1.9:8080 directly", HttpAnswer(200, "web-0", None), None, "STRICT"),
+    ]
+    assert [r.ok for r in rows] == [True, True, True, False]  # a direct call that answers is the failure
+    lines = access_table(rows).splitlines()
+    assert lines[2].split()[-4:] == ["answer", "STRICT", "as", "expected"]
+    assert f"200 (app saw {sid})" in lines[3] and lines[4].split()[3] == "403"
+    assert lines[5].endswith("UNEXPECTED")
 
 
 def test_a_pair_row_is_ok_when_expected_admitted_on_evidence_and_not_dormant() -> None:

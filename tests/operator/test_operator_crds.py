@@ -17,7 +17,7 @@ def test_crds_are_not_stale() -> None:
 
 def test_stale_check_sees_a_changed_model_negative_control(tmp_path: Path) -> None:
     """The staleness gate must go red: an edited copy of the CRD is reported, a missing one too."""
-    for name in ("meshnode.yaml", "meshserviceslices.yaml"):
+    for name in crdgen.render():
         (tmp_path / name).write_text((crdgen.crds_dir() / name).read_text())
     assert crdgen.stale(tmp_path) == []
     for name in ("meshnode.yaml", "meshserviceslices.yaml"):
@@ -81,3 +81,16 @@ def test_slice_crd_shape() -> None:
     assert _walk(spec) == []
     assert set(spec["properties"]) == {"namespace", "index", "count", "services", "udp", "tcp", "quic"}
     assert set(spec["properties"]["udp"]["properties"]) == {"services", "unsupportedShapes"}
+
+
+def test_policy_crd_shape() -> None:
+    crd = yaml.safe_load((crdgen.crds_dir() / "meshauthorizationpolicy.yaml").read_text())
+    assert crd["spec"]["scope"] == "Namespaced"
+    assert crd["spec"]["names"]["kind"] == "MeshAuthorizationPolicy"
+    version = crd["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    props = version["schema"]["openAPIV3Schema"]["properties"]
+    assert sorted(props["spec"]["properties"]) == ["rules", "targetRefs"]
+    assert sorted(props["spec"]["properties"]["rules"]["items"]["properties"]) == ["from", "ports"]
+    assert sorted(props["status"]["properties"]) == ["conditions", "errors", "observedGeneration", "services"]
+    assert _walk(props) == []

@@ -41,7 +41,8 @@ def test_resource_names_and_counts() -> None:
     assert sorted(res[ENDPOINT]) == ["h2:default/web", "quic:default/web@client", "quic:default/web@other"]
     for name in res[ENDPOINT]:
         assert res[CLUSTER][name]["edsClusterConfig"]["serviceName"] == name
-    assert list(res[ROUTE]) == ["http-outbound"]
+    # the outbound route, and one inbound route per local pod's app port (RDS: where a policy's rules go)
+    assert sorted(res[ROUTE]) == ["http-outbound", "inbound:default/client-0:8080", "inbound:default/other-0:8080"]
 
 
 def test_build_is_deterministic_and_pure() -> None:
@@ -97,7 +98,7 @@ def test_inbound_sets_xfcc_from_the_verified_peer_and_routes_by_sni() -> None:
             assert hcm["codecType"] == codec
             assert hcm["forwardClientCertDetails"] == "SANITIZE_SET"
             assert hcm["setCurrentClientCertDetails"] == {"uri": True}
-            route = hcm["routeConfig"]["virtualHosts"][0]["routes"][0]["route"]
+            route = res[ROUTE][hcm["rds"]["routeConfigName"]]["virtualHosts"][0]["routes"][0]["route"]
             assert route == {"cluster": f"inbound:default/client-0:{port}"}
     app = res[CLUSTER]["inbound:default/client-0:9090"]
     ep = app["loadAssignment"]["endpoints"][0]["lbEndpoints"][0]["endpoint"]["address"]["socketAddress"]

@@ -76,7 +76,7 @@ def test_render_from_a_list_of_meshnodes_and_slices_equals_the_inline_state(tmp_
     assert want.returncode == got.returncode == 0, got.stderr
     assert json.loads(got.stdout) == json.loads(want.stdout) and got.stderr == ""
     two = _run("render", "--state", str(state), "--records", records)
-    assert two.returncode != 0 and "2 MeshNodes; a List needs one, or --node to pick" in two.stderr
+    assert two.returncode != 0 and "holds exactly one MeshNode, found 2; --node picks one" in two.stderr
     listed["items"] = [i for i in listed["items"] if i["metadata"]["name"] != "default.1"]
     state.write_text(yaml.safe_dump(listed))
     partial = _run("render", "--state", str(state), "--node", "node-a", "--records", records)

@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aether.api.authz import compile_bodies
 from aether.api.meshnode import Endpoint, MeshNode, MeshPod, parse_meshnode
 from aether.netns.records import PodRecord
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node, two_sources_one_destination
@@ -70,10 +71,11 @@ LISTENER_KINDS: Final = {
     "UDP listener: DestinationIPInput Route UdpGsoBatchWriterFactory UdpProxyConfig",  # with --udp-gso
     "UDP listener: Route UdpProxyConfig",  # UDP capture, no service: the blackhole only
     # inbound h2 and h3, with their JSON access log on stdout (and the tests' text file)
-    "TCP listener: DownstreamTlsContext HttpConnectionManager Router StdoutAccessLog TlsInspector",
-    "TCP listener: DownstreamTlsContext FileAccessLog HttpConnectionManager Router StdoutAccessLog TlsInspector",
-    "UDP listener: HttpConnectionManager QuicDownstreamTransport Router StdoutAccessLog",
-    "UDP listener: FileAccessLog HttpConnectionManager QuicDownstreamTransport Router StdoutAccessLog",
+    # (each HCM runs the rule-less RBAC filter: a policy's rules ride on the inbound routes, RBACPerRoute)
+    "TCP listener: DownstreamTlsContext HttpConnectionManager RBAC Router StdoutAccessLog TlsInspector",
+    "TCP listener: DownstreamTlsContext FileAccessLog HttpConnectionManager RBAC Router StdoutAccessLog TlsInspector",
+    "UDP listener: HttpConnectionManager QuicDownstreamTransport RBAC Router StdoutAccessLog",
+    "UDP listener: FileAccessLog HttpConnectionManager QuicDownstreamTransport RBAC Router StdoutAccessLog",
     "TCP listener: HttpConnectionManager OnDemand Router set_filter_state.Config",  # HTTP outbound
     "TCP listener: FileAccessLog HttpConnectionManager OnDemand Router set_filter_state.Config",
     "TCP listener: QuicDownstreamTransport",  # hand-written: enable_resumption true
@@ -246,6 +248,8 @@ def corpus() -> tuple[tuple[str, Resources], ...]:
             ("path-config-source", EastWestOptions(config_source={"path_config_source": {"path": "/etc/sds.yaml"}})),
         ):
             cases.append((f"{label}/eastwest-{knobs}", eastwest_build(node, records, OPTS, ew)))
+        guarded = replace(OPTS, authorization=compile_bodies(_POLICIES, "cluster.local"))
+        cases.append((f"{label}/eastwest-authz", eastwest_build(node, records, guarded)))
     quic = {"q": quic_listener(enableEarlyData=False, enableResumption=True)}
     cases.append(("hand-written/resumption-on", {LISTENER: quic}))
     return tuple(cases)
@@ -333,6 +337,19 @@ def test_fast_path_matches_parsedict_on_every_shape_we_render() -> None:
 # ---- random states and knobs emit nothing the corpus did not compare --------------------------------------------
 
 _NAMESPACES: Final = ("default", "jobs")
+# MeshAuthorizationPolicies for the corpus and the random states: exact and namespace-wide sources, a port-scoped
+# rule, an invalid policy (fails closed: no rules), on the sample Services and the random states' d0/d1
+_POLICIES: Final = tuple(
+    {
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"targetRefs": [{"name": t} for t in ("web", "api", "d0", "d1")], "rules": rules},
+    }
+    for name, ns, rules in (
+        ("callers", "default", [{"from": ["spiffe://cluster.local/ns/default/sa/client"], "ports": [8080]}]),
+        ("team", "default", [{"from": ["spiffe://cluster.local/ns/jobs/sa/*"]}]),
+        ("broken", "jobs", [{"from": ["*"]}]),
+    )
+)
 _DOMAINS: Final = st.sampled_from(["cluster.local", "mesh.example", "corp.internal"])
 # Knobs by type; a knob of a type not listed here fails the test: say how to draw it, so the shapes it makes are
 # explored (and compared) too.
@@ -356,6 +373,7 @@ _BY_NAME: Final[dict[tuple[type, str], st.SearchStrategy[Any]]] = {
         [None, {"ads": {}, "resource_api_version": "V3"}, {"path_config_source": {"path": "/etc/sds.yaml"}}]
     ),
     (EastWestOptions, "identity_factory"): st.sampled_from(["envoy.hashable_string", "envoy.string"]),
+    (TranslateOptions, "authorization"): st.sampled_from([(), compile_bodies(_POLICIES, "cluster.local")]),
 }
 
 

@@ -200,3 +200,31 @@ def test_default_events_is_quiet(caplog: pytest.LogCaptureFixture, capsys: pytes
     assert (nack.name, nack.levelno) == ("aether.xds.ads.server", logging.WARNING)
     assert nack.getMessage() == "NACK node=n type=Cluster version=v2: malformed IP address"
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_request_racing_a_new_snapshot_gets_every_type_in_order() -> None:
+    """A request of one type (here LDS's ACK) that arrives after a new snapshot was installed but before the
+    stream's watch event is handled used to be answered with that type alone: listeners naming clusters CDS had not
+    sent yet, which Envoy NACKs ("route: unknown cluster"; seen in the demo). Now the stream gets the whole new
+    snapshot, CDS first. Driven without gRPC so the race is not left to timing; red with the old one-type answer."""
+    from aether.xds.ads.server import _Stream
+
+    cache = SnapshotCache()
+    server = DeltaAdsServer(cache)
+    stream = _Stream(id=1, node=NODE)
+    cache.set_snapshot(NODE, make_snapshot(_res(2)))
+
+    def ask(type_url: str, nonce: str = "") -> list[discovery_pb2.DeltaDiscoveryResponse]:
+        req = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=nonce)
+        return list(server._on_request(stream, req))
+
+    (cds,) = ask(CLUSTER)
+    assert ask(CLUSTER, cds.nonce) == []
+    (lds,) = ask(LISTENER)
+    cache.set_snapshot(NODE, make_snapshot(_res(3)))  # svc-2 arrives: a new cluster and a listener naming it
+    answered = ask(LISTENER, lds.nonce)
+    assert [r.type_url for r in answered] == [CLUSTER, LISTENER]
+    assert "udp:default/svc-2" in _names(answered[0])
+    # the watch event that follows finds nothing left to send
+    snap = cache.get(NODE)
+    assert snap is not None and list(server._push(stream, snap)) == []

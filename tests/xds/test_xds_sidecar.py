@@ -110,7 +110,7 @@ def test_a_missing_slice_is_served_without_and_said_in_programmed() -> None:
     sc, cache = _sidecar(sink)
     node = node_with(2, 1)
     sc.on_records(records_for(node))
-    sc.on_state(node, None, ("1 MeshServiceSlices missing: default.1",))
+    sc.on_state(node, None, problems=("1 MeshServiceSlices missing: default.1",))
     assert cache.get("node-a") is not None and sink.seen[-1].reason == "Pending"
     assert sc.served_version is not None
     sc.on_ack("node-a", LISTENER, sc.served_version)

@@ -82,6 +82,7 @@ class _Stream:
     node: str = ""
     types: dict[str, TypeState] = field(default_factory=dict)
     nonces: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    pushed: str = ""  # the snapshot version last pushed to every started type, in PUSH_ORDER
 
 
 class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignore[misc]
@@ -142,11 +143,7 @@ class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: 
                 elif kind == "snap":
                     snap = self.cache.get(stream.node)
                     if snap is not None:
-                        for type_url in snap.types():
-                            yield from self._respond(stream, type_url, snap)
-                        # types the client holds that the snapshot dropped entirely
-                        for type_url in sorted(set(stream.types) - set(snap.versions)):
-                            yield from self._respond(stream, type_url, snap)
+                        yield from self._push(stream, snap)
         finally:
             XDS_CONNECTED_STREAMS.dec()
             if cancel_watch is not None:
@@ -191,7 +188,21 @@ class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: 
                 snap = self.cache.get(stream.node)
         if snap is None:
             return  # nothing to serve yet: the first snapshot will answer
-        yield from self._respond(stream, req.type_url, snap)
+        if snap.version != stream.pushed:
+            # a snapshot this stream has not had yet (its watch event may still be queued behind this request):
+            # every type in order, or this type would get listeners naming clusters CDS has not sent yet
+            yield from self._push(stream, snap)
+        else:
+            yield from self._respond(stream, req.type_url, snap)
+
+    def _push(self, stream: _Stream, snap: Snapshot) -> Iterator[discovery_pb2.DeltaDiscoveryResponse]:
+        """Every started type's diff against `snap`, CDS and EDS before LDS and RDS (`PUSH_ORDER`)."""
+        for type_url in snap.types():
+            yield from self._respond(stream, type_url, snap)
+        # types the client holds (or asked for) that the snapshot lacks entirely
+        for type_url in sorted(set(stream.types) - set(snap.versions)):
+            yield from self._respond(stream, type_url, snap)
+        stream.pushed = snap.version
 
     def _respond(
         self, stream: _Stream, type_url: str, snap: Snapshot

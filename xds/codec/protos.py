@@ -6,6 +6,7 @@ from envoy.config.cluster.v3 import cluster_pb2  # noqa: F401
 from envoy.config.endpoint.v3 import endpoint_pb2  # noqa: F401
 from envoy.config.listener.v3 import listener_pb2  # noqa: F401
 from envoy.config.route.v3 import route_pb2  # noqa: F401
+from envoy.extensions.filters.http.rbac.v3 import rbac_pb2  # noqa: F401
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2  # noqa: F401
 from envoy.extensions.filters.network.tcp_proxy.v3 import tcp_proxy_pb2  # noqa: F401
 from envoy.extensions.filters.udp.udp_proxy.v3 import udp_proxy_pb2  # noqa: F401

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Any, Final
 
 from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT, L4_OUTBOUND_PORT
+from aether.xds.gates.authz import rbac_enforced
 from aether.xds.gates.core import GateFailure
 from aether.xds.resources import LISTENER, ROUTE, Resources
 from aether.xds.translate.eastwest.outbound import CLUSTER_ACTION_TYPE, MATCHER_SPECIFIER_TYPE, SET_FILTER_STATE_TYPE
@@ -182,4 +183,5 @@ def run_quic_gates(resources: Resources) -> list[GateFailure]:
         *classes_separated(resources),
         *identity_hashable(resources),
         *twin_per_identity(resources),
+        *rbac_enforced(resources),  # aether.xds.gates.authz: policies' rules are enforced where they are served
     ]

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aether.api.addresses import AddressError, parse_addr, parse_hostport
+from aether.api.authz import KIND as POLICY_KIND
+from aether.api.authz import compile_bodies
 from aether.api.meshnode import MeshNodeFileError
 from aether.api.slices import load_state_file
 from aether.netns.records import load_records, state_dir
@@ -98,13 +100,16 @@ def _duration(value: str) -> float:
 def _render(argv: list[str]) -> int:
     p = _Parser(prog="aether xds render", description="print the Envoy resources the sidecar would serve, as JSON")
     p.add_argument(
-        "--state", required=True, help="MeshNode file (YAML or JSON), or a kind: List of it and its MeshServiceSlices"
+        "--state",
+        required=True,
+        help="MeshNode file (YAML or JSON), or a List of it, its MeshServiceSlices and MeshAuthorizationPolicies",
     )
     p.add_argument("--node", help="the MeshNode to render when the List holds several (kubectl get mn,mss -o yaml)")
     p.add_argument("--records", help=f"pod records directory (default ${'{'}AETHER_STATE_DIR{'}'} or {state_dir()})")
     args = p.parse_args(argv)
     from aether.xds.gates.core import run_gates
     from aether.xds.gates.refuse import refuse_arms, refuse_listeners
+    from aether.xds.resources import TranslateOptions
     from aether.xds.translate.compose import translate
 
     try:
@@ -112,12 +117,21 @@ def _render(argv: list[str]) -> int:
     except MeshNodeFileError as exc:
         print(f"aether xds render: {exc}", file=sys.stderr)
         return 1
-    node = state.effective()
+    node, others = state.effective(), state.others
     for problem in state.problems():
         print(f"aether xds render: incomplete state, the rest is rendered: {problem}", file=sys.stderr)
+    td = TranslateOptions().trust_domain
+    options = TranslateOptions(authorization=compile_bodies(others.get(POLICY_KIND, ()), td))
+    for policy in options.authorization:
+        if not policy.accepted:
+            print(
+                f"aether xds render: MeshAuthorizationPolicy {policy.ref} is not accepted: it allows nothing on "
+                f"{', '.join(policy.services) or 'no Service'}",
+                file=sys.stderr,
+            )
     # what the sidecar does: one bad arm or listener is refused and the rest is served
     node, refused = refuse_arms(node)
-    resources, dropped = refuse_listeners(translate(node, load_records(args.records)))
+    resources, dropped = refuse_listeners(translate(node, load_records(args.records), options))
     json.dump(resources, sys.stdout, indent=2, sort_keys=True)
     print()
     for failure in [*refused, *dropped]:
@@ -144,7 +158,8 @@ def _serve(argv: list[str]) -> int:
     p.add_argument("--node", required=True, help="node name: the MeshNode and Envoy's node id")
     p.add_argument(
         "--state",
-        help="MeshNode file, or a kind: List of it and its MeshServiceSlices (re-read on change); the cluster when absent",
+        help="MeshNode file, or a List of it, its MeshServiceSlices and MeshAuthorizationPolicies (re-read on change); "
+        "the cluster's MeshNode, slices and policies when absent",
     )
     p.add_argument("--kubeconfig", help="cluster mode (no --state): kubeconfig file (in-cluster config otherwise)")
     p.add_argument(
@@ -254,6 +269,11 @@ def _serve(argv: list[str]) -> int:
 
     pair_config = PairConfig(fetch_window_s=args.quic_pair_fetch_window)
     sidecar = Sidecar(args.node, cache, sink, args.records, options, secrets=keeper, pair_config=pair_config)
+    stop = threading.Event()
+    if not args.state and serves_secrets:  # cluster mode: the policies come from the API, read-only
+        policies = importlib.import_module("aether.xds.sidecar.kube_policies")
+        sidecar.awaiting_policies = True
+        policies.start(sidecar.on_policies, stop, args.kubeconfig)
     servicer = DeltaAdsServer(cache, events=sidecar, on_demand=sidecar.on_demand)
     try:
         server, port = serve(servicer, args.listen)
@@ -270,7 +290,6 @@ def _serve(argv: list[str]) -> int:
             print(f"aether xds: cannot listen (--metrics {args.metrics[0]}:{args.metrics[1]}): {exc}", file=sys.stderr)
             server.stop(0)
             return 1
-    stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:

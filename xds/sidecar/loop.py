@@ -28,9 +28,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
+from aether.api.authz import compile_bodies
 from aether.api.meshnode import Condition, MeshNode, QuicPair
 from aether.metrics import QUIC_PAIR_FETCH_SECONDS, XDS_GATE_REFUSALS
 from aether.netns.records import PodRecord, load_records
@@ -103,6 +106,9 @@ class Sidecar(Events):
         self.condition: Condition | None = None
         self.refused_now: tuple[str, ...] = ()  # what the gates removed from the served state (refuse.py)
         self.state_problems: tuple[str, ...] = ()  # what the source could not supply (StateUpdate.problems)
+        # cluster mode sets it until the first list of MeshAuthorizationPolicies: nothing is served before (a
+        # guarded Service must never be served open while its policy is still on the way)
+        self.awaiting_policies = False
         self._refusal_changed = False
         self.pair_writer: PairWriter | None = None
         if sink is not None and hasattr(sink, "publish_pairs"):
@@ -261,8 +267,16 @@ class Sidecar(Events):
                 self._reconcile()
 
     # -- inputs --------------------------------------------------------------------------------------
-    def on_state(self, node: MeshNode | None, error: str | None = None, problems: tuple[str, ...] = ()) -> None:
+    def on_state(
+        self,
+        node: MeshNode | None,
+        error: str | None = None,
+        policies: Sequence[Mapping[str, Any]] | None = None,
+        problems: tuple[str, ...] = (),
+    ) -> None:
         with self._lock:
+            if policies is not None:
+                self._set_policies(policies)
             if node is None:
                 kept = f"; serving version {self.served_version}" if self.served_version else ""
                 self._set("False", "InvalidState", f"{error}{kept} (the last good state)")
@@ -275,6 +289,28 @@ class Sidecar(Events):
                 self.state_problems, self._refusal_changed = problems, True
             self.rejected.clear()  # a new desired state may fix what was rejected
             self._reconcile()
+
+    def on_policies(self, policies: Sequence[Mapping[str, Any]]) -> None:
+        """The MeshAuthorizationPolicies now in force (every namespace's; the translation picks the local Services'):
+        a change is a new translation, served as an RDS update (docs/identity.md#authorization-by-identity)."""
+        with self._lock:
+            first, self.awaiting_policies = self.awaiting_policies, False
+            if self._set_policies(policies) or first:
+                self._reconcile()
+
+    def _set_policies(self, policies: Sequence[Mapping[str, Any]]) -> bool:
+        compiled = compile_bodies(policies, self.options.trust_domain)
+        if compiled == self.options.authorization:
+            return False
+        refused = [p.ref for p in compiled if not p.accepted]
+        log.info(
+            "%d MeshAuthorizationPolicies (%d not accepted, allowing nothing on their Services%s)",
+            len(compiled),
+            len(refused),
+            f": {', '.join(refused)}" if refused else "",
+        )
+        self.options = replace(self.options, authorization=compiled)
+        return True
 
     def on_records(self, records: Mapping[str, PodRecord]) -> None:
         with self._lock:
@@ -295,6 +331,9 @@ class Sidecar(Events):
 
     def _reconcile(self) -> None:
         if self.desired is None:
+            return
+        if self.awaiting_policies:
+            self._set("Unknown", "Pending", "waiting for the first list of MeshAuthorizationPolicies; nothing served")
             return
         node, refused = refuse_arms(self._with_pairs(self.desired))  # one bad arm or listener refused, the rest served
         resources = translate(node, self.records, self.options)
@@ -423,7 +462,7 @@ class Sidecar(Events):
         t = threading.Thread(target=records_loop, name="records", daemon=True)
         t.start()
         for update in source.updates(stop):
-            self.on_state(update.node, update.error, update.problems)
+            self.on_state(update.node, update.error, update.policies, update.problems)
         t.join(timeout=2)
         if self.pair_writer is not None:
             self.pair_writer.close()

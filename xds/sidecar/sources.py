@@ -1,8 +1,9 @@
 """Where the desired state comes from (`StateSource`) and where the `Programmed` condition goes (`StatusSink`).
 
-File mode: `FileSource` re-reads a state file when it changes (a MeshNode, or a `kind: List` holding the MeshNode
-and its MeshServiceSlices); a bad file keeps the last good state (the sidecar says why in its log and in the
-condition). `FileStatusSink` writes a MeshNode-shaped JSON holding the
+File mode: `FileSource` re-reads a state file when it changes (a MeshNode, or a `kind: List` holding the MeshNode,
+its MeshServiceSlices and MeshAuthorizationPolicies: `aether.api.slices`, `aether.api.statefile`); a bad file keeps
+the last good state (the sidecar says why in its log and in the condition). `FileStatusSink` writes a MeshNode-shaped
+JSON holding the
 sidecar's `status.conditions` (merged by type) and its `status.quic` pair fields; a restarted sidecar starts its
 pair machine from that file when it holds pairs (`stored_pairs`), else from the state file's. Cluster mode: `aether.xds.sidecar.kube_source` (the operator engineer's) provides
 `source(node) -> StateSource` and `status_sink(node) -> StatusSink` with the same protocols.
@@ -17,8 +18,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from aether.api.authz import KIND as POLICY_KIND
 from aether.api.meshnode import (
     API_GROUP,
     API_VERSION,
@@ -36,11 +38,14 @@ from aether.atomicfile import write_text_atomic
 class StateUpdate:
     """A new desired state (every arm in effect: api.slices.effective), or why the source could not produce one
     (`node` None, `error` set). `problems`: what of the state is missing or stale (MeshServiceSlices named but
-    absent, from another split, refused by the model); the rest is served and the Programmed condition says so."""
+    absent, from another split, refused by the model); the rest is served and the Programmed condition says so.
+    `policies`: the MeshAuthorizationPolicy bodies that came with it (a state file's List), None when the source
+    carries none (cluster mode reads them apart: `aether.xds.sidecar.kube_policies`)."""
 
     node: MeshNode | None
     error: str | None = None
     problems: tuple[str, ...] = ()
+    policies: tuple[dict[str, Any], ...] | None = None
 
 
 class StateSource(Protocol):
@@ -72,7 +77,8 @@ class FileSource:
                 last = fp
                 try:
                     state = load_state_file(self.path, self.node)
-                    yield StateUpdate(state.effective(), None, tuple(state.problems()))
+                    policies = tuple(state.others.get(POLICY_KIND, ()))
+                    yield StateUpdate(state.effective(), None, tuple(state.problems()), policies)
                 except MeshNodeFileError as exc:
                     yield StateUpdate(None, str(exc))
             stop.wait(self.interval)

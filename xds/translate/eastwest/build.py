@@ -23,7 +23,7 @@ from aether.xds.codec import extra_protos  # noqa: F401  (registers the selector
 from aether.xds.identity.sds import secrets
 from aether.xds.identity.svid import CertificateSource, bundle_secret_name
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
-from aether.xds.translate.eastwest import inbound, outbound
+from aether.xds.translate.eastwest import inbound, outbound, rbac
 from aether.xds.translate.eastwest.plan import (
     Destination,
     EastWestOptions,
@@ -71,8 +71,11 @@ def build(
     listeners: dict[str, dict[str, Any]] = {}
     clusters: dict[str, dict[str, Any]] = {}
     endpoints: dict[str, dict[str, Any]] = {}
+    routes: dict[str, dict[str, Any]] = {}
+    guards = rbac.inbound_rbac(options.authorization, pods, dests)
     for pod in pods:
         listeners.update(inbound.listeners(pod, td, md, ew))
+        routes.update(inbound.route_configs(pod, guards))
         clusters.update(inbound.app_clusters(pod, ew))
         listeners[outbound.listener_name(pod)] = outbound.listener(pod, ew)
     for d in dests:
@@ -85,7 +88,7 @@ def build(
         endpoints[twin] = outbound.load_assignment(twin, d)
     out: Resources = {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: endpoints}
     if pods:
-        out[ROUTE] = {ew.http_outbound_route: outbound.route_config(dests, sources, md, ew)}
+        out[ROUTE] = {ew.http_outbound_route: outbound.route_config(dests, sources, md, ew), **routes}
     converted: Resources = camel(out)
     return converted
 

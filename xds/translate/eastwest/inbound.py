@@ -3,18 +3,23 @@
 Both listeners carry the same DownstreamTlsContext (`tls.downstream_tls`) and the same filter chains:
 one chain per application port matched by the SNI `<port>.<sa>.<ns>.<mesh-domain>`, and a catch-all chain to the
 primary port. The HCM sets XFCC from the verified client certificate (`SANITIZE_SET`, URI): the app sees the
-source's SPIFFE ID and nothing a client wrote itself. Each request is logged as one JSON object on Envoy's stdout
+source's SPIFFE ID and nothing a client wrote itself. Each chain's HCM runs the RBAC filter (no rules of its own)
+and takes its route over RDS (`route_configs`, one per app port): where a MeshAuthorizationPolicy guards the port the
+route carries the rules (`rbac.py`), so a policy change is a route update. Each request is logged as one JSON object on Envoy's stdout
 (`json_log_format`, docs/operations.md#inbound-access-log).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final
 
 from aether.api.naming import quic_sni
 from aether.netns.contract import INBOUND_PORT
+from aether.xds.identity.sds import ADS
 from aether.xds.resources import seconds
 from aether.xds.translate.eastwest.plan import EastWestOptions, LocalPod
+from aether.xds.translate.eastwest.rbac import BASE_FILTER, RBAC_METADATA, per_route
 from aether.xds.translate.eastwest.tls import downstream_tls, quic_downstream_socket, tcp_downstream_socket
 
 HCM_NAME: Final = "envoy.filters.network.http_connection_manager"
@@ -68,6 +73,10 @@ def json_log_format(pod: LocalPod, port: int) -> dict[str, Any]:
         "durationMs": "%DURATION%",
         "sni": "%REQUESTED_SERVER_NAME%",
         "peerSerial": "%DOWNSTREAM_PEER_SERIAL%",
+        # the RBAC verdict where a policy guards the port (null where none does: any SPIFFE ID of the trust domain)
+        "rbac": f"%DYNAMIC_METADATA({RBAC_METADATA}:enforced_engine_result)%",
+        "rbacPolicy": f"%DYNAMIC_METADATA({RBAC_METADATA}:enforced_effective_policy_id)%",
+        "responseCodeDetails": "%RESPONSE_CODE_DETAILS%",
     }
 
 
@@ -98,8 +107,30 @@ def file_access_logs(path: str | None) -> list[dict[str, Any]]:
     ]
 
 
+def _rds(options: EastWestOptions) -> dict[str, Any]:
+    return dict(options.config_source) if options.config_source else dict(ADS)
+
+
+def route_name(pod: LocalPod, port: int) -> str:
+    """The inbound route of one app port (RDS; the same name as its app cluster, another type)."""
+    return app_cluster_name(pod, port)
+
+
+def route_configs(pod: LocalPod, rbac: Mapping[tuple[str, int], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """One route config per app port: everything to the app cluster, with the port's RBAC rules where a policy
+    guards it (`rbac.inbound_rbac`). Served over RDS: a policy change updates the route, never the listener."""
+    out: dict[str, dict[str, Any]] = {}
+    for port in pod.app_ports:
+        route: dict[str, Any] = {"match": {"prefix": "/"}, "route": {"cluster": app_cluster_name(pod, port)}}
+        guard = rbac.get((pod.uid, port))
+        if guard is not None:
+            route["typed_per_filter_config"] = per_route(guard)
+        name = route_name(pod, port)
+        out[name] = {"name": name, "virtual_hosts": [{"name": "app", "domains": ["*"], "routes": [route]}]}
+    return out
+
+
 def _hcm(pod: LocalPod, port: int, codec: str, options: EastWestOptions) -> dict[str, Any]:
-    cluster = app_cluster_name(pod, port)
     return {
         "name": HCM_NAME,
         "typed_config": {
@@ -108,24 +139,19 @@ def _hcm(pod: LocalPod, port: int, codec: str, options: EastWestOptions) -> dict
             "codec_type": codec,
             "forward_client_cert_details": "SANITIZE_SET",
             "set_current_client_cert_details": {"uri": True},
-            "route_config": {
-                "name": cluster,
-                "virtual_hosts": [
-                    {
-                        "name": "app",
-                        "domains": ["*"],
-                        "routes": [{"match": {"prefix": "/"}, "route": {"cluster": cluster}}],
-                    }
-                ],
-            },
-            "http_filters": [ROUTER],
+            "rds": {"route_config_name": route_name(pod, port), "config_source": _rds(options)},
+            "http_filters": [BASE_FILTER, ROUTER],
             "access_log": access_logs(pod, port, options),
         },
     }
 
 
 def _chains(
-    pod: LocalPod, codec: str, socket: dict[str, Any], mesh_domain: str, options: EastWestOptions
+    pod: LocalPod,
+    codec: str,
+    socket: dict[str, Any],
+    mesh_domain: str,
+    options: EastWestOptions,
 ) -> list[dict[str, Any]]:
     chains = [
         {
@@ -154,7 +180,10 @@ def _address(pod: LocalPod, protocol: str) -> dict[str, Any]:
 
 
 def listeners(
-    pod: LocalPod, trust_domain: str, mesh_domain: str, options: EastWestOptions
+    pod: LocalPod,
+    trust_domain: str,
+    mesh_domain: str,
+    options: EastWestOptions,
 ) -> dict[str, dict[str, Any]]:
     cs = dict(options.config_source) if options.config_source else None
     ctx = downstream_tls(pod.identity, trust_domain, cs)

@@ -1,0 +1,115 @@
+"""The policy loop (thin): MeshAuthorizationPolicy status and the MeshNode `status.authorization` counts, level-based.
+
+A policy, Service, EndpointSlice, Pod or MeshNode event wakes it (`touch`); after `debounce` seconds one pass
+recomputes every policy's status and every node's counts from the kopf indexes (`aether.operator.policies`, pure) and
+writes only what differs from the stored copy (merge patches on /status; a MeshNode not yet created is left to the
+main reconciler and counted on its next event). A failed write is logged and retried on the next pass; every
+`resync` seconds a pass runs anyway. It shares nothing with the MeshNode reconciler but the indexes: the MeshNode
+field it writes (`status.authorization`) is one the reconciler never patches."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from aether.api import authz
+from aether.api.client import ApiException, now
+from aether.api.meshnode import API_GROUP, API_VERSION
+from aether.api.meshnode import PLURAL as MESHNODES
+from aether.operator.kubeapi import MERGE
+from aether.operator.policies import node_counts, policy_status, same_status, with_times
+from aether.operator.reconcile.views import PodView, ServiceView, SliceView
+
+log = logging.getLogger("aether.operator.policies")
+Bodies = Callable[[], Iterable[dict[str, Any]]]
+Views = Callable[[], Iterable[Any]]
+
+
+class PolicyController:
+    def __init__(
+        self,
+        custom: Any,  # kubernetes.client.CustomObjectsApi
+        policies: Bodies,
+        services: Views,
+        slices: Views,
+        pods: Views,
+        meshnodes: Bodies,
+        trust_domain: str,
+        debounce: float = 0.1,
+        resync: float = 30.0,
+    ) -> None:
+        self.custom, self.trust_domain = custom, trust_domain
+        self.policies, self.services, self.slices, self.pods, self.meshnodes = (
+            policies,
+            services,
+            slices,
+            pods,
+            meshnodes,
+        )
+        self.debounce, self.resync = debounce, resync
+        self.wake = asyncio.Event()
+        self.passes = 0
+        self.writes: list[tuple[str, str]] = []  # ("policy", "<ns>/<name>") | ("meshnode", name), for tests
+
+    def touch(self) -> None:
+        self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):  # no event for `resync` seconds: a pass anyway
+                await asyncio.wait_for(self.wake.wait(), self.resync)
+            await asyncio.sleep(self.debounce)
+            self.wake.clear()
+            try:
+                await asyncio.to_thread(self.one_pass)
+            except Exception:  # a bug or an API outage: logged, the next event or resync tries again
+                log.exception("policy pass failed")
+            self.passes += 1
+
+    def one_pass(self) -> None:
+        by_ns: dict[str, dict[str, ServiceView]] = {}
+        for svc in self.services():
+            if isinstance(svc, ServiceView):
+                by_ns.setdefault(svc.namespace, {})[svc.name] = svc
+        bodies = list(self.policies())
+        for body in bodies:
+            meta = body.get("metadata") or {}
+            ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+            want = policy_status(body, by_ns.get(ns, {}), self.trust_domain)
+            current = body.get("status")
+            if same_status(current, want):
+                continue
+            patch = {"status": with_times(want, current, now())}
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    API_GROUP, API_VERSION, ns, authz.PLURAL, name, patch, _content_type=MERGE
+                )
+                self.writes.append(("policy", f"{ns}/{name}"))
+                accepted = want["conditions"][0]
+                log.info(
+                    "MeshAuthorizationPolicy %s/%s: Accepted=%s %s", ns, name, accepted["status"], accepted["reason"]
+                )
+            except ApiException as exc:
+                if exc.status != 404:  # gone meanwhile: nothing to say
+                    log.warning("MeshAuthorizationPolicy %s/%s: status write failed: %s", ns, name, exc.reason)
+        self._counts(authz.compile_bodies(bodies, self.trust_domain))
+
+    def _counts(self, compiled: tuple[authz.CompiledPolicy, ...]) -> None:
+        stored = {str((m.get("metadata") or {}).get("name", "")): m for m in self.meshnodes()}
+        pods = [p for p in self.pods() if isinstance(p, PodView)]
+        slices = [s for s in self.slices() if isinstance(s, SliceView)]
+        for node, counts in node_counts(compiled, pods, slices, stored).items():
+            current = (stored[node].get("status") or {}).get("authorization")
+            if current == counts or (current is None and not any(counts.values())):
+                continue
+            try:
+                self.custom.patch_cluster_custom_object_status(
+                    API_GROUP, API_VERSION, MESHNODES, node, {"status": {"authorization": counts}}, _content_type=MERGE
+                )
+                self.writes.append(("meshnode", node))
+            except ApiException as exc:
+                if exc.status != 404:
+                    log.warning("MeshNode %s: authorization counts not written: %s", node, exc.reason)
