@@ -6,6 +6,7 @@ version gets its arm and its status (observedGeneration included), read back thr
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -51,15 +52,20 @@ def bed(request: pytest.FixtureRequest) -> Iterator[tuple[TestBed, Cluster]]:
         tb.stop()
 
 
+_VIPS = itertools.count(10, 3)
+
+
 def _mesh(k: Cluster) -> tuple[str, str]:
-    """A namespace with a client pod on a node, a parent Service `dns` and backends `dns-v2`, `dns-v3`."""
+    """A namespace with a client pod on a node, a parent Service `dns` and backends `dns-v2`, `dns-v3` (ClusterIPs
+    unique across the module: its tests share one test bed, and a repeated VIP is a DuplicateVIP)."""
     ns, node = unique("ver"), unique("node")
+    base = next(_VIPS)
     k.apply(o.namespace(ns))
     k.apply(o.node(node))
     k.apply(o.pod(ns, "client", node), status=o.pod_status("10.0.0.2"))
     for i, name in enumerate(("dns", "dns-v2", "dns-v3")):
-        k.apply(o.service(ns, name, f"10.96.0.{10 + i}", UDP))
-        k.apply(o.endpoint_slice(ns, name, SL, [(f"10.1.0.{10 + i}", True, None)]))
+        k.apply(o.service(ns, name, f"10.96.0.{base + i}", UDP))
+        k.apply(o.endpoint_slice(ns, name, SL, [(f"10.1.0.{base + i}", True, None)]))
     return ns, node
 
 
@@ -147,3 +153,56 @@ def test_v1_refuses_a_second_rule(bed: tuple[TestBed, Cluster]) -> None:
     with pytest.raises(ApiException) as refused:
         k.apply(_two_rules(ns, "v1"))
     assert refused.value.status == 422 and "spec.rules" in str(refused.value.body)
+
+
+@pytest.mark.parametrize("bed", ["experimental"], indirect=True)
+def test_a_route_read_as_one_version_and_written_back_keeps_its_fields(bed: tuple[TestBed, Cluster]) -> None:
+    """Applied as v1alpha2 with every field a user may set (labels, annotations, a parentRef's sectionName and port,
+    weights), plus another controller's entry in status.parents; the operator reads it as v1 and writes its status
+    through v1. Read back as v1alpha2: the spec, metadata and the other controller's entry are what was applied."""
+    tb, k = bed
+    ns, _node = _mesh(k)
+    route = o.udproute(ns, "full", "dns", [o.backend("dns-v2", 53, weight=3), o.backend("dns-v3", 53, weight=1)])
+    route["apiVersion"] = f"{GROUP}/v1alpha2"
+    route["metadata"]["labels"] = {"team": "dns"}
+    route["metadata"]["annotations"] = {"example.com/owner": "dns-team"}
+    route["spec"]["parentRefs"][0].update({"sectionName": "dns", "port": 53})
+    other = {
+        "parentRef": {"group": "", "kind": "Service", "name": "dns"},
+        "controllerName": "example.com/other-mesh",
+        "conditions": [
+            {
+                "type": "Accepted",
+                "status": "False",
+                "reason": "NotMine",
+                "message": "another controller's view",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+                "observedGeneration": 1,
+            }
+        ],
+    }
+    k.apply(route, status={"status": {"parents": [other]}})
+    wait_for(
+        lambda: _accepted_at(k, ns, "full", "v1", 1),
+        what="Accepted through v1",
+        diagnose=lambda: repr((k.route(ns, "full", "v1") or {}).get("status")),
+    )
+    back = k.route(ns, "full", "v1alpha2")
+    assert back is not None
+    assert back["spec"] == route["spec"]
+    assert back["metadata"]["labels"] == {"team": "dns"}
+    assert back["metadata"]["annotations"]["example.com/owner"] == "dns-team"
+    parents = back["status"]["parents"]
+    assert other in parents, parents
+    assert _ours(back) is not None
+    writes = {r.path.split("/")[3] for r in tb.audit if r.user_agent == "aether-operator" and r.resource == "udproutes"}
+    assert writes == {"v1"}, writes
+
+    # drift: someone replaces status.parents with the other controller's entry alone; ours comes back beside it
+    k.apply(route, status={"status": {"parents": [other]}})
+    again = wait_for(
+        lambda: (r := k.route(ns, "full", "v1alpha2")) and _ours(r) and r,
+        what="our status entry restored after it was overwritten",
+        diagnose=lambda: repr((k.route(ns, "full", "v1") or {}).get("status")),
+    )
+    assert other in again["status"]["parents"]
