@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -42,7 +43,17 @@ pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 NS = "pairs"
 ALPHA, BETA = quic_twin(NS, "web", "alpha"), quic_twin(NS, "web", "beta")
 HOST = mesh_host(NS, "web")
-METRICS_PORT = 19391
+
+
+def _free_port() -> int:
+    """A port nobody listens on now (the kernel picks it), so runs beside other tests do not collide."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+METRICS_PORT = _free_port()
 
 
 @pytest.fixture(scope="module")
