@@ -9,7 +9,6 @@ from typing import Any
 from aether.operator.reconcile.routes import Verdict
 
 CONTROLLER_NAME = "mesh.aether.dev/udproute-controller"
-SHAPE_CONDITION = "mesh.aether.dev/UnsupportedShape"
 
 
 @dataclass(frozen=True)
@@ -36,17 +35,6 @@ def _conditions(v: Verdict, generation: int) -> list[dict[str, Any]]:
             "observedGeneration": generation,
         },
     ]
-    if v.discarded:
-        conds.append(
-            {
-                "type": SHAPE_CONDITION,
-                "status": "True",
-                "reason": "DiscardedBackends",
-                "message": "udp_proxy routes an arm to one cluster; discarded: "
-                + ", ".join(f"{b} ({r})" for b, r in v.discarded),
-                "observedGeneration": generation,
-            }
-        )
     return conds
 
 

@@ -25,7 +25,6 @@ from aether.operator.reconcile.routes import (
     endpoints_at,
     mesh_member,
     resolve_route_on,
-    shapes_of,
 )
 from aether.operator.reconcile.slicing import Contribution, plan
 from aether.operator.reconcile.views import ServiceView
@@ -228,8 +227,6 @@ def _one_service(world: World, svc: ServiceView, meshed: bool, winners: Any, acc
                 found = found or (arm, verdict)
         if found is not None:
             acc.udp_arms.append(found[0])
-            acc.udp_shapes.extend(shapes_of(route, found[1]))
-            acc.discards.update((ref(*route.key), b, r) for b, r in found[1].discarded)
     elif meshed:
         udp_arm, shapes = _plain_arm(world, svc, "UDP")
         if udp_arm is not None:

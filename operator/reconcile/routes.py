@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aether.api.meshnode import ArmBackend, Endpoint, ServiceArm, UnsupportedShape
+from aether.api.meshnode import ArmBackend, Endpoint, ServiceArm
 from aether.api.naming import BLACKHOLE_CLUSTER, ref, udp_cluster, udp_split_cluster
 from aether.operator.reconcile.gateway import BackendRef, ParentRef, RouteView
 from aether.operator.reconcile.split import Share, SplitRef, compute_split
@@ -47,7 +47,6 @@ class Verdict:
     resolved: bool = True
     resolved_reason: str = RESOLVED
     resolved_message: str = "all backendRefs resolved"
-    discarded: tuple[tuple[str, str], ...] = ()  # (backend ref, reason)
     chosen: str | None = None
 
 
@@ -217,17 +216,6 @@ def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: Ser
         chosen=chosen,
     )
     return arm, verdict
-
-
-def shapes_of(route: RouteView, verdict: Verdict) -> list[UnsupportedShape]:
-    """One shape per discard reason: every discarded backend appears exactly once."""
-    by_reason: dict[str, list[str]] = {}
-    for backend, reason in verdict.discarded:
-        by_reason.setdefault(reason, []).append(backend)
-    return [
-        UnsupportedShape(route=ref(route.namespace, route.name), reason=reason, discarded=sorted(refs))
-        for reason, refs in sorted(by_reason.items())
-    ]
 
 
 def parent_service_key(route: RouteView, parent: ParentRef) -> tuple[str, str]:

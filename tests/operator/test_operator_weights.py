@@ -58,7 +58,7 @@ def test_weights_split_new_sessions_through_the_arms_own_cluster() -> None:
     ]
     assert out.nodes["n1"].udp.unsupported_shapes == []  # a weighted split is supported: no shape, nothing counted
     v = out.routes[("app", "r")][0]
-    assert (v.accepted, v.resolved, v.discarded, v.chosen) == (True, True, (), "udp-split:app/a")
+    assert (v.accepted, v.resolved, v.chosen) == (True, True, "udp-split:app/a")
     assert "app/b 25%, app/c 75%" in v.accepted_message
 
 
