@@ -95,7 +95,7 @@ def test_a_request_body_over_3_mib_is_refused_before_it_is_decoded(k: Cluster) -
 
 @pytest.mark.slow
 def test_the_10000_service_mesh_old_layout_refused_new_layout_stored() -> None:
-    """10,000 Services in 1,000 mesh namespaces with the default egress (bench/operator_reconcile's cluster, its
+    """10,000 Services in 1,000 mesh namespaces with the default egress (the synthetic cluster bench/operator_reconcile measures, its
     50,000 pods on 500 nodes: 100 a node, under the kubelet's default maximum of 110; a MeshNode grows with its own
     pods). The old layout, every arm in the MeshNode (8 MiB), is refused as a real API server refuses it; every
     MeshServiceSlice and every MeshNode of the new layout is stored, none over 512 KiB."""
@@ -104,7 +104,7 @@ def test_the_10000_service_mesh_old_layout_refused_new_layout_stored() -> None:
     from aether.operator.nodestatus import owned_wire, status_patch
     from aether.testing.apitestbed import mesh_crds
     from aether.testing.apitestbed.store import ApiError, Store
-    from bench.operator_reconcile import build
+    from aether.testing.synthetic_cluster import build
 
     m, _ = build(1000, 500, scoped=False)
     out = m.reconcile()
