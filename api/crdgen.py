@@ -66,6 +66,46 @@ def status_schema() -> dict[str, Any]:
     return _schema(MeshNodeStatus)
 
 
+def _crd(
+    plural: str,
+    kind: str,
+    scope: str,
+    short_names: list[str],
+    columns: list[dict[str, str]],
+    description: str,
+    schemas: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """One CRD of our group: one served and stored version; `schemas` are the top-level properties beside
+    apiVersion/kind/metadata (a `status` among them makes status a subresource)."""
+    version: dict[str, Any] = {"name": API_VERSION, "served": True, "storage": True}
+    if "status" in schemas:
+        version["subresources"] = {"status": {}}
+    version["additionalPrinterColumns"] = columns
+    version["schema"] = {
+        "openAPIV3Schema": {
+            "type": "object",
+            "description": description,
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": {"type": "object"},
+                **schemas,
+            },
+        }
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "scope": scope,
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "shortNames": short_names},
+            "versions": [version],
+        },
+    }
+
+
 def policy_crd() -> dict[str, Any]:
     """MeshAuthorizationPolicy: namespaced, spec from the user, status from the operator (a subresource)."""
     columns = [
@@ -74,44 +114,16 @@ def policy_crd() -> dict[str, Any]:
         {"name": "Services", "type": "string", "jsonPath": ".status.services"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{authz.PLURAL}.{API_GROUP}"},
-        "spec": {
-            "group": API_GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "plural": authz.PLURAL,
-                "singular": authz.KIND.lower(),
-                "kind": authz.KIND,
-                "shortNames": list(authz.SHORT_NAMES),
-            },
-            "versions": [
-                {
-                    "name": API_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "Which source identities (SPIFFE IDs) may call the target Services, on "
-                            "which ports; a targeted Service denies everything else (docs/identity.md).",
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": _schema(authz.PolicySpec),
-                                "status": _schema(authz.PolicyStatus),
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return _crd(
+        authz.PLURAL,
+        authz.KIND,
+        "Namespaced",
+        list(authz.SHORT_NAMES),
+        columns,
+        "Which source identities (SPIFFE IDs) may call the target Services, on "
+        "which ports; a targeted Service denies everything else (docs/identity.md).",
+        {"spec": _schema(authz.PolicySpec), "status": _schema(authz.PolicyStatus)},
+    )
 
 
 def slice_crd() -> dict[str, Any]:
@@ -122,42 +134,16 @@ def slice_crd() -> dict[str, Any]:
         {"name": "Services", "type": "integer", "jsonPath": ".spec.services"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{SLICE_PLURAL}.{API_GROUP}"},
-        "spec": {
-            "group": API_GROUP,
-            "scope": "Cluster",
-            "names": {
-                "plural": SLICE_PLURAL,
-                "singular": SLICE_KIND.lower(),
-                "kind": SLICE_KIND,
-                "shortNames": ["mss"],
-            },
-            "versions": [
-                {
-                    "name": API_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "Part of one namespace's shared service tables (arms, shapes, QUIC "
-                            "destinations), written by the operator and read by every node that depends on it.",
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": _schema(SliceSpec),
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return _crd(
+        SLICE_PLURAL,
+        SLICE_KIND,
+        "Cluster",
+        ["mss"],
+        columns,
+        "Part of one namespace's shared service tables (arms, shapes, QUIC "
+        "destinations), written by the operator and read by every node that depends on it.",
+        {"spec": _schema(SliceSpec)},
+    )
 
 
 def meshnode_crd() -> dict[str, Any]:
@@ -171,38 +157,15 @@ def meshnode_crd() -> dict[str, Any]:
         {"name": "Degraded", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Degraded")].status'},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{API_GROUP}"},
-        "spec": {
-            "group": API_GROUP,
-            "scope": "Cluster",
-            "names": {"plural": PLURAL, "singular": KIND.lower(), "kind": KIND, "shortNames": ["mn"]},
-            "versions": [
-                {
-                    "name": API_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "The desired state of one node's mesh proxy; one MeshNode per Node.",
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                                "status": status_schema(),
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return _crd(
+        PLURAL,
+        KIND,
+        "Cluster",
+        ["mn"],
+        columns,
+        "The desired state of one node's mesh proxy; one MeshNode per Node.",
+        {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}, "status": status_schema()},
+    )
 
 
 def render() -> dict[str, str]:

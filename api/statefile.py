@@ -7,13 +7,10 @@ and hands the other items back by kind, unparsed (each reader validates its own 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from aether.api.meshnode import _YAML_LOADER, KIND, MeshNode, MeshNodeFileError, parse_meshnode
+from aether.api.meshnode import KIND, MeshNode, MeshNodeFileError, parse_meshnode, read_document
 
 LIST_KINDS = ("List", "MeshNodeList")
 
@@ -48,14 +45,7 @@ def split_items(data: Any, source: str, node: str | None = None) -> tuple[Any, d
 
 def load_state_file(path: str | Path) -> tuple[MeshNode, dict[str, list[dict[str, Any]]]]:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise MeshNodeFileError(f"{p}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.load(text, Loader=_YAML_LOADER)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise MeshNodeFileError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from exc
+    data = read_document(p)
     if not isinstance(data, dict):
         raise MeshNodeFileError(f"{p}: <root>: expected a MeshNode object or a List, got {type(data).__name__}")
     node, others = split_items(data, str(p))
