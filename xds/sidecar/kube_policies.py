@@ -14,11 +14,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import kubernetes
-import urllib3
 
-from aether.api.authz import API_GROUP, API_VERSION, PLURAL
-from aether.api.client import ApiException, api_client
-from aether.xds.sidecar.kube_source import USER_AGENT, _kubeconfig
+from aether.api.authz import PLURAL
+from aether.api.client import api_client
+from aether.xds.sidecar.kube_source import USER_AGENT, ListWatch, kubeconfig_path
 
 log = logging.getLogger("aether.xds.kube")
 OnPolicies = Callable[[Sequence[dict[str, Any]]], None]
@@ -30,61 +29,41 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
 
 
 class PolicyWatch:
+    """The sink of a `ListWatch` of every namespace's policies: keeps them by (namespace, name) and hands them whole
+    to `on_policies` on every change."""
+
     def __init__(
         self, on_policies: OnPolicies, kubeconfig: str | None = None, watch_timeout: int = 30, backoff: float = 1.0
     ) -> None:
-        self.on_policies, self.watch_timeout, self.backoff = on_policies, watch_timeout, backoff
-        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(_kubeconfig(kubeconfig), USER_AGENT))
+        self.on_policies, self.backoff = on_policies, backoff
+        api: Any = kubernetes.client.CustomObjectsApi(api_client(kubeconfig_path(kubeconfig), USER_AGENT))
+        self.watch = ListWatch(api, PLURAL, None, watch_timeout, backoff, self, key=_key)
         self.held: dict[tuple[str, str], dict[str, Any]] = {}
 
     def _publish(self) -> None:
         self.on_policies([self.held[k] for k in sorted(self.held)])
 
-    def run(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                listed = self.api.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)
-                self.held = {_key(o): o for o in listed.get("items") or []}
-                rv = (listed.get("metadata") or {}).get("resourceVersion")
+    def put(self, event: tuple[str, Any, Any]) -> float | None:
+        """One ListWatch event; -> the seconds to wait before relisting after an error (None: the watch's own)."""
+        kind, key, obj = event
+        if kind == "error":
+            if obj == 404 and not self.held:  # the CRD is not installed: no policy can exist
+                log.warning("MeshAuthorizationPolicies are not served by the API (404): none in force")
                 self._publish()
-                while not stop.is_set():
-                    w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
-                    expired = False
-                    for event in w.stream(
-                        self.api.list_cluster_custom_object,
-                        API_GROUP,
-                        API_VERSION,
-                        PLURAL,
-                        resource_version=rv,
-                        timeout_seconds=self.watch_timeout,
-                    ):
-                        obj = event["object"]
-                        if event["type"] == "ERROR":
-                            expired = True
-                            break
-                        rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
-                        if event["type"] == "DELETED":
-                            self.held.pop(_key(obj), None)
-                        else:
-                            self.held[_key(obj)] = obj
-                        self._publish()
-                        if stop.is_set():
-                            w.stop()
-                            break
-                    if expired:
-                        break  # relist
-            except (ApiException, OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
-                status = getattr(exc, "status", None)
-                if status == 410:
-                    continue
-                if status == 404 and not self.held:  # the CRD is not installed: no policy can exist
-                    log.warning("MeshAuthorizationPolicies are not served by the API (404): none in force")
-                    self._publish()
-                    stop.wait(self.backoff * 30)
-                    continue
-                reason = getattr(exc, "reason", None) or str(exc)
-                log.warning("MeshAuthorizationPolicies: API error, keeping the %d in force: %s", len(self.held), reason)
-                stop.wait(self.backoff)
+                return self.backoff * 30
+            log.warning("MeshAuthorizationPolicies: API error, keeping the %d in force: %s", len(self.held), key)
+            return None
+        if kind == "list":
+            self.held = dict(obj)
+        elif kind == "gone":
+            self.held.pop(key, None)
+        else:
+            self.held[key] = obj
+        self._publish()
+        return None
+
+    def run(self, stop: threading.Event) -> None:
+        self.watch.run(stop)
 
 
 def start(on_policies: OnPolicies, stop: threading.Event, kubeconfig: str | None = None) -> threading.Thread:

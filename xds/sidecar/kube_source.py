@@ -13,7 +13,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes
@@ -57,7 +57,7 @@ MERGE = "application/merge-patch+json"
 USER_AGENT = "aether-xds"
 
 
-def _kubeconfig(explicit: str | None) -> str | None:
+def kubeconfig_path(explicit: str | None) -> str | None:
     return explicit or os.environ.get("AETHER_KUBECONFIG") or os.environ.get("KUBECONFIG") or None
 
 
@@ -65,12 +65,26 @@ def _now() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class _Watch:
-    """List + watch of one kind (optionally one object by name), on its own thread: each event goes to `sink` as
-    ("put", name, body) / ("gone", name, None); ("synced", "", None) after each (re)list, ("error", reason, None) on
-    an API error (then it relists after `backoff`)."""
+def object_name(obj: dict[str, Any]) -> Any:
+    return (obj.get("metadata") or {}).get("name")
 
-    def __init__(self, api: Any, plural: str, name: str | None, timeout: int, backoff: float, sink: Any) -> None:
+
+class ListWatch:
+    """List + watch of one kind of our API group (optionally one object by name), on its own thread: each event
+    goes to `sink` as ("list", "", {key: body}) after each (re)list, ("put", key, body) / ("gone", key, None), and
+    ("error", reason, HTTP status or None) on an API error, then it relists after `backoff` (or after the seconds
+    the sink's `put` returns for that error). `key` names an object (default: its name)."""
+
+    def __init__(
+        self,
+        api: Any,
+        plural: str,
+        name: str | None,
+        timeout: int,
+        backoff: float,
+        sink: Any,
+        key: Callable[[dict[str, Any]], Any] = object_name,
+    ) -> None:
         self.api, self.plural, self.name, self.timeout, self.backoff, self.sink = (
             api,
             plural,
@@ -79,6 +93,7 @@ class _Watch:
             backoff,
             sink,
         )
+        self.key = key
 
     def _args(self) -> dict[str, Any]:
         return {"field_selector": f"metadata.name={self.name}"} if self.name else {}
@@ -88,10 +103,10 @@ class _Watch:
             try:
                 listed = self.api.list_cluster_custom_object(API_GROUP, API_VERSION, self.plural, **self._args())
                 rv = (listed.get("metadata") or {}).get("resourceVersion")
-                items = {(i.get("metadata") or {}).get("name"): i for i in listed.get("items") or []}
+                items = {self.key(i): i for i in listed.get("items") or []}
                 self.sink.put(("list", "", items))
                 while not stop.is_set():
-                    w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+                    w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]  # the client is untyped
                     gone = False
                     for event in w.stream(
                         self.api.list_cluster_custom_object,
@@ -107,18 +122,19 @@ class _Watch:
                         if event["type"] == "ERROR":
                             gone = True
                             break
-                        name = (obj.get("metadata") or {}).get("name")
-                        self.sink.put(("gone", name, None) if event["type"] == "DELETED" else ("put", name, obj))
+                        key = self.key(obj)
+                        self.sink.put(("gone", key, None) if event["type"] == "DELETED" else ("put", key, obj))
                         if stop.is_set():
                             w.stop()
                             break
                     if gone:
                         break  # relist
             except (ApiException, OSError, ValueError, urllib3.exceptions.HTTPError) as exc:
-                if getattr(exc, "status", None) == 410:
+                status = getattr(exc, "status", None)
+                if status == 410:
                     continue
-                self.sink.put(("error", getattr(exc, "reason", None) or str(exc), None))
-                stop.wait(self.backoff)
+                wait = self.sink.put(("error", getattr(exc, "reason", None) or str(exc), status))
+                stop.wait(wait if isinstance(wait, (int, float)) else self.backoff)
 
 
 class KubeSource:
@@ -128,7 +144,7 @@ class KubeSource:
 
     def __init__(self, node: str, kubeconfig: str | None = None, watch_timeout: int = 5, backoff: float = 1.0) -> None:
         self.node, self.watch_timeout, self.backoff = node, watch_timeout, backoff
-        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(_kubeconfig(kubeconfig), USER_AGENT))
+        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(kubeconfig_path(kubeconfig), USER_AGENT))
 
     def updates(self, stop: threading.Event) -> Iterator[StateUpdate]:
         events: queue.Queue[tuple[str, str, Any, Any]] = queue.Queue()
@@ -141,8 +157,8 @@ class KubeSource:
                 events.put((self.tag, *item))
 
         watches = [
-            _Watch(self.api, PLURAL, self.node, self.watch_timeout, self.backoff, Tagged("node")),
-            _Watch(self.api, SLICE_PLURAL, None, self.watch_timeout, self.backoff, Tagged("slice")),
+            ListWatch(self.api, PLURAL, self.node, self.watch_timeout, self.backoff, Tagged("node")),
+            ListWatch(self.api, SLICE_PLURAL, None, self.watch_timeout, self.backoff, Tagged("slice")),
         ]
         threads = [threading.Thread(target=w.run, args=(stop,), daemon=True, name=f"watch-{w.plural}") for w in watches]
         for t in threads:
@@ -235,7 +251,7 @@ class KubeStatusSink:
 
     def __init__(self, node: str, kubeconfig: str | None = None) -> None:
         self.node = node
-        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(_kubeconfig(kubeconfig), USER_AGENT))
+        self.api: Any = kubernetes.client.CustomObjectsApi(api_client(kubeconfig_path(kubeconfig), USER_AGENT))
 
     def publish(self, node_name: str, conditions: list[Condition]) -> None:
         """Replace the condition types given (lastTransitionTime kept while status is unchanged), keep others."""
