@@ -16,7 +16,7 @@ import statistics
 import time
 import tracemalloc
 
-from aether.api.meshnode import MeshNode
+from aether.api.meshnode import Condition, MeshNode
 from aether.api.naming import quic_twin
 from aether.netns.records import PodRecord
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
@@ -51,7 +51,7 @@ def fleet(sas: int, dests: int, dialled: bool) -> tuple[MeshNode, dict[str, PodR
 
 
 class _Sink:
-    def publish(self, node_name: str, conditions: list[object]) -> None:
+    def publish(self, node_name: str, conditions: list[Condition]) -> None:
         pass
 
     def publish_pairs(self, node_name: str, pairs: list[object], dormant: list[object]) -> None:
@@ -62,7 +62,7 @@ def sidecar(node: MeshNode, records: dict[str, PodRecord]) -> Sidecar:
     sc = Sidecar(
         NODE,
         SnapshotCache(),
-        _Sink(),  # type: ignore[arg-type]
+        _Sink(),
         options=OPTS,
         path_exists=lambda _: True,
         secrets=SecretKeeper(make_source(None, OPTS)),

@@ -71,7 +71,7 @@ def setup(writer: RecordingWriter) -> tuple[Reconciler, dict[tuple[Kind, tuple[s
     def lookup(kind: Kind, key: tuple[str, str]) -> View | None:
         return objects.get((kind, key))
 
-    rec = Reconciler(writer, lookup, writer.get_meshnode, "cluster.local", debounce=0.05)  # type: ignore[arg-type]
+    rec = Reconciler(writer, lookup, writer.get_meshnode, "cluster.local", debounce=0.05)  # type: ignore[arg-type]  # duck-typed KubeWriter
     return rec, objects
 
 
@@ -135,7 +135,7 @@ async def test_a_slice_left_by_an_earlier_split_is_deleted_at_the_next_resync() 
     writer.create_slice("elsewhere.0", {"namespace": "elsewhere", "index": 0, "count": 1, "services": 0}, None)
     objects: dict[tuple[Kind, tuple[str, str]], View] = {}
     rec = Reconciler(
-        writer,  # type: ignore[arg-type]
+        writer,  # type: ignore[arg-type]  # RecordingWriter has KubeWriter's methods, not its class
         lambda kind, key: objects.get((kind, key)),
         writer.get_meshnode,
         "cluster.local",

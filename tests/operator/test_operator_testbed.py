@@ -164,7 +164,7 @@ def test_watch_resumes_from_resource_version_without_losing_events(bed: TestBed,
             core.create_namespaced_config_map("tb-watch", {"metadata": {"name": f"c{i}"}})
 
     t = threading.Thread(target=late_writes)
-    w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+    w: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]  # the kubernetes client is untyped
     t.start()
     for ev in w.stream(core.list_namespaced_config_map, "tb-watch", resource_version=rv, timeout_seconds=3):
         seen.append(ev["object"].metadata.name)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from envoy.service.discovery.v3 import discovery_pb2
 
 from aether.api.meshnode import Condition, MeshNode, QuicPair
 from aether.metrics import QUIC_PAIR_ADMISSIONS, QUIC_PAIR_FETCH_SECONDS, QUIC_PAIR_REFUSALS, REGISTRY
@@ -105,8 +106,8 @@ def rig() -> Iterator[Rig]:
         r.close()
 
 
-def _names(resp: object) -> list[str]:
-    return [r.name for r in resp.resources]  # type: ignore[attr-defined]
+def _names(resp: discovery_pb2.DeltaDiscoveryResponse) -> list[str]:
+    return [r.name for r in resp.resources]
 
 
 def _sample(name: str, **labels: str) -> float:
