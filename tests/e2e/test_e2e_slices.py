@@ -19,6 +19,7 @@ from aether.api.slices import slice_index, slice_name
 from aether.e2e.harness import Mesh
 from aether.e2e.lifecycle import restart_sidecar
 from aether.e2e.node_proxy import connected
+from aether.testing.nodebed import parse_prometheus
 from aether.testing.probe import who_answers
 from aether.testing.wait import wait_for
 
@@ -136,13 +137,7 @@ def _stamp() -> str:
 
 def _metrics(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
+        return parse_prometheus(resp.read().decode())
 
 
 def test_a_sidecar_restart_resends_nothing_unchanged(mesh: Mesh) -> None:
