@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -67,16 +68,38 @@ class Interrupted(BaseException):
     """SIGINT/SIGTERM: unwind through every `finally` so cleanup runs."""
 
 
-def _interrupt(signum: int, _frame: FrameType | None) -> None:
-    raise Interrupted(signal.Signals(signum).name)
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the aether package's folder
+_RETRY = 0.05  # seconds between tries to raise a deferred signal
+_DEFER_AT_MOST = 5.0  # then raise wherever the main thread is (a library call that never returns to us)
+_pending: list[tuple[int, float]] = []  # the signal waiting for our own code, and when it came
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Raise Interrupted, but only from our own code: raised inside a library (seen: urllib3 putting a connection
+    back into its pool, between a lock's acquire and the `with` that releases it) the exception leaves that lock
+    held, and the library's own `finally` then waits on it forever. Elsewhere it retries every 50 ms via SIGALRM."""
+    if signum == signal.SIGALRM:
+        if not _pending:
+            return
+        signum, since = _pending[0]
+    else:
+        _pending[:] = [(signum, time.monotonic())]
+        since = _pending[0][1]
+    ours = frame is not None and frame.f_code.co_filename.startswith(_OURS)
+    if ours or time.monotonic() - since > _DEFER_AT_MOST:
+        _pending.clear()
+        raise Interrupted(signal.Signals(signum).name)
+    signal.setitimer(signal.ITIMER_REAL, _RETRY)
 
 
 @contextlib.contextmanager
 def _signals_raise() -> Iterator[None]:
-    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _pending.clear()
         for s, h in old.items():
             signal.signal(s, h)
 
