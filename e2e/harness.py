@@ -206,9 +206,9 @@ class Mesh:
             check=True,
             timeout=60,
         ).stdout
-        envoy = start_envoy(
-            json.loads(boot), node.workdir, lab=self.lab, netns=node.net.netns, args=["--concurrency", "1"]
-        )
+        config = json.loads(boot)
+        config["static_resources"].setdefault("listeners", []).extend(node.static_listeners)
+        envoy = start_envoy(config, node.workdir, lab=self.lab, netns=node.net.netns, args=["--concurrency", "1"])
         node.envoy = envoy
         self.progress(
             f"node {node.name}: Envoy (base-id {envoy.base_id}) running in {node.net.netns}, ADS over {node.ads_sock}"

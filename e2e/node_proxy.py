@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aether.testing.envoy import Envoy
 from aether.testing.netlab import Node
@@ -21,6 +22,9 @@ class MeshNodeProxy:
     workdir: Path
     sidecar: subprocess.Popen[bytes] | None = None
     envoy: Envoy | None = None
+    # Listeners added to the bootstrap `aether xds bootstrap` writes, before each Envoy of this node starts: config
+    # the sidecar did not make (a test's stale or hand-made route, e.g. aether.e2e.stale_routes).
+    static_listeners: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def records(self) -> Path:

@@ -6,6 +6,10 @@ app received, plus the MeshNode's pair state (and `kubectl get meshnodes`' count
 
 Whether a twin was fetched on demand is read from node-a's sidecar (`aether_quic_pair_fetch_seconds_count` on its
 `--metrics` endpoint): "no fetch" means that count did not move.
+
+node-a's Envoy also runs a stale listener (`aether.e2e.stale_routes`: config the sidecar did not make, in its
+bootstrap from the start) whose routes name twins that fail the sidecar's check; Service `idle` has no ready
+endpoints (known to node-a, not QUIC-eligible). Only the bogus-name scenario sends requests there.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import json
 import re
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -35,6 +41,8 @@ from aether.e2e.lifecycle import (
     wait_pairs,
 )
 from aether.e2e.node_proxy import MeshNodeProxy
+from aether.e2e.stale_routes import LISTENER, STALE_PORT, Served, odcds_timeouts, served, stale_listener
+from aether.testing.nodebed import parse_prometheus
 from aether.testing.probe import HttpAnswer, http_get, wait_http
 from aether.testing.wait import wait_for
 
@@ -43,6 +51,13 @@ pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 NS = "pairs"
 ALPHA, BETA = quic_twin(NS, "web", "alpha"), quic_twin(NS, "web", "beta")
 HOST = mesh_host(NS, "web")
+STALE = {  # Host on node-a's stale listener -> (the cluster its route names, the sidecar's refusal reason)
+    "malformed": ("quic:pairs/web", "MalformedName"),
+    "source-not-local": (quic_twin(NS, "web", "nobody"), "SourceNotLocal"),
+    "not-a-dependency": (quic_twin(NS, "nosuch", "alpha"), "DestinationNotADependency"),
+    "ineligible": (quic_twin(NS, "idle", "alpha"), "DestinationIneligible"),
+    "not-a-twin": ("h2:pairs/nosuch", None),  # not judged by the pair check: the ADS server answers it absent
+}
 
 
 def _free_port() -> int:
@@ -61,12 +76,19 @@ def mesh() -> Iterator[Mesh]:
     m = Mesh(namespace=NS, areas="udp,tcp-floor,eastwest", shared_ca=True)
     try:
         a, b = m.add_node("node-a"), m.add_node("node-b")
+        a.static_listeners.append(stale_listener({h: c for h, (c, _) in STALE.items()}, a.workdir / "stale.log"))
         m.start_node_proxies()
         m.add_pod(a, "client-a", sa="alpha")
         m.add_pod(a, "client-b", sa="beta")
         m.add_http_backend(b, "web-0", sa="web")
         m.add_http_service("web", ["web-0"])
-        m.kube.wait_meshnode("node-a", lambda o: bool((o.get("status") or {}).get("quic", {}).get("destinations")))
+        m.add_http_service("idle", [])  # no ready endpoints: not QUIC-eligible
+
+        def quic_lists(o: dict[str, Any]) -> bool:
+            quic = (o.get("status") or {}).get("quic") or {}
+            return bool(quic.get("destinations")) and any(i["service"] == f"{NS}/idle" for i in quic["ineligible"])
+
+        m.kube.wait_meshnode("node-a", quic_lists)
         # node-a's sidecar with its metrics endpoint (both sidecars share the harness's netns: one port)
         m.sidecar_args = ("--metrics", f"127.0.0.1:{METRICS_PORT}")
         restart_sidecar(m, a)
@@ -81,10 +103,19 @@ def node_a(mesh: Mesh) -> MeshNodeProxy:
     return mesh.nodes["node-a"]
 
 
+def metrics() -> str:
+    return str(urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode())
+
+
 def fetches() -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
-    m = re.search(r"^aether_quic_pair_fetch_seconds_count (\S+)$", text, re.M)
+    m = re.search(r"^aether_quic_pair_fetch_seconds_count (\S+)$", metrics(), re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def refusals() -> dict[str, float]:
+    """`aether_quic_pair_refusals_total` by reason."""
+    rx = re.compile(r'aether_quic_pair_refusals_total\{reason="(\w+)"\}')
+    return {m.group(1): v for k, v in parse_prometheus(metrics()).items() if (m := rx.fullmatch(k))}
 
 
 def twin_stat(mesh: Mesh, twin: str, stat: str) -> int:
@@ -256,3 +287,54 @@ def test_api_down_the_sidecar_admits_from_memory_and_catches_up(mesh: Mesh) -> N
         60,
         "PairsPersisted=True after the outage",
     )
+
+
+def stale_ask(mesh: Mesh, host: str) -> tuple[float, Served]:
+    """One request to the stale listener: (seconds it took, its access log line)."""
+    a, seen = node_a(mesh), len(served(node_a(mesh).workdir / "stale.log"))
+    t0 = time.monotonic()
+    got = http_get(a.net.path, host, port=STALE_PORT)
+    took = time.monotonic() - t0
+    line = wait_for(lambda: served(a.workdir / "stale.log")[seen:], 10, f"{host} in the stale access log")
+    assert got.status == 503 and [(x.host, x.status, x.flags) for x in line] == [(host, 503, "NC")], (got, line)
+    return took, line[0]
+
+
+def test_a_bogus_twin_name_is_a_fast_503_and_other_pairs_are_unaffected(mesh: Mesh) -> None:
+    """Each name the stale listener routes to (one per refusal reason, and a name that is not a twin): the first
+    request is answered absent by the sidecar at once, 503 NC well inside the on-demand timeout, with the refusal
+    counted by reason and logged, and no pair. An existing pair and a new pair's first use are 200 over HTTP/3 right
+    after. Envoy 1.40 keeps its subscription to a name answered absent and never asks again: a second request to
+    it waits the whole timeout, then 503 NC, with nothing new at the sidecar (docs/operations.md#quic-pairs)."""
+    a = node_a(mesh)
+    timeouts = odcds_timeouts(a.running_envoy())
+    timeout = timeouts.pop(LISTENER)
+    assert timeouts and set(timeouts.values()) == {timeout}, timeouts  # the sidecar's outbounds: the same timeout
+    pairs, dormant, _ = pair_state(mesh, a)
+    for host, (name, reason) in STALE.items():
+        before, fetched = refusals(), fetches()
+        took, line = stale_ask(mesh, host)
+        assert took < timeout / 2, f"{host}: {took:.3f} s, on-demand timeout {timeout} s"
+        want = {**before, reason: before.get(reason, 0) + 1} if reason else before
+        assert (refusals(), fetches()) == (want, fetched + (1 if reason else 0)), host
+        why = f"QUIC twin {name} refused (answered absent): {reason}"
+        assert (why in (a.workdir / "sidecar.log").read_text()) == bool(reason), why  # logged before the answer
+        assert not envoy_has(mesh, name)
+        print(f"{host}: {name} -> 503 NC in {took * 1000:.1f} ms (Envoy {line.duration_ms} ms; timeout {timeout} s)")
+    call(mesh, "client-a", "alpha")  # an existing pair
+    mesh.add_pod(a, "client-d", sa="delta")
+    delta = quic_twin(NS, "web", "delta")
+    mesh.kube.wait_meshnode("node-a", lambda o: "client-d" in json.dumps((o.get("status") or {}).get("pods")))
+    fetched = fetches()
+    call(mesh, "client-d", "delta", retry=True)  # a new pair's first use (retry: its listeners may be arriving)
+    assert fetches() == fetched + 1
+    wait_pairs(mesh, a, {*pairs, delta}, set(dormant))  # written after the refusals: none of them is a pair
+    cols = printer_columns(mesh, a)
+    assert cols is None or cols["QUIC PAIRS"] == str(len(pairs) + 1), cols
+    # the same bogus name again: Envoy does not ask, waits its on-demand timeout, then 503 NC
+    before, fetched = refusals(), fetches()
+    took, line = stale_ask(mesh, "source-not-local")
+    assert took >= timeout * 0.95 and line.duration_ms >= timeout * 1000 * 0.95, (took, line)
+    assert (refusals(), fetches()) == (before, fetched)  # the sidecar was not asked
+    print(f"source-not-local again: 503 NC in {took * 1000:.1f} ms (Envoy {line.duration_ms} ms)")
+    call(mesh, "client-a", "alpha")

@@ -61,17 +61,23 @@ def stamp_identity(identity: str, factory: str) -> dict[str, Any]:
     }
 
 
-def listener(pod: LocalPod, options: EastWestOptions) -> dict[str, Any]:
+def on_demand_filter(options: EastWestOptions) -> dict[str, Any]:
+    """The `on_demand` HTTP filter the outbound runs before the router: a route's cluster Envoy lacks is fetched over
+    on-demand CDS on the ADS stream (no `resources_locator`), waiting at most `odcds_timeout_s`."""
     on_demand: dict[str, Any] = {"@type": ON_DEMAND_TYPE}
     if options.config_source is None or "ads" in options.config_source:
         on_demand["odcds"] = {"source": _cs(options), "timeout": seconds(options.odcds_timeout_s)}
+    return {"name": "envoy.filters.http.on_demand", "typed_config": on_demand}
+
+
+def listener(pod: LocalPod, options: EastWestOptions) -> dict[str, Any]:
     hcm = {
         "@type": HCM_TYPE,
         "stat_prefix": "http_outbound",
         "codec_type": "AUTO",
         "strip_any_host_port": True,
         "rds": {"route_config_name": options.http_outbound_route, "config_source": _cs(options)},
-        "http_filters": [{"name": "envoy.filters.http.on_demand", "typed_config": on_demand}, ROUTER],
+        "http_filters": [on_demand_filter(options), ROUTER],
         "access_log": file_access_logs(options.access_log_path),
     }
     return {
