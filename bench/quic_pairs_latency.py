@@ -4,60 +4,100 @@ node-a, each with its own ServiceAccount, calling Service web on node-b.
 
     .venv/bin/python -m bench.quic_pairs_latency [--sources 12] [--warm 20]
 
-Each pod makes its first request (its pair's first use: Envoy pauses it, fetches the twin, resumes it over
-HTTP/3), then `--warm` more. Every request is timed inside the pod's netns (connect to the outbound listener,
-GET, read the whole answer; one connection per request). Printed: p50 of first requests, p50 of warm ones, the
-difference (the target: <= 5 ms added), and node-a's sidecar's own part (`aether_quic_pair_fetch_seconds`).
+Every request is curl's (`time_total`, one connection per request to the outbound listener), run in the pod's
+netns as its own process: the API test bed lives in this process, and a client here would be timed with the
+GIL the test bed holds while the sidecar writes the pair. Three arms, one run:
+
+1. first use: each pod's first request (Envoy pauses it, fetches the twin over ODCDS, resumes it over HTTP/3),
+   then `--warm` more (warm: the twin and its QUIC connection exist);
+2. after node-a's Envoy restarts (a new process: the persisted pairs' twins come back with the snapshot, no
+   connection yet): each pod's first request again, with no fetch (checked), so it pays only the new source
+   identity's QUIC handshake; then `--warm` more.
+
+Printed: p50 of each, the first use's addition over warm, split into the on-demand part (first use minus
+handshake-only) and the handshake part (handshake-only minus warm); node-a's sidecar's own part
+(`aether_quic_pair_fetch_seconds`) and Envoy's QUIC connect time per twin (`upstream_cx_connect_ms`).
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import re
 import statistics
-import time
+import subprocess
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from aether.api.naming import mesh_host, spiffe_id
 from aether.e2e.harness import Mesh
-from aether.e2e.lifecycle import restart_sidecar
+from aether.e2e.lifecycle import restart_envoy, restart_sidecar
 from aether.netns.contract import HTTP_OUTBOUND_PORT
-from aether.netns.nsthread import run_in_netns
+from aether.testing.wait import wait_for
 
 NS = "bench"
 METRICS_PORT = 19392
+URL = f"http://127.0.0.1:{HTTP_OUTBOUND_PORT}/"
 
 
-def timed_get(netns: str, host: str) -> tuple[float, int, str]:
-    def get() -> tuple[float, int, str]:
-        t0 = time.perf_counter()
-        conn = http.client.HTTPConnection("127.0.0.1", HTTP_OUTBOUND_PORT, timeout=10)
-        try:
-            conn.request("GET", "/", headers={"Host": host})
-            resp = conn.getresponse()
-            body = resp.read().decode(errors="replace")
-            return (time.perf_counter() - t0) * 1000, resp.status, body
-        finally:
-            conn.close()
+def curl(netns: str, host: str) -> tuple[float, int, str]:
+    """One GET by curl in the pod's netns: (curl's time_total in ms, status, body)."""
+    out = subprocess.run(
+        [
+            "nsenter",
+            f"--net={netns}",
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            "-H",
+            f"Host: {host}",
+            "-w",
+            "\n%{http_code} %{time_total}",
+            URL,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    body, _, tail = out.stdout.rpartition("\n")
+    code, _, total = tail.partition(" ")
+    if out.returncode != 0:
+        raise SystemExit(f"curl failed ({out.returncode}): {out.stderr.strip()}")
+    return float(total) * 1000, int(code), body
 
-    return run_in_netns(netns, get)
 
-
-def sidecar_fetch_ms() -> tuple[float, float]:
+def sidecar_fetches() -> tuple[float, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
     s = re.search(r"^aether_quic_pair_fetch_seconds_sum (\S+)$", text, re.M)
     c = re.search(r"^aether_quic_pair_fetch_seconds_count (\S+)$", text, re.M)
     return (float(s.group(1)) * 1000 if s else 0.0), (float(c.group(1)) if c else 0.0)
 
 
+def debug(envoy: Any, loggers: str) -> None:
+    if loggers == "all":
+        envoy.admin("/logging?level=debug", "POST")
+    else:
+        envoy.admin("/logging?paths=" + ",".join(f"{n}:debug" for n in loggers.split(",")), "POST")
+
+
+def p50(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.quic_pairs_latency", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sources", type=int, default=12)
+    ap.add_argument("--sources", type=int, default=24)
+    ap.add_argument("--block", type=int, default=4, help="sources per sidecar setting (announce on/off alternate)")
     ap.add_argument("--warm", type=int, default=20)
     ap.add_argument("--workdir", type=Path, help="keep the mesh's logs here (default: a temporary directory)")
-    ap.add_argument("--envoy-debug", action="store_true", help="node-a's Envoy logs at debug level (a timeline)")
+    ap.add_argument(
+        "--envoy-debug",
+        nargs="?",
+        const="all",
+        metavar="LOGGERS",
+        help="both Envoys log at debug level for a timeline: all loggers, or e.g. upstream,config (cheaper)",
+    )
     args = ap.parse_args()
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
@@ -70,47 +110,91 @@ def main() -> None:
         m.add_http_backend(b, "web-0", sa="web")
         m.add_http_service("web", ["web-0"])
         m.kube.wait_meshnode("node-a", lambda o: bool((o.get("status") or {}).get("quic", {}).get("destinations")))
-        m.sidecar_args = ("--metrics", f"127.0.0.1:{METRICS_PORT}")
-        restart_sidecar(m, a)
-        m.programmed(a)
-        m.programmed(b)
         host = mesh_host(NS, "web")
-        first: list[float] = []
-        warm: list[float] = []
-        mem_before = a.stat("server.memory_allocated")
-        if args.envoy_debug:
-            a.running_envoy().admin("/logging?level=debug", "POST")
-        for pod, sa in pods.items():
-            netns = m.pods[pod].netns_path
-            ms, status, body = timed_get(netns, host)
+
+        def use(pod: str, label: str) -> tuple[float, list[float]]:
+            netns, sa = m.pods[pod].netns_path, pods[pod]
+            ms, status, body = curl(netns, host)
             if status != 200 or spiffe_id(NS, sa) not in body:
-                raise SystemExit(f"{pod}: first request {status}: {body[:200]}")
-            first.append(ms)
+                raise SystemExit(f"{label}: {pod}: first request {status}: {body[:200]}")
+            warm = []
             for _ in range(args.warm):
-                ms, status, body = timed_get(netns, host)
+                wms, status, _ = curl(netns, host)
                 if status != 200:
-                    raise SystemExit(f"{pod}: warm request {status}")
-                warm.append(ms)
+                    raise SystemExit(f"{label}: {pod}: warm request {status}")
+                warm.append(wms)
+            return ms, warm
+
+        first: dict[str, list[float]] = {"on": [], "off": []}
+        warm: list[float] = []
+        fetch_ms: dict[str, list[float]] = {"on": [], "off": []}
+        mem_before = mem_after = 0.0
+        names = list(pods)
+        for i in range(0, len(names), args.block):
+            setting = "on" if (i // args.block) % 2 == 0 else "off"
+            m.sidecar_args = ("--metrics", f"127.0.0.1:{METRICS_PORT}", "--announce", setting)
+            restart_sidecar(m, a)
+            m.programmed(a)
+            if args.envoy_debug:
+                debug(a.running_envoy(), args.envoy_debug)
+                debug(b.running_envoy(), args.envoy_debug)
+            if not mem_before:
+                mem_before = a.stat("server.memory_allocated")
+            for pod in names[i : i + args.block]:
+                ms, ws = use(pod, f"first use, announce {setting}")
+                first[setting].append(ms)
+                warm += ws
+            total, count = sidecar_fetches()
+            if count:
+                fetch_ms[setting].append(total / count)
         mem_after = a.stat("server.memory_allocated")
-        total, count = sidecar_fetch_ms()
         connect = a.admin("/stats?usedonly&filter=^cluster\\.quic_.*upstream_cx_connect_ms$")
-    p50f, p50w = statistics.median(first), statistics.median(warm)
-    print(f"{args.sources} new pairs, {len(warm)} warm requests (one connection each), node-a --concurrency 1")
-    print(f"  first request p50 {p50f:.2f} ms (min {min(first):.2f}, max {max(first):.2f})")
-    print(f"  warm request  p50 {p50w:.2f} ms (min {min(warm):.2f}, max {max(warm):.2f})")
-    print(f"  added by the first use: {p50f - p50w:.2f} ms p50 (ratio {p50f / p50w:.2f})")
-    if count:
-        print(f"  of which in node-a's sidecar (fetch hook, mean of {count:.0f}): {total / count:.2f} ms")
-    per_pair = (mem_after - mem_before) / args.sources / 1024
+        _, fetches = sidecar_fetches()
+        restart_envoy(m, a)
+        for sa in pods.values():  # every twin back in the new Envoy (persisted pairs) before its first request
+            twin = f"quic:{NS}/web@{sa}"
+            wait_for(lambda t=twin: f"{t}::" in a.admin("/clusters"), 30, f"{twin} in the new Envoy")  # type: ignore[misc]
+        hs_first: list[float] = []
+        hs_warm: list[float] = []
+        for pod in names:
+            ms, ws = use(pod, "after the proxy restart")
+            hs_first.append(ms)
+            hs_warm += ws
+        _, fetches_after = sidecar_fetches()
+    if fetches_after != fetches:
+        raise SystemExit(f"the proxy-restart arm fetched {fetches_after - fetches:.0f} twins: not handshake-only")
+    on, w, h, w2 = p50(first["on"]), p50(warm), p50(hs_first), p50(hs_warm)
+    off = p50(first["off"]) if first["off"] else float("nan")
     print(
-        f"  node-a Envoy memory: {mem_before / 1e6:.1f} -> {mem_after / 1e6:.1f} MB (server.memory_allocated): "
-        f"{per_pair:.0f} KiB per live pair (its twin, load assignment, QUIC connection, stats)"
+        f"{args.sources} new pairs ({len(first['on'])} with the load assignment announced, {len(first['off'])} "
+        f"without, alternating in blocks of {args.block}), {args.warm} warm requests each; curl in the pod netns"
     )
+    print(f"  first use, announce on:        p50 {on:6.2f} ms (min {min(first['on']):.2f}, max {max(first['on']):.2f})")
+    if first["off"]:
+        print(
+            f"  first use, announce off:       p50 {off:6.2f} ms (min {min(first['off']):.2f}, max {max(first['off']):.2f})"
+        )
+    print(f"  warm (twin and connection exist): p50 {w:6.2f} ms")
+    print(
+        f"  after node-a's Envoy restarted: first request p50 {h:6.2f} ms (twin present, new QUIC connection, no fetch), warm p50 {w2:6.2f} ms"
+    )
+    print(f"  added by the first use over warm: {on - w:.2f} ms p50 (announce on), {off - w:.2f} ms (off)")
+    print(f"    the fetch (first use - first request after the restart): {on - h:.2f} ms (on), {off - h:.2f} ms (off)")
+    print(f"    the new identity's QUIC connection (first request after the restart - warm after it): {h - w2:.2f} ms")
+    for setting, xs in fetch_ms.items():
+        if xs:
+            print(
+                f"  node-a's sidecar fetch hook, announce {setting}: mean {statistics.mean(xs):.2f} ms (per block: {', '.join(f'{x:.1f}' for x in xs)})"
+            )
     p50s = [float(x) for x in re.findall(r"P50\(([\d.]+),", connect)]
     if p50s:
         print(
-            f"  each twin's QUIC connection set-up (Envoy upstream_cx_connect_ms, median over twins): {statistics.median(p50s):.1f} ms"
+            f"  each twin's QUIC connect (Envoy upstream_cx_connect_ms P50, median over twins): {statistics.median(p50s):.1f} ms"
         )
+    per_pair = (mem_after - mem_before) / args.sources / 1024
+    print(
+        f"  node-a Envoy memory: {mem_before / 1e6:.1f} -> {mem_after / 1e6:.1f} MB (server.memory_allocated): {per_pair:.0f} KiB per live pair"
+    )
 
 
 if __name__ == "__main__":

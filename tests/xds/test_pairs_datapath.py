@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
 REFUSED = "quic:default/web@client"
 GOOD = "quic:default/web2@client"
+UNANNOUNCED = "quic:default/web3@client"
 
 
 class Sink:
@@ -48,6 +49,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Sid
             [
                 SampleDestination("default/web", "web-sa", (8080,), (mesh.web.ip,), vip=VIP),
                 SampleDestination("default/web2", "web-sa", (8080,), (mesh.web.ip,)),
+                SampleDestination("default/web3", "web-sa", (8080,), (mesh.web.ip,)),
             ],
             dialled=False,
         )
@@ -65,6 +67,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mesh, Sid
         finally:
             if sidecar.pair_writer is not None:
                 sidecar.pair_writer.close()
+
+
+def _eds_updates(mesh: Mesh, twin: str) -> tuple[int, int]:
+    """(update_success, update_no_rebuild) of a twin's EDS subscription in node A's Envoy."""
+    stats = mesh.a.stats("quic_default")
+    key = f"cluster.{twin.replace(':', '_')}"
+    return stats.get(f"{key}.update_success", 0), stats.get(f"{key}.update_no_rebuild", 0)
 
 
 def _refusals() -> float:
@@ -87,6 +96,22 @@ def test_a_refused_twin_is_a_fast_503_and_other_pairs_are_unaffected(served: tup
     assert sidecar.pairs.state is not None
     assert GOOD in sidecar.pairs.state.twins() and REFUSED not in sidecar.pairs.state.twins()
     wait_for(lambda: sink.pairs and [p.twin for p in sink.pairs[-1]] == [GOOD], 10, "only the good pair persisted")
+    # the twin warmed from its announced load assignment (sent right after the twin, before Envoy subscribed):
+    # Envoy took it, then the copy answering its subscription, which changed nothing
+    assert _eds_updates(mesh, GOOD) == (2, 1)
+
+
+def test_without_the_announce_the_twin_takes_one_load_assignment(served: tuple[Mesh, Sidecar, Sink]) -> None:
+    """The negative control of the check above (`--announce off`): the twin's load assignment goes out only when
+    Envoy asks, so its EDS subscription sees one update, and the first use is still 200 over HTTP/3."""
+    mesh, _, _ = served
+    mesh.ads.servicer.announce = False
+    try:
+        (status, body), *_ = http_in_netns(mesh.client.netns, f"web3.default.{MD}", ip="127.0.0.1")
+    finally:
+        mesh.ads.servicer.announce = True
+    assert (status, xfcc_uri(body)) == (200, CLIENT)
+    assert _eds_updates(mesh, UNANNOUNCED) == (1, 0)
 
 
 def test_a_refused_name_is_never_asked_again_and_is_published_once_it_passes(

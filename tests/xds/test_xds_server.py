@@ -228,3 +228,56 @@ def test_a_request_racing_a_new_snapshot_gets_every_type_in_order() -> None:
     # the watch event that follows finds nothing left to send
     snap = cache.get(NODE)
     assert snap is not None and list(server._push(stream, snap)) == []
+
+
+def _eds_base() -> Resources:
+    """A snapshot with one EDS cluster (`base`) and its load assignment, plus a fetchable `od` pair."""
+    cla = {"clusterName": "base", "endpoints": [{"lbEndpoints": []}]}
+    eds = {"name": "base", "type": "EDS", "connectTimeout": "1s", "edsClusterConfig": {"edsConfig": {"ads": {}}}}
+    return {CLUSTER: {"base": eds}, ENDPOINT: {"base": cla}}
+
+
+def _with_od(res: Resources) -> Resources:
+    od = {**res[CLUSTER]["base"], "name": "od", "edsClusterConfig": {"serviceName": "od", "edsConfig": {"ads": {}}}}
+    return {CLUSTER: {**res[CLUSTER], "od": od}, ENDPOINT: {**res[ENDPOINT], "od": {"clusterName": "od"}}}
+
+
+@pytest.mark.parametrize("announce", [True, False])
+def test_a_fetched_clusters_load_assignment_is_announced_and_still_answered_when_asked(announce: bool) -> None:
+    """An on-demand fetch's companions (the twin's own load assignment) go out right after the fetched cluster,
+    before the client subscribes to them; they are not recorded as held, so the subscription that follows is
+    answered as usual (Envoy takes that copy as an update that changes nothing; a copy it dropped would cost that
+    round trip, never a wait). `announce=False` is the sidecar's `--announce off`: only the cluster."""
+    from aether.xds.ads.server import _Stream
+
+    cache = SnapshotCache()
+    base = _eds_base()
+    cache.set_snapshot(NODE, make_snapshot(base))
+    server = DeltaAdsServer(cache, announce=announce)
+
+    def fetch(node: str, type_url: str, names: set[str]) -> Mapping[str, frozenset[str]]:
+        cache.set_snapshot(node, make_snapshot(_with_od(base)))
+        return {ENDPOINT: frozenset(names), LISTENER: frozenset(names)}  # LDS not started: nothing announced
+
+    server.on_demand = fetch
+    stream = _Stream(id=1, node=NODE)
+
+    def ask(type_url: str, nonce: str = "", sub: tuple[str, ...] = ()) -> list[discovery_pb2.DeltaDiscoveryResponse]:
+        req = discovery_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=nonce, resource_names_subscribe=sub)
+        return list(server._on_request(stream, req))
+
+    (cds,) = ask(CLUSTER)
+    (eds,) = ask(ENDPOINT, sub=("base",))
+    assert ask(CLUSTER, cds.nonce) == [] and ask(ENDPOINT, eds.nonce) == []
+    answered = ask(CLUSTER, sub=("od",))  # the on_demand filter's fetch
+    if not announce:
+        assert [(r.type_url, _names(r)) for r in answered] == [(CLUSTER, ["od"])]
+        return
+    assert [(r.type_url, _names(r)) for r in answered] == [(CLUSTER, ["od"]), (ENDPOINT, ["od"])]
+    assert [(s.type_url, s.announced) for s in list(server.sent)[-2:]] == [(CLUSTER, False), (ENDPOINT, True)]
+    assert "od" not in stream.types[ENDPOINT].known  # announced, not held
+    assert ask(ENDPOINT, answered[1].nonce) == []  # the announce's ACK: nothing to send
+    # the cluster's EDS subscription arrives (Envoy sent it while processing the cluster): answered, a copy
+    (copy,) = ask(ENDPOINT, sub=("od",))
+    assert _names(copy) == ["od"] and stream.types[ENDPOINT].known["od"]
+    assert ask(ENDPOINT, copy.nonce) == []

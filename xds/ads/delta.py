@@ -86,6 +86,10 @@ class TypeState:
         self.pending[nonce] = Sent(snapshot_version, prior)
         self.answered = True
 
+    def record_announced(self, nonce: str, snapshot_version: str) -> None:
+        """A response of names the client had not asked for: awaiting its ACK, holding nothing (`known` unchanged)."""
+        self.pending[nonce] = Sent(snapshot_version, {})
+
     def ack(self, nonce: str) -> Sent | None:
         return self.pending.pop(nonce, None)
 

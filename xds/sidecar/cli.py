@@ -2,6 +2,7 @@
 
     aether xds --node N [--state FILE | --kubeconfig F] [--listen ADDR] [--allow-sds-over-tcp] [--records DIR]
                [--status-out FILE] [--metrics ADDR] [--quic-pair-fetch-window DURATION]
+               [--announce on|off]
     aether xds render --state FILE [--node N] [--records DIR]
     aether xds bootstrap --node N [--xds ADDR] [--admin ADDR]
 
@@ -214,6 +215,13 @@ def _serve(argv: list[str]) -> int:
         help="a stored QUIC pair with no evidence of use (fetch, re-subscription, held) this long after the sidecar "
         "starts is pruned with its twin; never a dormant one (default 1h; docs/pairs.md)",
     )
+    p.add_argument(
+        "--announce",
+        choices=("on", "off"),
+        default="on",
+        help="on: a fetched twin's load assignment goes out right after the twin, before Envoy subscribes to it "
+        "(saves a round trip on a pair's first request); off: only when asked (default on; docs/pairs.md)",
+    )
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
     from aether.xds.translate.compose import AREAS
@@ -274,7 +282,7 @@ def _serve(argv: list[str]) -> int:
         policies = importlib.import_module("aether.xds.sidecar.kube_policies")
         sidecar.awaiting_policies = True
         policies.start(sidecar.on_policies, stop, args.kubeconfig)
-    servicer = DeltaAdsServer(cache, events=sidecar, on_demand=sidecar.on_demand)
+    servicer = DeltaAdsServer(cache, events=sidecar, on_demand=sidecar.on_demand, announce=args.announce == "on")
     try:
         server, port = serve(servicer, args.listen)
     except (OSError, RuntimeError) as exc:

@@ -38,7 +38,7 @@ from aether.api.meshnode import Condition, MeshNode, QuicPair
 from aether.metrics import QUIC_PAIR_FETCH_SECONDS, XDS_GATE_REFUSALS
 from aether.netns.records import PodRecord, load_records
 from aether.xds.ads.cache import SnapshotCache, make_snapshot
-from aether.xds.ads.server import Events
+from aether.xds.ads.server import Companions, Events
 from aether.xds.codec.protojson import CodecError
 from aether.xds.gates.core import GateFailure, PathExists, run_gates
 from aether.xds.gates.refuse import refuse_arms, refuse_listeners
@@ -55,7 +55,7 @@ from aether.xds.pairs.values import (
     Withdraw,
     is_twin_name,
 )
-from aether.xds.resources import CLUSTER, Resources, TranslateOptions, count, short_type
+from aether.xds.resources import CLUSTER, ENDPOINT, Resources, TranslateOptions, count, short_type
 from aether.xds.sidecar.secrets import SecretKeeper
 from aether.xds.sidecar.sources import StateSource, StatusSink
 from aether.xds.translate.compose import translate
@@ -215,11 +215,12 @@ class Sidecar(Events):
                 self._on_stream = False
         return True
 
-    def on_demand(self, node: str, type_url: str, names: set[str]) -> None:
-        """Twin names subscribed explicitly on the live stream (on-demand CDS): Fetched, then its snapshot."""
+    def on_demand(self, node: str, type_url: str, names: set[str]) -> Companions | None:
+        """Twin names subscribed explicitly on the live stream (on-demand CDS): Fetched, then its snapshot. Returns
+        the twins' load assignments (each under its twin's name) to go out with the answer."""
         twins = frozenset(n for n in names if is_twin_name(n))
         if node != self.node_name or type_url != CLUSTER or not twins or not self._eastwest():
-            return
+            return None
         t0 = time.perf_counter()
         with self._lock:
             locked = time.perf_counter()
@@ -239,6 +240,7 @@ class Sidecar(Events):
             (locked - t0) * 1000,
             "twins added" if fast else "full reconcile",
         )
+        return {ENDPOINT: twins}
 
     def _add_twins(self, decisions: list[Decision]) -> bool:
         """The on-demand fast path: a fetch that only admits (or refuses) pairs adds their twins and load
