@@ -81,6 +81,47 @@ def debug(envoy: Any, loggers: str) -> None:
         envoy.admin("/logging?paths=" + ",".join(f"{n}:debug" for n in loggers.split(",")), "POST")
 
 
+_STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6})\]"
+
+
+def _t(stamp: str) -> float:
+    _day, clock = stamp.split(" ")
+    h, mi, sec = clock.split(":")
+    return int(h) * 3600 + int(mi) * 60 + float(sec)
+
+
+def timeline(log: str, twin: str) -> tuple[float, float, float] | None:
+    """From node-a's Envoy log, one twin's first fetch: (request forwarded -> CDS answer received, answer received
+    -> the twin starts warming (Envoy builds the cluster and its TLS contexts), warming start -> warm (the load
+    assignment's wait)), in ms."""
+    esc = re.escape(twin)
+    fwd = re.search(_STAMP + rf".*forwarding the on-demand discovery request for cluster {esc} ", log, re.M)
+    if not fwd:
+        return None
+    after = log[fwd.end() :]
+    cds = re.search(
+        _STAMP + r".*Received DeltaDiscoveryResponse for type.googleapis.com/envoy.config.cluster", after, re.M
+    )
+    start = re.search(_STAMP + rf".*add/update cluster {esc} starting warming", after, re.M)
+    warm = re.search(_STAMP + rf".*warming cluster {esc} complete", after, re.M)
+    if not (cds and start and warm):
+        return None
+    t0, t1, t2, t3 = (_t(x.group(1)) for x in (fwd, cds, start, warm))
+    return (t1 - t0) * 1000, (t2 - t1) * 1000, (t3 - t2) * 1000
+
+
+def print_timeline(log: str, settings: dict[str, str]) -> None:
+    print("  node-a's Envoy, each first use (median ms): fetch answered | twin built | twin warm (load assignment)")
+    for setting in ("on", "off"):
+        rows = [r for t, s in settings.items() if s == setting and (r := timeline(log, t)) is not None]
+        if rows:
+            cols = [statistics.median(c) for c in zip(*rows, strict=True)]
+            print(
+                f"    announce {setting} ({len(rows)} twins): {cols[0]:.2f} | {cols[1]:.2f} | {cols[2]:.2f}  "
+                f"(request forwarded -> warm: {sum(cols):.2f})"
+            )
+
+
 def p50(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -98,10 +139,18 @@ def main() -> None:
         metavar="LOGGERS",
         help="both Envoys log at debug level for a timeline: all loggers, or e.g. upstream,config (cheaper)",
     )
+    ap.add_argument(
+        "--timeline",
+        action="store_true",
+        help="node-a's Envoy logs its upstream and config steps with microsecond times; print each first use's "
+        "segments (fetch answered, twin built, twin warm) per announce setting (the logging slows Envoy a little)",
+    )
     args = ap.parse_args()
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
     with Mesh(workdir=args.workdir, namespace=NS, areas="udp,tcp-floor,eastwest", shared_ca=True) as m:
+        if args.timeline:
+            m.envoy_args = ("--log-format", "[%Y-%m-%d %T.%f][%t][%l][%n] %v")
         a, b = m.add_node("node-a"), m.add_node("node-b")
         m.start_node_proxies()
         pods = {f"client-{i}": f"sa-{i}" for i in range(args.sources)}
@@ -129,6 +178,7 @@ def main() -> None:
         warm: list[float] = []
         fetch_ms: dict[str, list[float]] = {"on": [], "off": []}
         mem_before = mem_after = 0.0
+        settings: dict[str, str] = {}  # twin -> the announce setting of its first use
         names = list(pods)
         for i in range(0, len(names), args.block):
             setting = "on" if (i // args.block) % 2 == 0 else "off"
@@ -138,9 +188,12 @@ def main() -> None:
             if args.envoy_debug:
                 debug(a.running_envoy(), args.envoy_debug)
                 debug(b.running_envoy(), args.envoy_debug)
+            elif args.timeline:
+                debug(a.running_envoy(), "upstream,config")
             if not mem_before:
                 mem_before = a.stat("server.memory_allocated")
             for pod in names[i : i + args.block]:
+                settings[f"quic:{NS}/web@{pods[pod]}"] = setting
                 ms, ws = use(pod, f"first use, announce {setting}")
                 first[setting].append(ms)
                 warm += ws
@@ -148,6 +201,7 @@ def main() -> None:
             if count:
                 fetch_ms[setting].append(total / count)
         mem_after = a.stat("server.memory_allocated")
+        log_text = a.running_envoy().log_path.read_text(errors="replace") if args.timeline else ""
         connect = a.admin("/stats?usedonly&filter=^cluster\\.quic_.*upstream_cx_connect_ms$")
         _, fetches = sidecar_fetches()
         restart_envoy(m, a)
@@ -191,6 +245,8 @@ def main() -> None:
         print(
             f"  each twin's QUIC connect (Envoy upstream_cx_connect_ms P50, median over twins): {statistics.median(p50s):.1f} ms"
         )
+    if args.timeline:
+        print_timeline(log_text, settings)
     per_pair = (mem_after - mem_before) / args.sources / 1024
     print(
         f"  node-a Envoy memory: {mem_before / 1e6:.1f} -> {mem_after / 1e6:.1f} MB (server.memory_allocated): {per_pair:.0f} KiB per live pair"

@@ -81,6 +81,7 @@ class Mesh:
     areas: str = "udp,tcp-floor"  # the east-west area needs certificates this harness does not issue
     operator_args: tuple[str, ...] = ()  # extra `aether operator` flags, e.g. ("--debounce", "0.01")
     sidecar_args: tuple[str, ...] = ()  # extra `aether xds` flags for every node, e.g. ("--udp-preserve-source",)
+    envoy_args: tuple[str, ...] = ()  # extra Envoy flags for every node proxy started after it is set
     # One CA for the whole mesh: the harness issues each pod's SVID into a PEM directory every sidecar reads
     # (--certs-dir), as a cert-manager/spiffe-helper would. Without it each sidecar uses its own built-in CA,
     # which is enough on one node but not across nodes.
@@ -208,7 +209,7 @@ class Mesh:
         ).stdout
         config = json.loads(boot)
         config["static_resources"].setdefault("listeners", []).extend(node.static_listeners)
-        envoy = start_envoy(config, node.workdir, lab=self.lab, netns=node.net.netns, args=["--concurrency", "1"])
+        envoy = start_envoy(config, node.workdir, lab=self.lab, netns=node.net.netns, args=["--concurrency", "1", *self.envoy_args])
         node.envoy = envoy
         self.progress(
             f"node {node.name}: Envoy (base-id {envoy.base_id}) running in {node.net.netns}, ADS over {node.ads_sock}"

@@ -11,6 +11,7 @@ from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.metrics import XDS_GATE_REFUSALS
 from aether.netns.records import PodRecord
 from aether.testing.samples import node_with, records_for
+from aether.testing.wait import wait_for
 from aether.xds.ads.cache import SnapshotCache
 from aether.xds.gates.core import arms_resolve, clusters_named_by, netns_exist, run_gates, unique_binds, unique_vips
 from aether.xds.gates.refuse import refuse_arms, refuse_listeners
@@ -195,6 +196,7 @@ def test_the_sidecar_serves_the_rest_of_a_state_with_a_duplicate_vip_and_says_so
     cond = sink.seen[-1]
     assert (cond.status, cond.reason) == ("Unknown", "Pending") and "duplicate-vip" in cond.message
     sc.on_ack("node-a", LISTENER, snap.version)
+    wait_for(lambda: sink.seen[-1] == sc.condition, 10, "the ACK's condition written (publisher thread)")
     cond = sink.seen[-1]
     assert (cond.status, cond.reason) == ("True", "AcceptedWithRefusals") and "duplicate-vip" in cond.message
     sc.poll_secrets()

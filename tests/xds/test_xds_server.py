@@ -13,6 +13,7 @@ from aether.api.meshnode import MeshNode
 from aether.netns.records import PodRecord
 from aether.testing.ads_client import Client
 from aether.testing.samples import node_with, records_for
+from aether.testing.wait import wait_for
 from aether.xds.ads.cache import SnapshotCache, make_snapshot
 from aether.xds.ads.server import DeltaAdsServer, Events, serve
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, Resources, TranslateOptions
@@ -155,7 +156,8 @@ def test_nack_rolls_back_to_the_last_good_state_and_says_why(
         c.send(ENDPOINT, resource_names_subscribe=["udp:default/svc-0", "udp:default/svc-1"])
         eds = c.recv()
         c.send(ENDPOINT, response_nonce=eds.nonce)
-        assert statuses[-1].startswith("True/Accepted")
+        # ACK and NACK hooks leave the write to the publisher thread: the stream never waits for the API
+        wait_for(lambda: statuses and statuses[-1].startswith("True/Accepted"), 10, "Programmed=True written")
         bad = node_with(2, 1)
         bad.status.udp.services[1].endpoints[0].ip = "not-an-ip"
         sidecar.on_state(bad)
@@ -171,7 +173,7 @@ def test_nack_rolls_back_to_the_last_good_state_and_says_why(
         assert _names(undo) == ["udp:default/svc-1"]
         assert undo.system_version_info == good_version != bad_version
         assert cache.get(NODE).version == good_version  # type: ignore[union-attr]
-        assert statuses[-1].startswith("False/Rejected")
+        wait_for(lambda: statuses[-1].startswith("False/Rejected"), 10, "Programmed=False written")
         assert good_version is not None
         assert "malformed IP address: not-an-ip" in statuses[-1] and good_version in statuses[-1]
         c.send(ENDPOINT, response_nonce=undo.nonce)

@@ -11,6 +11,7 @@ import yaml
 from aether.api.meshnode import Condition
 from aether.metrics import XDS_GATE_REFUSALS
 from aether.testing.samples import node_with, records_for
+from aether.testing.wait import wait_for
 from aether.xds.ads.cache import SnapshotCache
 from aether.xds.resources import LISTENER, TranslateOptions
 from aether.xds.sidecar.loop import Sidecar
@@ -25,6 +26,13 @@ class Sink:
 
     def publish(self, node_name: str, conditions: list[Condition]) -> None:
         self.seen.append(conditions[0])
+
+
+def written(sink: Sink, sc: Sidecar) -> Condition:
+    """The sidecar's condition once the sink has it: an ACK/NACK hook leaves the write to the publisher thread."""
+    wait_for(lambda: bool(sink.seen) and sink.seen[-1] == sc.condition, 10, "the condition written")
+    assert sc.condition is not None
+    return sc.condition
 
 
 def _sidecar(sink: Sink) -> tuple[Sidecar, SnapshotCache]:
@@ -114,9 +122,40 @@ def test_a_missing_slice_is_served_without_and_said_in_programmed() -> None:
     assert cache.get("node-a") is not None and sink.seen[-1].reason == "Pending"
     assert sc.served_version is not None
     sc.on_ack("node-a", LISTENER, sc.served_version)
-    cond = sink.seen[-1]
+    cond = written(sink, sc)
     assert (cond.status, cond.reason) == ("False", "SlicesIncomplete")
     assert "missing: default.1" in cond.message and "the rest served" in cond.message
     sc.on_state(node_with(3, 1))
     sc.on_ack("node-a", LISTENER, sc.served_version)
-    assert (sink.seen[-1].status, sink.seen[-1].reason) == ("True", "Accepted")
+    cond = written(sink, sc)
+    assert (cond.status, cond.reason) == ("True", "Accepted")
+
+
+def test_an_ack_never_waits_for_the_api() -> None:
+    """The ACK that turns Programmed True runs on the ADS stream's thread: the write goes to the publisher thread,
+    so the stream's next request (a pair's fetch in a burst of first uses) never queues behind the API. Red when
+    on_ack writes in place: it would block here until the API answered."""
+    release = threading.Event()
+    blocking = False
+
+    class SlowApi(Sink):
+        def publish(self, node_name: str, conditions: list[Condition]) -> None:
+            if blocking:
+                release.wait(30)
+            super().publish(node_name, conditions)
+
+    sink = SlowApi()
+    sc, _ = _sidecar(sink)
+    node = node_with(2, 1)
+    sc.on_records(records_for(node))
+    sc.on_state(node)
+    blocking = True  # the API stops answering
+    acked = threading.Thread(target=sc.on_ack, args=("node-a", LISTENER, sc.served_version), daemon=True)
+    acked.start()
+    acked.join(5)
+    try:
+        assert not acked.is_alive(), "on_ack waited for the API"
+        assert sc.condition is not None and (sc.condition.status, sc.condition.reason) == ("True", "Accepted")
+    finally:
+        release.set()
+    assert written(sink, sc).reason == "Accepted"

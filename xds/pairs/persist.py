@@ -92,11 +92,16 @@ class PairWriter:
         backoff: float = 1.0,
         max_backoff: float = 30.0,
         min_interval: float = 0.2,
+        settle: float = 0.05,
     ) -> None:
         self.node_name, self.sink, self.trust_domain = node_name, sink, trust_domain
         self.condition_cb, self.backoff, self.max_backoff = condition, backoff, max_backoff
         self.min_interval = min_interval
+        # a write starts `settle` after the first view it carries: the view comes from an ADS stream's hook
+        # (a fetch), and the write's Python work would otherwise share the GIL with that fetch's answer
+        self.settle = settle
         self._last_write = 0.0
+        self._since = 0.0  # when the oldest unwritten view was submitted
         self._cv = threading.Condition()
         self._pending: Persist | None = None
         self._stop = False
@@ -109,6 +114,8 @@ class PairWriter:
 
     def submit(self, view: Persist) -> None:
         with self._cv:
+            if self._pending is None:
+                self._since = time.monotonic()
             self._pending = view
             self._cv.notify()
 
@@ -142,7 +149,7 @@ class PairWriter:
                     self._cv.wait()
                 if self._pending is None:
                     return
-                wait = self._last_write + self.min_interval - time.monotonic()
+                wait = max(self._last_write + self.min_interval, self._since + self.settle) - time.monotonic()
                 if wait > 0 and not self._stop:
                     self._cv.wait(wait)  # coalesce: whatever arrives meanwhile replaces the view
                     continue

@@ -24,11 +24,12 @@ request is answered without waiting for the API.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -71,6 +72,7 @@ from aether.xds.translate.eastwest.plan import (
 
 log = logging.getLogger("aether.xds.sidecar.loop")
 PROGRAMMED = "Programmed"
+PUBLISH_SETTLE_S = 0.05  # a Programmed change made on an ADS stream is written this long after (see _publish_loop)
 
 
 def _now() -> str:
@@ -142,6 +144,17 @@ class Sidecar(Events):
             self._publisher.start()
         self._publish_wanted.set()
 
+    @contextlib.contextmanager
+    def _stream_hook(self) -> Iterator[None]:
+        """The body of an ADS stream hook (ACK, NACK, first request, fetch): under the lock, and any condition it
+        changes is written by the publisher thread, so the stream's next request never waits for the API."""
+        with self._lock:
+            self._on_stream = True
+            try:
+                yield
+            finally:
+                self._on_stream = False
+
     def _publish_programmed(self) -> None:
         """Write the current Programmed condition (read under the publish lock: the last writer writes the latest)."""
         assert self.sink is not None
@@ -155,6 +168,9 @@ class Sidecar(Events):
     def _publish_loop(self) -> None:
         while True:
             self._publish_wanted.wait()
+            # let the stream answer first: the write's Python work would share the GIL with that answer (and a
+            # Pending that Envoy ACKs meanwhile is written once, as the latest condition)
+            time.sleep(PUBLISH_SETTLE_S)
             self._publish_wanted.clear()
             self._publish_programmed()
 
@@ -206,13 +222,9 @@ class Sidecar(Events):
         """A fresh stream's first CDS request: StreamOpened, and its snapshot, before it is answered."""
         if node != self.node_name or type_url != CLUSTER or not self._eastwest():
             return False
-        with self._lock:
-            self._on_stream = True
-            try:
-                self.pairs.stream_opened(subscribed, held)
-                self._reconcile()
-            finally:
-                self._on_stream = False
+        with self._stream_hook():
+            self.pairs.stream_opened(subscribed, held)
+            self._reconcile()
         return True
 
     def on_demand(self, node: str, type_url: str, names: set[str]) -> Companions | None:
@@ -222,15 +234,11 @@ class Sidecar(Events):
         if node != self.node_name or type_url != CLUSTER or not twins or not self._eastwest():
             return None
         t0 = time.perf_counter()
-        with self._lock:
+        with self._stream_hook():
             locked = time.perf_counter()
-            self._on_stream = True
-            try:
-                fast = self._add_twins(self.pairs.fetched(twins))
-                if not fast:
-                    self._reconcile()
-            finally:
-                self._on_stream = False
+            fast = self._add_twins(self.pairs.fetched(twins))
+            if not fast:
+                self._reconcile()
         took = time.perf_counter() - t0
         QUIC_PAIR_FETCH_SECONDS.observe(took)
         log.info(
@@ -399,7 +407,7 @@ class Sidecar(Events):
 
     # -- Envoy's answers (server Events) ---------------------------------------------------------------
     def on_ack(self, node: str, type_url: str, snapshot_version: str) -> None:
-        with self._lock:
+        with self._stream_hook():
             # only a served state waiting for Envoy turns True: after a NACK the rolled-back state is ACKed, but
             # the desired state is still not programmed (False/Rejected stays until a new desired state)
             if node == self.node_name:
@@ -410,7 +418,7 @@ class Sidecar(Events):
 
     def on_nack(self, node: str, type_url: str, snapshot_version: str, error_detail: str) -> None:
         super().on_nack(node, type_url, snapshot_version, error_detail)
-        with self._lock:
+        with self._stream_hook():
             if node != self.node_name:
                 return
             self.rejected.add(snapshot_version)

@@ -12,6 +12,7 @@ A twin that is missing is fetched on demand by the outbound's `on_demand` filter
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -39,6 +40,7 @@ __all__ = ["EastWestOptions", "build", "camel", "required_secrets", "secrets_for
 _SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 
 
+@functools.lru_cache(maxsize=4096)
 def _camel_key(key: str) -> str:
     if not _SNAKE.match(key):
         return key  # data keys (SPIFFE IDs, extension names, "@type") stay as they are
