@@ -183,8 +183,12 @@ def main() -> None:
         for i in range(0, len(names), args.block):
             setting = "on" if (i // args.block) % 2 == 0 else "off"
             m.sidecar_args = ("--metrics", f"127.0.0.1:{METRICS_PORT}", "--announce", setting)
+            log = a.workdir / "sidecar.log"
+            accepted = log.read_text(errors="replace").count("Programmed=True") if log.exists() else 0
             restart_sidecar(m, a)
-            m.programmed(a)
+            # the new sidecar's own first state served and ACKed (the API's condition may still be the old one's):
+            # a fetch during its start-up translation would wait for it (up to ~0.2 s here), not what is measured
+            wait_for(lambda n=accepted, f=log: f.read_text(errors="replace").count("Programmed=True") > n, 60, "served")  # type: ignore[misc]
             if args.envoy_debug:
                 debug(a.running_envoy(), args.envoy_debug)
                 debug(b.running_envoy(), args.envoy_debug)
