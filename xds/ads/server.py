@@ -236,18 +236,8 @@ class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: 
             )
             if not send:
                 continue
-            nonce = f"{stream.id}-{next(stream.nonces)}"
-            encoded = snap.encoded.get(type_url, {})
-            resp = discovery_pb2.DeltaDiscoveryResponse(
-                system_version_info=snap.version,
-                type_url=type_url,
-                nonce=nonce,
-                resources=[
-                    discovery_pb2.Resource(name=n, version=versions[n], resource=to_any(type_url, encoded[n]))
-                    for n in send
-                ],
-            )
-            resp.control_plane.CopyFrom(base_pb2.ControlPlane(identifier="aether-xds"))
+            resp = self._response(stream, type_url, snap, send, [])
+            nonce = resp.nonce
             ts.record_announced(nonce, snap.version)
             self.sent.append(
                 SentRecord(stream.id, stream.node, type_url, nonce, snap.version, tuple(send), (), announced=True)
@@ -263,6 +253,24 @@ class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: 
             )
             yield resp
 
+    @staticmethod
+    def _response(
+        stream: _Stream, type_url: str, snap: Snapshot, send: list[str], removed: list[str]
+    ) -> discovery_pb2.DeltaDiscoveryResponse:
+        """One response of `type_url` from `snap`, with the stream's next nonce."""
+        versions, encoded = snap.versions.get(type_url, {}), snap.encoded.get(type_url, {})
+        resp = discovery_pb2.DeltaDiscoveryResponse(
+            system_version_info=snap.version,
+            type_url=type_url,
+            nonce=f"{stream.id}-{next(stream.nonces)}",
+            removed_resources=removed,
+            resources=[
+                discovery_pb2.Resource(name=n, version=versions[n], resource=to_any(type_url, encoded[n])) for n in send
+            ],
+        )
+        resp.control_plane.CopyFrom(base_pb2.ControlPlane(identifier="aether-xds"))
+        return resp
+
     def _respond(
         self, stream: _Stream, type_url: str, snap: Snapshot
     ) -> Iterator[discovery_pb2.DeltaDiscoveryResponse]:
@@ -273,18 +281,8 @@ class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: 
         send, removed = ts.diff(versions)
         if not send and not removed and ts.answered:
             return
-        nonce = f"{stream.id}-{next(stream.nonces)}"
-        encoded = snap.encoded.get(type_url, {})
-        resp = discovery_pb2.DeltaDiscoveryResponse(
-            system_version_info=snap.version,
-            type_url=type_url,
-            nonce=nonce,
-            removed_resources=removed,
-            resources=[
-                discovery_pb2.Resource(name=n, version=versions[n], resource=to_any(type_url, encoded[n])) for n in send
-            ],
-        )
-        resp.control_plane.CopyFrom(base_pb2.ControlPlane(identifier="aether-xds"))
+        resp = self._response(stream, type_url, snap, send, removed)
+        nonce = resp.nonce
         ts.record_sent(nonce, snap.version, {n: versions[n] for n in send}, removed)
         record = SentRecord(stream.id, stream.node, type_url, nonce, snap.version, tuple(send), tuple(removed))
         self.sent.append(record)
