@@ -209,7 +209,9 @@ class Mesh:
         ).stdout
         config = json.loads(boot)
         config["static_resources"].setdefault("listeners", []).extend(node.static_listeners)
-        envoy = start_envoy(config, node.workdir, lab=self.lab, netns=node.net.netns, args=["--concurrency", "1", *self.envoy_args])
+        envoy = start_envoy(
+            config, node.workdir, lab=self.lab, netns=node.net.netns, args=["--concurrency", "1", *self.envoy_args]
+        )
         node.envoy = envoy
         self.progress(
             f"node {node.name}: Envoy (base-id {envoy.base_id}) running in {node.net.netns}, ADS over {node.ads_sock}"
