@@ -2,7 +2,8 @@
 harness (API test bed, operator, two cluster-mode sidecars, real Envoys in netns), `--sources` client pods on
 node-a, each with its own ServiceAccount, calling Service web on node-b.
 
-    .venv/bin/python -m bench.quic_pairs_latency [--sources 12] [--warm 20]
+    .venv/bin/python -m bench.quic_pairs_latency [--sources 24] [--block 4] [--warm 20] [--timeline]
+        [--odcds-flag default|off] [--workdir DIR] [--envoy-debug [LOGGERS]]
 
 Every request is curl's (`time_total`, one connection per request to the outbound listener), run in the pod's
 netns as its own process: the API test bed lives in this process, and a client here would be timed with the
@@ -37,6 +38,7 @@ from aether.testing.wait import wait_for
 
 NS = "bench"
 METRICS_PORT = 19392
+ODCDS_FLAG = "envoy.reloadable_features.odcds_over_ads_fix"
 URL = f"http://127.0.0.1:{HTTP_OUTBOUND_PORT}/"
 
 
@@ -145,10 +147,18 @@ def main() -> None:
         help="node-a's Envoy logs its upstream and config steps with microsecond times; print each first use's "
         "segments (fetch answered, twin built, twin warm) per announce setting (the logging slows Envoy a little)",
     )
+    ap.add_argument(
+        "--odcds-flag",
+        choices=("default", "off"),
+        default="default",
+        help=f"off: both Envoys run with {ODCDS_FLAG}=false (the on-demand path before Envoy 1.38)",
+    )
     args = ap.parse_args()
     if args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
     with Mesh(workdir=args.workdir, namespace=NS, areas="udp,tcp-floor,eastwest", shared_ca=True) as m:
+        if args.odcds_flag == "off":
+            m.envoy_runtime = {ODCDS_FLAG: False}
         if args.timeline:
             m.envoy_args = ("--log-format", "[%Y-%m-%d %T.%f][%t][%l][%n] %v")
         a, b = m.add_node("node-a"), m.add_node("node-b")
@@ -160,6 +170,8 @@ def main() -> None:
         m.add_http_service("web", ["web-0"])
         m.kube.wait_meshnode("node-a", lambda o: bool((o.get("status") or {}).get("quic", {}).get("destinations")))
         host = mesh_host(NS, "web")
+        if args.odcds_flag == "off" and f'"{ODCDS_FLAG}"' not in a.admin("/runtime"):
+            raise SystemExit(f"node-a's Envoy does not list {ODCDS_FLAG} in its runtime")
 
         def use(pod: str, label: str) -> tuple[float, list[float]]:
             netns, sa = m.pods[pod].netns_path, pods[pod]
@@ -225,7 +237,8 @@ def main() -> None:
     off = p50(first["off"]) if first["off"] else float("nan")
     print(
         f"{args.sources} new pairs ({len(first['on'])} with the load assignment announced, {len(first['off'])} "
-        f"without, alternating in blocks of {args.block}), {args.warm} warm requests each; curl in the pod netns"
+        f"without, alternating in blocks of {args.block}), {args.warm} warm requests each; curl in the pod netns; "
+        f"{ODCDS_FLAG} {args.odcds_flag}"
     )
     print(f"  first use, announce on:        p50 {on:6.2f} ms (min {min(first['on']):.2f}, max {max(first['on']):.2f})")
     if first["off"]:

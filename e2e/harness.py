@@ -82,6 +82,7 @@ class Mesh:
     operator_args: tuple[str, ...] = ()  # extra `aether operator` flags, e.g. ("--debounce", "0.01")
     sidecar_args: tuple[str, ...] = ()  # extra `aether xds` flags for every node, e.g. ("--udp-preserve-source",)
     envoy_args: tuple[str, ...] = ()  # extra Envoy flags for every node proxy started after it is set
+    envoy_runtime: dict[str, Any] = field(default_factory=dict)  # a static runtime layer for those proxies
     # One CA for the whole mesh: the harness issues each pod's SVID into a PEM directory every sidecar reads
     # (--certs-dir), as a cert-manager/spiffe-helper would. Without it each sidecar uses its own built-in CA,
     # which is enough on one node but not across nodes.
@@ -209,6 +210,8 @@ class Mesh:
         ).stdout
         config = json.loads(boot)
         config["static_resources"].setdefault("listeners", []).extend(node.static_listeners)
+        if self.envoy_runtime:
+            config["layered_runtime"] = {"layers": [{"name": "static", "static_layer": dict(self.envoy_runtime)}]}
         envoy = start_envoy(
             config, node.workdir, lab=self.lab, netns=node.net.netns, args=["--concurrency", "1", *self.envoy_args]
         )
