@@ -73,7 +73,8 @@ QUIC_PAIR_PRUNES = Counter(
 )
 QUIC_PAIR_FETCH_SECONDS = Histogram(
     "aether_quic_pair_fetch_seconds",
-    "On-demand CDS fetch of a twin, in the sidecar: from the request's arrival to the snapshot holding the answer",
+    "One on-demand CDS request (Envoy may name several twins in one), in the sidecar: from its arrival to the "
+    "snapshot holding the answer",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
     registry=REGISTRY,
 )

@@ -118,6 +118,12 @@ def refusals() -> dict[str, float]:
     return {m.group(1): v for k, v in parse_prometheus(metrics()).items() if (m := rx.fullmatch(k))}
 
 
+def admitted_on_fetch() -> float:
+    """`aether_quic_pair_admissions_total{evidence="Fetch"}`: pairs, where `fetches()` counts on-demand requests
+    (Envoy may carry several twin names in one)."""
+    return parse_prometheus(metrics()).get('aether_quic_pair_admissions_total{evidence="Fetch"}', 0.0)
+
+
 def twin_stat(mesh: Mesh, twin: str, stat: str) -> int:
     return node_a(mesh).stat(f"cluster.{twin.replace(':', '_')}.{stat}")
 
@@ -287,6 +293,55 @@ def test_api_down_the_sidecar_admits_from_memory_and_catches_up(mesh: Mesh) -> N
         60,
         "PairsPersisted=True after the outage",
     )
+
+
+def test_a_burst_of_first_uses_gets_every_pair_its_own_twin(mesh: Mesh) -> None:
+    """An event storm (a rollout): eight new pods, each with its own ServiceAccount, make their first requests at
+    the same moment, once each, no retry. Every one is 200 over HTTP/3 on its own twin with its own SPIFFE ID, the
+    sidecar admitted exactly eight pairs on fetches (Envoy may ask for several names in one on-demand request), and
+    the MeshNode keeps all eight beside the earlier ones."""
+    a = node_a(mesh)
+    sas = [f"burst-{i}" for i in range(8)]
+    for sa in sas:
+        mesh.add_pod(a, f"client-{sa}", sa=sa)
+    twins = {sa: quic_twin(NS, "web", sa) for sa in sas}
+    # every pod's outbound listener and its route arm are in node-a's Envoy (not a fetch: the routes name them all)
+    wait_for(
+        lambda: (
+            all(f"http-outbound:{NS}/client-{sa}" in a.admin("/listeners") for sa in sas)
+            and all(t in a.admin("/config_dump?resource=dynamic_route_configs") for t in twins.values())
+        ),
+        60,
+        "the burst pods' listeners and route arms",
+    )
+    assert not any(envoy_has(mesh, t) for t in twins.values())
+    pairs, dormant, _ = pair_state(mesh, a)
+    before, admitted = fetches(), admitted_on_fetch()
+    start = threading.Barrier(len(sas))
+    answers: dict[str, HttpAnswer] = {}
+    took: dict[str, float] = {}
+
+    def first(sa: str) -> None:
+        start.wait(30)
+        t0 = time.monotonic()
+        answers[sa] = http_get(mesh.pods[f"client-{sa}"].netns_path, HOST)
+        took[sa] = time.monotonic() - t0
+
+    threads = [threading.Thread(target=first, args=(sa,), daemon=True) for sa in sas]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert answers == {sa: HttpAnswer(200, "web-0", spiffe_id(NS, sa)) for sa in sas}, answers
+    print(f"burst of {len(sas)} first uses: {min(took.values()) * 1000:.0f}-{max(took.values()) * 1000:.0f} ms")
+    for twin in twins.values():
+        assert twin_stat(mesh, twin, "upstream_cx_http3_total") == 1 and twin_stat(mesh, twin, "upstream_rq_200") == 1
+    requests = fetches() - before
+    assert admitted_on_fetch() == admitted + len(sas) and 1 <= requests <= len(sas), (requests, admitted)
+    print(f"  {len(sas)} pairs admitted on {requests:.0f} on-demand requests")
+    wait_pairs(mesh, a, {*pairs, *twins.values()}, set(dormant))
+    cols = printer_columns(mesh, a)
+    assert cols is None or cols["QUIC PAIRS"] == str(len(pairs) + len(sas)), cols
 
 
 def stale_ask(mesh: Mesh, host: str) -> tuple[float, Served]:
