@@ -33,6 +33,7 @@ from typing import Any
 from aether.api.naming import mesh_host, spiffe_id
 from aether.e2e.harness import Mesh
 from aether.e2e.lifecycle import restart_envoy, restart_sidecar
+from aether.e2e.node_proxy import MeshNodeProxy
 from aether.netns.contract import HTTP_OUTBOUND_PORT
 from aether.testing.wait import wait_for
 
@@ -124,6 +125,20 @@ def print_timeline(log: str, settings: dict[str, str]) -> None:
             )
 
 
+def restart_served(m: Mesh, node: MeshNodeProxy) -> None:
+    """Restart the node's sidecar and wait until the new one's own first state is served and ACKed (the API's
+    condition may still be the old one's): a fetch during its start-up translation would wait for it (up to ~0.2 s
+    here), which is not what is measured."""
+    log = node.workdir / "sidecar.log"
+
+    def accepted() -> int:
+        return log.read_text(errors="replace").count("Programmed=True") if log.exists() else 0
+
+    before = accepted()
+    restart_sidecar(m, node)
+    wait_for(lambda: accepted() > before, 60, "the restarted sidecar's first state ACKed")
+
+
 def p50(xs: list[float]) -> float:
     return statistics.median(xs)
 
@@ -195,12 +210,7 @@ def main() -> None:
         for i in range(0, len(names), args.block):
             setting = "on" if (i // args.block) % 2 == 0 else "off"
             m.sidecar_args = ("--metrics", f"127.0.0.1:{METRICS_PORT}", "--announce", setting)
-            log = a.workdir / "sidecar.log"
-            accepted = log.read_text(errors="replace").count("Programmed=True") if log.exists() else 0
-            restart_sidecar(m, a)
-            # the new sidecar's own first state served and ACKed (the API's condition may still be the old one's):
-            # a fetch during its start-up translation would wait for it (up to ~0.2 s here), not what is measured
-            wait_for(lambda n=accepted, f=log: f.read_text(errors="replace").count("Programmed=True") > n, 60, "served")  # type: ignore[misc]
+            restart_served(m, a)
             if args.envoy_debug:
                 debug(a.running_envoy(), args.envoy_debug)
                 debug(b.running_envoy(), args.envoy_debug)
@@ -221,9 +231,13 @@ def main() -> None:
         connect = a.admin("/stats?usedonly&filter=^cluster\\.quic_.*upstream_cx_connect_ms$")
         _, fetches = sidecar_fetches()
         restart_envoy(m, a)
-        for sa in pods.values():  # every twin back in the new Envoy (persisted pairs) before its first request
-            twin = f"quic:{NS}/web@{sa}"
-            wait_for(lambda t=twin: f"{t}::" in a.admin("/clusters"), 30, f"{twin} in the new Envoy")  # type: ignore[misc]
+        twins = [f"quic:{NS}/web@{sa}" for sa in pods.values()]
+
+        def twins_back() -> bool:  # every twin in the new Envoy (persisted pairs) before its first request
+            held = a.admin("/clusters")
+            return all(f"{t}::" in held for t in twins)
+
+        wait_for(twins_back, 30, "every twin in the new Envoy")
         hs_first: list[float] = []
         hs_warm: list[float] = []
         for pod in names:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Final, Protocol
+from typing import Final, Protocol, runtime_checkable
 
 from aether.api.meshnode import Condition, PairEvidence, QuicPair
 from aether.api.naming import ref, spiffe_id
@@ -76,6 +76,7 @@ def stored(pairs: list[QuicPair], trust_domain: str) -> tuple[PersistedPair, ...
     return tuple(p for p in (from_wire(q, trust_domain) for q in pairs) if p is not None)
 
 
+@runtime_checkable
 class PairSink(Protocol):
     def publish_pairs(self, node_name: str, pairs: list[QuicPair], dormant: list[QuicPair]) -> None: ...
 

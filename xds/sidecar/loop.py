@@ -44,7 +44,7 @@ from aether.xds.codec.protojson import CodecError
 from aether.xds.gates.core import GateFailure, PathExists, run_gates
 from aether.xds.gates.refuse import refuse_arms, refuse_listeners
 from aether.xds.pairs.keeper import PairKeeper
-from aether.xds.pairs.persist import PairWriter, stored, to_wire
+from aether.xds.pairs.persist import PairSink, PairWriter, stored, to_wire
 from aether.xds.pairs.values import (
     Decision,
     Dormant,
@@ -113,8 +113,8 @@ class Sidecar(Events):
         self.awaiting_policies = False
         self._refusal_changed = False
         self.pair_writer: PairWriter | None = None
-        if sink is not None and hasattr(sink, "publish_pairs"):
-            self.pair_writer = PairWriter(node_name, sink, self.options.trust_domain, self._publish_condition)  # type: ignore[arg-type]
+        if isinstance(sink, PairSink):
+            self.pair_writer = PairWriter(node_name, sink, self.options.trust_domain, self._publish_condition)
         self.pairs = PairKeeper(pair_config, clock, persist=self._persist)
         self._on_stream = False  # inside an ADS stream hook: condition writes go to the publisher thread
         self._publisher: threading.Thread | None = None

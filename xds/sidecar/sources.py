@@ -93,7 +93,7 @@ class FileStatusSink:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._conditions: dict[str, dict[str, object]] = {}
-        self._quic: dict[str, object] = {}
+        self._quic: dict[str, Any] = {}  # the status file's `status.quic` pair fields, as JSON
         try:
             status = json.loads(self.path.read_text()).get("status", {})
             self._quic = {k: v for k, v in (status.get("quic") or {}).items()}
@@ -129,8 +129,8 @@ class FileStatusSink:
         if not quic.get("pairs") and not quic.get("dormantPairs"):
             return None
         try:
-            pairs = [QuicPair.model_validate(p) for p in quic.get("pairs") or []]  # type: ignore[attr-defined]
-            dormant = [QuicPair.model_validate(p) for p in quic.get("dormantPairs") or []]  # type: ignore[attr-defined]
+            pairs = [QuicPair.model_validate(p) for p in quic.get("pairs") or []]
+            dormant = [QuicPair.model_validate(p) for p in quic.get("dormantPairs") or []]
         except ValueError:
             return None
         return pairs, dormant
