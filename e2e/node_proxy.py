@@ -11,6 +11,7 @@ from typing import Any
 
 from aether.testing.envoy import Envoy
 from aether.testing.netlab import Node
+from aether.testing.wait import wait_for
 
 
 @dataclass
@@ -48,6 +49,24 @@ class MeshNodeProxy:
 
     def stat(self, name: str) -> int:
         return self.running_envoy().stat(name)
+
+    def hosts(self, cluster: str) -> set[str]:
+        """The IPs of the hosts Envoy's `/clusters` lists for `cluster` (its endpoints as this proxy has them)."""
+        return {
+            line.split("::")[1].rsplit(":", 1)[0]
+            for line in self.admin("/clusters").splitlines()
+            if line.startswith(cluster + "::") and "::cx_active::" in line
+        }
+
+    def wait_hosts(self, want: dict[str, set[str]], timeout: float = 60.0) -> None:
+        """Until Envoy holds exactly the hosts `want` names for each cluster: an arm in the MeshNode status says
+        the route is there, not that this proxy has its endpoints yet, so a strict first datagram waits for this."""
+        wait_for(
+            lambda: all(self.hosts(c) == ips for c, ips in want.items()),
+            timeout=timeout,
+            what=f"hosts {want} in {self.name}'s Envoy",
+            diagnose=lambda: str({c: self.hosts(c) for c in want}),
+        )
 
     def log_tail(self, n: int = 2000) -> str:
         out = []

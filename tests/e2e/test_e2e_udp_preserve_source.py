@@ -35,6 +35,7 @@ def mesh() -> Iterator[Mesh]:
             m.add_service(svc, [svc])
         m.wait_arms(a, {vip: f"udp:e2e/{svc}" for svc, vip in m.services.items()})
         m.wait_listeners(a, 1)
+        a.wait_hosts({f"udp:e2e/{svc}": {m.pods[svc].ip} for svc in m.services})
         yield m
     finally:
         m.close()
@@ -57,4 +58,8 @@ def test_every_size_across_nodes(mesh: Mesh) -> None:
     for size in (64, 1453, 9000, 65507):
         payload = os.urandom(size)
         got = _ask(client, vip, payload)
-        assert got is not None and got[0] == payload, f"{size} B across nodes with the source preserved"
+        assert got is not None and got[0] == payload, (
+            f"{size} B across nodes with the source preserved",
+            mesh.nodes["node-a"].hosts("udp:e2e/echo"),
+            mesh.diagnostics(),
+        )

@@ -77,6 +77,7 @@ def mesh() -> Iterator[Mesh]:
         m.add_service("dns-r", ["r1", "r2"])
         m.wait_arms(a, {vip: f"udp:e2e/{svc}" for svc, vip in m.services.items()})
         m.wait_listeners(a, 1)
+        a.wait_hosts({f"udp:e2e/{svc}": {m.pods[svc].ip} for svc in ("echo", "count", "dns-remote", "dns-local")})
         client = m.pods["client"]
         for svc in ("dns-remote", "dns-local", "dns-r"):
             wait_for(partial(_who, client, m.services[svc]), timeout=60, what=f"{svc} through the mesh")
@@ -179,12 +180,7 @@ class Stream:
 
 
 def _hosts(mesh: Mesh, cluster: str) -> set[str]:
-    text = mesh.nodes["node-a"].admin("/clusters")
-    return {
-        line.split("::")[1].split(":")[0]
-        for line in text.splitlines()
-        if line.startswith(cluster + "::") and "::cx_active::" in line
-    }
+    return mesh.nodes["node-a"].hosts(cluster)
 
 
 def _run_streams(mesh: Mesh, during: float, action: Callable[[], None]) -> tuple[Stream, Stream]:
