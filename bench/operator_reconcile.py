@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"cluster ({args.egress} egress): {sum(len(v) for v in m.services.values())} Services, {len(m.nodes)} nodes, "
         f"{len(m.pods)} pods, {sum(len(v) for v in m.routes.values())} UDPRoutes; {len(api.slices)} MeshServiceSlices; "
-        f"one MeshNode depends on {len(one.results)} namespaces ({sum(len(r.udp_arms) for r in one.results)} UDP arms); "
+        f"one MeshNode depends on {len(one.results)} namespaces ({sum(len(r.tables.udp_arms) for r in one.results)} UDP arms); "
         f"the old layout's MeshNode status: {_kib(old_layout)}"
     )
     print(

@@ -43,16 +43,20 @@ NO_READY_ENDPOINTS, MIXED_SERVICE_ACCOUNTS, UNKNOWN_ENDPOINT_PODS = (
 @dataclass(frozen=True)
 class NamespaceResult:
     namespace: str
-    udp_arms: tuple[ServiceArm, ...] = ()
-    udp_shapes: tuple[UnsupportedShape, ...] = ()
-    tcp_arms: tuple[ServiceArm, ...] = ()
-    tcp_shapes: tuple[UnsupportedShape, ...] = ()
-    destinations: tuple[QuicDestination, ...] = ()
-    ineligible: tuple[IneligibleDestination, ...] = ()
+    contributions: tuple[Contribution, ...] = ()  # what each Service adds, in name order
     route_verdicts: dict[tuple[str, str], tuple[Verdict, ...]] = field(default_factory=dict)
-    discards: frozenset[tuple[str, str, str]] = frozenset()  # (route, backend, reason): each counted once
     meshed: bool = False  # a mesh namespace: only these are published in slices (nodes depend on no other)
-    contributions: tuple[Contribution, ...] = ()  # the lists above, per Service
+
+    @cached_property
+    def tables(self) -> Contribution:
+        """The namespace's whole tables: its Services' contributions end to end."""
+        return Contribution.joined("", self.contributions)
+
+    @cached_property
+    def discards(self) -> frozenset[tuple[str, str, str]]:
+        """(route, backend, reason) of every UDP shape still unsupported, each counted once
+        (aether_udp_unsupported_total): each discarded part, or the object itself when the shape discards none."""
+        return frozenset((x.route, d, x.reason) for x in self.tables.udp_shapes for d in (x.discarded or [x.route]))
 
     @cached_property
     def slices(self) -> dict[str, dict[str, Any]]:
@@ -69,7 +73,7 @@ class NamespaceResult:
     @property
     def degraded(self) -> bool:
         """A mesh namespace with shapes the data path cannot express (its slices' unsupportedShapes)."""
-        return self.meshed and bool(self.udp_shapes or self.tcp_shapes)
+        return self.meshed and bool(self.tables.udp_shapes or self.tables.tcp_shapes)
 
 
 def _plain_arm(world: World, svc: ServiceView, protocol: str) -> tuple[ServiceArm | None, list[UnsupportedShape]]:
@@ -149,95 +153,62 @@ def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestina
     )
 
 
-@dataclass
-class _Lists:
-    verdicts: dict[tuple[str, str, int], Verdict]
-    udp_arms: list[ServiceArm] = field(default_factory=list)
-    udp_shapes: list[UnsupportedShape] = field(default_factory=list)
-    tcp_arms: list[ServiceArm] = field(default_factory=list)
-    tcp_shapes: list[UnsupportedShape] = field(default_factory=list)
-    dests: list[QuicDestination] = field(default_factory=list)
-    inel: list[IneligibleDestination] = field(default_factory=list)
-    discards: set[tuple[str, str, str]] = field(default_factory=set)
-
-    def marks(self) -> tuple[int, ...]:
-        return tuple(
-            len(x) for x in (self.udp_arms, self.udp_shapes, self.tcp_arms, self.tcp_shapes, self.dests, self.inel)
-        )
-
-    def since(self, service: str, m: tuple[int, ...]) -> Contribution:
-        return Contribution(
-            service,
-            tuple(self.udp_arms[m[0] :]),
-            tuple(self.udp_shapes[m[1] :]),
-            tuple(self.tcp_arms[m[2] :]),
-            tuple(self.tcp_shapes[m[3] :]),
-            tuple(self.dests[m[4] :]),
-            tuple(self.inel[m[5] :]),
-        )
-
-
 def compute_namespace(world: World, namespace: str) -> NamespaceResult:
     winners, rejected = attach_routes(world, namespace)
-    acc = _Lists(verdicts=dict(rejected))
+    verdicts = dict(rejected)
     meshed = mesh_member(world, namespace)
-    contributions: list[Contribution] = []
-    for svc in sorted(world.services_in(namespace), key=lambda s: s.name):
-        marks = acc.marks()
-        _one_service(world, svc, meshed, winners, acc)
-        contributions.append(acc.since(svc.name, marks))
-    # every shape still unsupported is counted once (aether_udp_unsupported_total): each discarded part, or the
-    # object itself when the shape discards none
-    acc.discards.update((x.route, d, x.reason) for x in acc.udp_shapes for d in (x.discarded or [x.route]))
+    contributions = tuple(
+        _one_service(world, svc, meshed, winners, verdicts)
+        for svc in sorted(world.services_in(namespace), key=lambda s: s.name)
+    )
     by_route: dict[tuple[str, str], list[Verdict]] = {}
-    for (rns, rname, _), v in sorted(acc.verdicts.items()):
+    for (rns, rname, _), v in sorted(verdicts.items()):
         by_route.setdefault((rns, rname), []).append(v)
     for route in world.routes_in(namespace):
         by_route.setdefault(route.key, [])
     return NamespaceResult(
         namespace=namespace,
-        udp_arms=tuple(acc.udp_arms),
-        udp_shapes=tuple(acc.udp_shapes),
-        tcp_arms=tuple(acc.tcp_arms),
-        tcp_shapes=tuple(acc.tcp_shapes),
-        destinations=tuple(acc.dests),
-        ineligible=tuple(acc.inel),
+        contributions=contributions,
         route_verdicts={k: tuple(v) for k, v in by_route.items()},
-        discards=frozenset(acc.discards),
         meshed=meshed,
-        contributions=tuple(contributions),
     )
 
 
-def _one_service(world: World, svc: ServiceView, meshed: bool, winners: Any, acc: _Lists) -> None:
-    """What one Service adds to the namespace's lists (appended to `acc`)."""
+def _one_service(
+    world: World, svc: ServiceView, meshed: bool, winners: Any, verdicts: dict[tuple[str, str, int], Verdict]
+) -> Contribution:
+    """What one Service adds to the namespace's tables; the verdicts of a route attached to it go into `verdicts`."""
     sref = ref(svc.namespace, svc.name)
+    udp_arms: list[ServiceArm] = []
+    udp_shapes: list[UnsupportedShape] = []
+    tcp_arms: list[ServiceArm] = []
+    tcp_shapes: list[UnsupportedShape] = []
     owner = world.vip_owner(svc.cluster_ip) if svc.cluster_ip else None
     lost = owner is not None and owner.key != svc.key
     route = None if lost else winners.get(svc.key)
     if lost and owner is not None:
         if meshed:
-            acc.udp_shapes.append(duplicate_vip(svc, owner))
+            udp_shapes.append(duplicate_vip(svc, owner))
     elif route is not None:
         found: tuple[ServiceArm, Verdict] | None = None
         for i, parent in enumerate(route.parents):
             if (parent.namespace or route.namespace, parent.name) == svc.key and parent.ours:
                 arm, verdict = resolve_route_on(world, route, parent, svc)
-                acc.verdicts[(route.namespace, route.name, i)] = verdict
+                verdicts[(route.namespace, route.name, i)] = verdict
                 found = found or (arm, verdict)
         if found is not None:
-            acc.udp_arms.append(found[0])
+            udp_arms.append(found[0])
     elif meshed:
         udp_arm, shapes = _plain_arm(world, svc, "UDP")
         if udp_arm is not None:
-            acc.udp_arms.append(udp_arm)
-        acc.udp_shapes.extend(shapes)
+            udp_arms.append(udp_arm)
+        udp_shapes.extend(shapes)
     if not meshed:
-        return
+        return Contribution(svc.name, tuple(udp_arms))
     if svc.problems:
-        acc.udp_shapes.append(UnsupportedShape(route=sref, reason=INVALID_SERVICE, message="; ".join(svc.problems)))
+        udp_shapes.append(UnsupportedShape(route=sref, reason=INVALID_SERVICE, message="; ".join(svc.problems)))
     if svc.idle_timeout_problem and svc.ports_of("UDP"):
-        acc.udp_shapes.append(
+        udp_shapes.append(
             UnsupportedShape(
                 route=sref,
                 reason=INVALID_IDLE_TIMEOUT,
@@ -247,10 +218,15 @@ def _one_service(world: World, svc: ServiceView, meshed: bool, winners: Any, acc
     if not lost:
         tcp_arm, shapes = _plain_arm(world, svc, "TCP")
         if tcp_arm is not None:
-            acc.tcp_arms.append(tcp_arm)
-        acc.tcp_shapes.extend(shapes)
+            tcp_arms.append(tcp_arm)
+        tcp_shapes.extend(shapes)
     q = _quic(world, svc)
-    if isinstance(q, QuicDestination):
-        acc.dests.append(q)
-    elif q is not None:
-        acc.inel.append(q)
+    return Contribution(
+        svc.name,
+        tuple(udp_arms),
+        tuple(udp_shapes),
+        tuple(tcp_arms),
+        tuple(tcp_shapes),
+        (q,) if isinstance(q, QuicDestination) else (),
+        (q,) if isinstance(q, IneligibleDestination) else (),
+    )

@@ -165,15 +165,17 @@ def assemble(
     the MeshNode and its slices; tests read it). pods: meshed_pods; results: its dependency set's results."""
     rs = sorted(results, key=lambda r: r.namespace)
     udp = L4Status(
-        services=[a for r in rs for a in r.udp_arms], unsupported_shapes=[s for r in rs for s in r.udp_shapes]
+        services=[a for r in rs for a in r.tables.udp_arms],
+        unsupported_shapes=[s for r in rs for s in r.tables.udp_shapes],
     )
     tcp = L4Status(
-        services=[a for r in rs for a in r.tcp_arms], unsupported_shapes=[s for r in rs for s in r.tcp_shapes]
+        services=[a for r in rs for a in r.tables.tcp_arms],
+        unsupported_shapes=[s for r in rs for s in r.tables.tcp_shapes],
     )
     quic = QuicStatus(
         identities=identities(pods, trust_domain),
-        destinations=[d for r in rs for d in r.destinations],
-        ineligible=[i for r in rs for i in r.ineligible],
+        destinations=[d for r in rs for d in r.tables.destinations],
+        ineligible=[i for r in rs for i in r.tables.ineligible],
     )
     names = [n for r in rs for n in r.slices]
     conditions = _conditions(len(pods), len(rs), len(names), [r.namespace for r in rs if r.degraded])

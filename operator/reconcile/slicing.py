@@ -10,6 +10,7 @@ was). The measurements behind the two targets are in docs/architecture.md."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -32,6 +33,19 @@ class Contribution:
     tcp_shapes: tuple[UnsupportedShape, ...] = ()
     destinations: tuple[QuicDestination, ...] = ()
     ineligible: tuple[IneligibleDestination, ...] = ()
+
+    @classmethod
+    def joined(cls, service: str, parts: Sequence[Contribution]) -> Contribution:
+        """`parts`' lists end to end, in their order (a namespace's tables from its Services')."""
+        return cls(
+            service,
+            tuple(a for p in parts for a in p.udp_arms),
+            tuple(x for p in parts for x in p.udp_shapes),
+            tuple(a for p in parts for a in p.tcp_arms),
+            tuple(x for p in parts for x in p.tcp_shapes),
+            tuple(d for p in parts for d in p.destinations),
+            tuple(d for p in parts for d in p.ineligible),
+        )
 
     @property
     def empty(self) -> bool:
