@@ -25,15 +25,26 @@ class KubeWriter:
         self.custom = kubernetes.client.CustomObjectsApi(client)
         self.core = kubernetes.client.CoreV1Api(client)
 
-    # ---- MeshNodes ---------------------------------------------------------------------------
-    def get_meshnode(self, name: str) -> dict[str, Any] | None:
+    # ---- our cluster-scoped kinds ------------------------------------------------------------
+    def _get(self, plural: str, name: str) -> dict[str, Any] | None:
         try:
-            obj: Any = self.custom.get_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, name)
+            obj: Any = self.custom.get_cluster_custom_object(API_GROUP, API_VERSION, plural, name)
             return dict(obj)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
+
+    def _delete(self, plural: str, name: str) -> None:
+        try:
+            self.custom.delete_cluster_custom_object(API_GROUP, API_VERSION, plural, name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # ---- MeshNodes ---------------------------------------------------------------------------
+    def get_meshnode(self, name: str) -> dict[str, Any] | None:
+        return self._get(PLURAL, name)
 
     def create_meshnode(self, name: str, node_uid: str) -> dict[str, Any]:
         body = {
@@ -41,7 +52,7 @@ class KubeWriter:
             "kind": KIND,
             "metadata": {
                 "name": name,
-                "labels": {"app.kubernetes.io/managed-by": "aether-operator"},
+                "labels": {MANAGED_BY_LABEL: MANAGED_BY},
                 "ownerReferences": [
                     {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid, "blockOwnerDeletion": False}
                 ],
@@ -65,21 +76,11 @@ class KubeWriter:
         return dict(obj)
 
     def delete_meshnode(self, name: str) -> None:
-        try:
-            self.custom.delete_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        self._delete(PLURAL, name)
 
     # ---- MeshServiceSlices ---------------------------------------------------------------------
     def get_slice(self, name: str) -> dict[str, Any] | None:
-        try:
-            obj: Any = self.custom.get_cluster_custom_object(API_GROUP, API_VERSION, SLICE_PLURAL, name)
-            return dict(obj)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._get(SLICE_PLURAL, name)
 
     def create_slice(self, name: str, spec: dict[str, Any], namespace_uid: str | None) -> dict[str, Any]:
         """A slice owned by its Namespace (garbage-collected with it), labelled with the namespace."""
@@ -105,11 +106,7 @@ class KubeWriter:
         return dict(obj)
 
     def delete_slice(self, name: str) -> None:
-        try:
-            self.custom.delete_cluster_custom_object(API_GROUP, API_VERSION, SLICE_PLURAL, name)
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        self._delete(SLICE_PLURAL, name)
 
     # ---- UDPRoutes ---------------------------------------------------------------------------
     def get_route(self, namespace: str, name: str) -> dict[str, Any] | None:

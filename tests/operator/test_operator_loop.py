@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from aether.api.client import ApiException
+from aether.operator.kubeapi import KubeWriter
 from aether.operator.reconcile.model import PARSERS, Kind, View
 from aether.operator.reconciler import Reconciler
 from aether.testing.apitestbed import objects as o
@@ -18,8 +19,10 @@ from aether.testing.apitestbed.patches import json_patch
 pytestmark = pytest.mark.asyncio
 
 
-class RecordingWriter:
-    def __init__(self, fail_first: int = 0) -> None:
+class RecordingWriter(KubeWriter):
+    """KubeWriter's MeshNode and slice methods on dicts (no client: a method not overridden here fails loudly)."""
+
+    def __init__(self, fail_first: int = 0) -> None:  # no super().__init__: there is no API client
         self.meshnodes: dict[str, dict[str, Any]] = {}
         self.slices: dict[str, dict[str, Any]] = {}
         self.patches: list[str] = []
@@ -71,7 +74,7 @@ def setup(writer: RecordingWriter) -> tuple[Reconciler, dict[tuple[Kind, tuple[s
     def lookup(kind: Kind, key: tuple[str, str]) -> View | None:
         return objects.get((kind, key))
 
-    rec = Reconciler(writer, lookup, writer.get_meshnode, "cluster.local", debounce=0.05)  # type: ignore[arg-type]  # duck-typed KubeWriter
+    rec = Reconciler(writer, lookup, writer.get_meshnode, "cluster.local", debounce=0.05)
     return rec, objects
 
 
@@ -135,7 +138,7 @@ async def test_a_slice_left_by_an_earlier_split_is_deleted_at_the_next_resync() 
     writer.create_slice("elsewhere.0", {"namespace": "elsewhere", "index": 0, "count": 1, "services": 0}, None)
     objects: dict[tuple[Kind, tuple[str, str]], View] = {}
     rec = Reconciler(
-        writer,  # type: ignore[arg-type]  # RecordingWriter has KubeWriter's methods, not its class
+        writer,
         lambda kind, key: objects.get((kind, key)),
         writer.get_meshnode,
         "cluster.local",
