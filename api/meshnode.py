@@ -52,6 +52,13 @@ class MeshPod(_Model):
 class Endpoint(_Model):
     ip: str
     port: int = Field(ge=1, le=65535)
+    draining: bool = Field(
+        default=False,
+        exclude_if=lambda v: not v,
+        description="true: terminating but still serving (EndpointSlice conditions serving and terminating) while "
+        "the Service has a ready endpoint: no new flow picks it, flows on it move at their next datagram; absent: "
+        "ready",
+    )
 
 
 class ArmBackend(_Model):

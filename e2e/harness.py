@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -296,10 +296,12 @@ class Mesh:
         self.progress(f"service {name}: TCP {vip}:{HTTP_APP_PORT} -> {', '.join(backends)} (east-west destination)")
         return vip
 
-    def set_endpoints(self, service: str, backends: list[str]) -> None:
-        """The EndpointSlice controller's part: the Service's ready endpoints are exactly these pods."""
+    def set_endpoints(self, service: str, backends: list[str], terminating: Sequence[str] = ()) -> None:
+        """The EndpointSlice controller's part: the Service's ready endpoints are exactly these pods, and the
+        `terminating` ones are pods being deleted that still serve (their grace period)."""
         ready = [(self.pods[b].ip, b) for b in backends]
-        self.kube.endpoint_slice(self.namespace, service, BACKEND_PORT, ready)
+        ending = [(self.pods[b].ip, b) for b in terminating]
+        self.kube.endpoint_slice(self.namespace, service, BACKEND_PORT, ready, terminating=ending)
 
     def add_route(self, name: str, parent: str, backend: str) -> None:
         self.kube.udproute(self.namespace, name, parent, backend, L4_OUTBOUND_PORT)

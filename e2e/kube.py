@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+from collections.abc import Sequence
 from typing import Any
 
 import kubernetes
@@ -124,10 +125,21 @@ class Kube:
         """The kubelet's part after CNI ADD: podIP and phase Running (through the status subresource)."""
         self.core.patch_namespaced_pod_status(name, ns, o.pod_status(ip), _content_type=MERGE)
 
-    def endpoint_slice(self, ns: str, svc: str, port: int, ready: list[tuple[str, str]], protocol: str = "UDP") -> None:
-        """The EndpointSlice controller's part: one slice per Service, ready (ip, pod name) endpoints."""
+    def endpoint_slice(
+        self,
+        ns: str,
+        svc: str,
+        port: int,
+        ready: list[tuple[str, str]],
+        protocol: str = "UDP",
+        terminating: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """The EndpointSlice controller's part: one slice per Service, ready (ip, pod name) endpoints, and
+        `terminating` ones (pods being deleted, still serving: ready false, serving and terminating true)."""
         ports: list[o.Port] = [(PORT_NAMES[protocol], port, protocol)]
-        body = o.endpoint_slice(ns, svc, ports, [(ip, True, pod) for ip, pod in ready])
+        states: list[tuple[str, o.EndpointState, str | None]] = [(ip, True, pod) for ip, pod in ready]
+        states += [(ip, o.SERVING_TERMINATING, pod) for ip, pod in terminating]
+        body = o.endpoint_slice(ns, svc, ports, states)
         name = body["metadata"]["name"]
         try:
             self.discovery.replace_namespaced_endpoint_slice(name, ns, body)

@@ -52,11 +52,16 @@ class MeshNodeProxy:
 
     def hosts(self, cluster: str) -> set[str]:
         """The IPs of the hosts Envoy's `/clusters` lists for `cluster` (its endpoints as this proxy has them)."""
-        return {
-            line.split("::")[1].rsplit(":", 1)[0]
-            for line in self.admin("/clusters").splitlines()
-            if line.startswith(cluster + "::") and "::cx_active::" in line
-        }
+        return set(self.host_health(cluster))
+
+    def host_health(self, cluster: str) -> dict[str, str]:
+        """ip -> health flags (`healthy`, `/eds_status_draining`, ...) of each host `/clusters` lists for `cluster`."""
+        out: dict[str, str] = {}
+        for line in self.admin("/clusters").splitlines():
+            parts = line.split("::")
+            if len(parts) == 4 and parts[0] == cluster and parts[2] == "health_flags":
+                out[parts[1].rsplit(":", 1)[0]] = parts[3]
+        return out
 
     def wait_hosts(self, want: dict[str, set[str]], timeout: float = 60.0) -> None:
         """Until Envoy holds exactly the hosts `want` names for each cluster: an arm in the MeshNode status says

@@ -1,9 +1,10 @@
 """The UDP backend of the e2e tests, the xDS tests and the benchmarks: a UDP server that answers every datagram with
 `<its name>|<payload>`, so a test (or a person) sees which backend a VIP reached.
 
-    python -m aether.testing.udp_echo NAME PORT [--hits FILE]
+    python -m aether.testing.udp_echo NAME PORT [--hits FILE] [--hold FILE]
 
 `--hits FILE` appends `udp <port> <length>` to FILE for every datagram (a test counts what reached the app).
+`--hold FILE` keeps each reply until FILE exists (a test holds a reply on its way while it changes the mesh).
 The HTTP echo (`aether.testing.http_echo --udp`) runs the same loop beside its HTTP ports.
 """
 
@@ -13,6 +14,7 @@ import argparse
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 _log_lock = threading.Lock()
@@ -33,13 +35,15 @@ def bind(port: int) -> socket.socket:
     return sock
 
 
-def serve(sock: socket.socket, name: str, hits: Path | None = None) -> None:
-    """Answer every datagram on the bound `sock` with `<name>|<payload>`, forever."""
+def serve(sock: socket.socket, name: str, hits: Path | None = None, hold: Path | None = None) -> None:
+    """Answer every datagram on the bound `sock` with `<name>|<payload>`, forever (once `hold` exists, if given)."""
     prefix = name.encode() + b"|"
     port = sock.getsockname()[1]
     while True:
         data, peer = sock.recvfrom(65535)
         log_hit(hits, f"udp {port} {len(data)}")
+        while hold is not None and not hold.exists():
+            time.sleep(0.005)
         sock.sendto(prefix + data, peer)
 
 
@@ -48,10 +52,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("name")
     ap.add_argument("port", type=int)
     ap.add_argument("--hits", type=Path, help="append `udp <port> <length>` per datagram")
+    ap.add_argument("--hold", type=Path, help="send each reply only once this file exists")
     args = ap.parse_args(argv)
     sock = bind(args.port)
     print(f"echo {args.name} on 0.0.0.0:{args.port}/udp", flush=True)
-    serve(sock, args.name, args.hits)
+    serve(sock, args.name, args.hits, args.hold)
     return 0
 
 

@@ -60,16 +60,21 @@ def rules_note(rules: int) -> str:
 
 
 def endpoints_at(world: World, svc: ServiceView, port: ServicePort) -> tuple[Endpoint, ...]:
-    """Ready endpoints of svc for one of its ports (matched to slice ports by name and protocol)."""
-    found: set[tuple[str, int]] = set()
+    """The endpoints of svc for one of its ports (matched to slice ports by name and protocol): the ready ones, and
+    the terminating ones still serving marked `draining` (an address ready in any slice is ready). With no ready
+    endpoint, the serving terminating ones take new flows unmarked, as kube-proxy does."""
+    found: dict[tuple[str, int], bool] = {}  # (ip, port) -> draining
     for sl in world.slices_of(svc.namespace, svc.name):
         numbers = [p.port for p in sl.ports if p.name == port.name and p.protocol == port.protocol]
         if not numbers:
             continue
         for ep in sl.endpoints:
-            if ep.ready:
-                found.add((ep.ip, numbers[0]))
-    return tuple(Endpoint(ip=ip, port=p) for ip, p in sorted(found))
+            if ep.ready or ep.draining:
+                key = (ep.ip, numbers[0])
+                found[key] = found.get(key, True) and ep.draining
+    if all(found.values()):
+        found = dict.fromkeys(found, False)
+    return tuple(Endpoint(ip=ip, port=p, draining=d) for (ip, p), d in sorted(found.items()))
 
 
 def mesh_member(world: World, namespace: str) -> bool:

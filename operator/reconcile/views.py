@@ -228,9 +228,20 @@ def parse_service(obj: Raw) -> ServiceView:
 
 @dataclass(frozen=True, slots=True)
 class SliceEndpoint:
+    """One address of an EndpointSlice endpoint, with its conditions as the API defines them: `ready` absent is
+    ready; `serving` absent defers to `ready`; `terminating` absent is false."""
+
     ip: str
     ready: bool
     pod: str | None  # targetRef Pod name (same namespace)
+    serving: bool = False
+    terminating: bool = False
+
+    @property
+    def draining(self) -> bool:
+        """Terminating but still serving (its pod got SIGTERM and answers until it exits): no new flow should pick
+        it, the ones on it finish."""
+        return not self.ready and self.serving and self.terminating
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,13 +268,16 @@ def parse_slice(obj: Raw) -> SliceView:
     endpoints = []
     for e in _l(obj.get("endpoints")):
         e = _d(e)
-        ready = _d(e.get("conditions")).get("ready") is not False
+        conditions = _d(e.get("conditions"))
+        ready = conditions.get("ready") is not False
+        serving = ready if conditions.get("serving") is None else conditions.get("serving") is True
+        terminating = conditions.get("terminating") is True
         ref = _d(e.get("targetRef"))
         pod = _s(ref.get("name")) if ref.get("kind", "Pod") == "Pod" else None
         for a in _l(e.get("addresses")):
             ip = _ip(a)
             if ip is not None:
-                endpoints.append(SliceEndpoint(ip, ready, pod))
+                endpoints.append(SliceEndpoint(ip, ready, pod, serving, terminating))
     return SliceView(
         str(meta.get("namespace", "")),
         str(meta.get("name", "")),

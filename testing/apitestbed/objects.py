@@ -4,7 +4,7 @@ UDPRoutes, ReferenceGrants, MeshAuthorizationPolicies. Plain dicts in API shape,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final, Literal
 
 from aether.operator.reconcile.views import EGRESS_ANNOTATION, GATEWAY_GROUP, MESH_LABEL, SERVICE_NAME_LABEL
 
@@ -48,13 +48,32 @@ def service(ns: str, name: str, cluster_ip: str, ports: Sequence[Port]) -> Obj:
     }
 
 
+# an endpoint's state besides ready (True) and not ready (False), as the EndpointSlice controller writes it for a pod
+# being deleted: still answering within its grace period, or no longer
+SERVING_TERMINATING: Final = "serving-terminating"
+TERMINATING: Final = "terminating"
+EndpointState = bool | Literal["serving-terminating", "terminating"]
+
+
+def _conditions(state: EndpointState) -> Obj:
+    if state == SERVING_TERMINATING:
+        return {"ready": False, "serving": True, "terminating": True}
+    if state == TERMINATING:
+        return {"ready": False, "serving": False, "terminating": True}
+    return {"ready": state}
+
+
 def endpoint_slice(
-    ns: str, svc: str, ports: Sequence[Port], endpoints: Sequence[tuple[str, bool, str | None]], name: str | None = None
+    ns: str,
+    svc: str,
+    ports: Sequence[Port],
+    endpoints: Sequence[tuple[str, EndpointState, str | None]],
+    name: str | None = None,
 ) -> Obj:
-    """endpoints: (ip, ready, pod name or None)."""
+    """endpoints: (ip, ready or a terminating state, pod name or None)."""
     eps = []
-    for ip, ready, pod_name in endpoints:
-        ep: Obj = {"addresses": [ip], "conditions": {"ready": ready}}
+    for ip, state, pod_name in endpoints:
+        ep: Obj = {"addresses": [ip], "conditions": _conditions(state)}
         if pod_name:
             ep["targetRef"] = {"kind": "Pod", "name": pod_name, "namespace": ns}
         eps.append(ep)

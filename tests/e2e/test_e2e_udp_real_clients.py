@@ -5,7 +5,8 @@ sidecars, real Envoy per node, pods captured by the real aether-cni):
   direct (the backend pod's IP) byte for byte;
 - dig: a ~3 KB TXT answer over UDP, and an A record from each of two Services on one port (one backend on each node);
 - 5,000 lookups from fresh sockets inside 10 s, across nodes;
-- a backend crashed under traffic (lost until its endpoint leaves, measured) and one replaced gracefully (none lost).
+- a backend crashed under traffic (lost until its endpoint leaves, measured) and one replaced gracefully: marked
+  terminating while it still serves, then gone (none lost).
 
 The crash and replacement figures are printed (`pytest -s`) and recorded in docs/performance.md.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -129,7 +131,8 @@ def test_five_thousand_fresh_sockets_across_nodes(mesh: Mesh) -> None:
 @dataclass
 class Stream:
     """One query every `period` s, from a fresh socket each (`fresh`) or all from one socket (one session). Replies
-    are collected as they come; a query unanswered `patience` s after it was sent is lost (its send time kept)."""
+    are collected as they come (send time and the backend's answer address); a query unanswered `patience` s
+    after it was sent is lost (its send time kept)."""
 
     client: MeshPod
     vip: str
@@ -138,6 +141,7 @@ class Stream:
     patience: float = 1.0
     sent: list[float] = field(default_factory=list)
     lost: list[float] = field(default_factory=list)
+    answers: list[tuple[float, str]] = field(default_factory=list)
 
     def _socket(self) -> socket.socket:
         def make() -> socket.socket:
@@ -166,6 +170,7 @@ class Stream:
                 data = sock.recv(65535)
                 rid = int.from_bytes(data[:2], "big") if len(data) >= 2 else -1
                 if rid in pending and dns_answer_count(data, rid) >= 1:
+                    self.answers.append((pending[rid][1], socket.inet_ntoa(data[-4:])))  # the one A record's address
                     del pending[rid]
                     if sock is not pinned:
                         sock.close()
@@ -181,6 +186,10 @@ class Stream:
 
 def _hosts(mesh: Mesh, cluster: str) -> set[str]:
     return mesh.nodes["node-a"].hosts(cluster)
+
+
+def _draining(mesh: Mesh, cluster: str) -> set[str]:
+    return {ip for ip, flags in mesh.nodes["node-a"].host_health(cluster).items() if "draining" in flags}
 
 
 def _run_streams(mesh: Mesh, during: float, action: Callable[[], None]) -> tuple[Stream, Stream]:
@@ -202,22 +211,33 @@ def _run_streams(mesh: Mesh, during: float, action: Callable[[], None]) -> tuple
 def test_graceful_replacement_loses_nothing_then_a_crash_loses_until_the_endpoint_leaves(mesh: Mesh) -> None:
     cluster = "udp:e2e/dns-r"
     ips = {name: mesh.pods[name].ip for name in ("r1", "r2", "r3")}
-    wait_for(lambda: _hosts(mesh, cluster) == {ips["r1"], ips["r2"]}, what="dns-r on r1 and r2 in Envoy")
+    mesh.set_endpoints("dns-r", ["r2"])  # every session starts on r2, the pinned one too
+    wait_for(lambda: _hosts(mesh, cluster) == {ips["r2"]}, what="dns-r on r2 alone in Envoy")
+    marks: dict[str, float] = {}
 
     def replace_r2_by_r3() -> None:
-        time.sleep(1.0)  # pacing: traffic runs on both old backends for a while before the change
+        time.sleep(1.0)  # pacing: traffic runs on r2 for a while before the change
         mesh.set_endpoints("dns-r", ["r1", "r2", "r3"])
         wait_for(lambda: _hosts(mesh, cluster) == set(ips.values()), what="r3 in Envoy")
-        mesh.set_endpoints("dns-r", ["r1", "r3"])  # r2 leaves (terminating), then stops
+        # r2's pod is deleted: the EndpointSlice controller marks it terminating while it still serves, and Envoy
+        # holds it DRAINING (no new session; the one on it moves at its next datagram, its reply already back)
+        mesh.set_endpoints("dns-r", ["r1", "r3"], terminating=["r2"])
+        wait_for(lambda: _draining(mesh, cluster) == {ips["r2"]}, what="r2 draining in Envoy")
+        marks["draining"] = time.monotonic()
+        time.sleep(1.0)  # pacing: r2's grace period, during which it still answers
+        mesh.crash_apps(mesh.pods["r2"])  # it exits, and then leaves the slice
+        mesh.set_endpoints("dns-r", ["r1", "r3"])
         wait_for(lambda: _hosts(mesh, cluster) == {ips["r1"], ips["r3"]}, what="r2 out of Envoy")
-        mesh.crash_apps(mesh.pods["r2"])
 
-    fresh, pinned = _run_streams(mesh, 4.0, replace_r2_by_r3)
+    fresh, pinned = _run_streams(mesh, 5.0, replace_r2_by_r3)
     print(
         f"\ngraceful replacement: fresh sockets lost {len(fresh.lost)}/{len(fresh.sent)}, "
         f"one socket lost {len(pinned.lost)}/{len(pinned.sent)}"
     )
     assert fresh.lost == [] and pinned.lost == [], (len(fresh.lost), len(pinned.lost))
+    # not vacuous: the pinned session was on r2 before it drained, and answered after r2 exited
+    assert any(who == ANSWERS["r2"] for at, who in pinned.answers if at < marks["draining"]), pinned.answers
+    assert pinned.answers[-1][1] != ANSWERS["r2"], pinned.answers[-5:]
 
     crash: dict[str, float] = {}
 
@@ -237,3 +257,61 @@ def test_graceful_replacement_loses_nothing_then_a_crash_loses_until_the_endpoin
         f"{len(fresh.lost)}/{len(fresh.sent)}, one socket lost {len(pinned.lost)}/{len(pinned.sent)}"
     )
     assert late == [], f"{len(late)} lost after the endpoint left Envoy"
+
+
+def _held_echo(ip: str, port: int, name: str, hits: Path, hold: Path) -> list[str]:
+    return [sys.executable, "-m", "aether.testing.udp_echo", name, str(port), "--hits", str(hits), "--hold", str(hold)]
+
+
+def test_a_reply_on_its_way_survives_a_drain_not_a_removal(mesh: Mesh) -> None:
+    """Why terminating endpoints are kept DRAINING: the backend holds its reply (a slow answer) while the mesh
+    changes. Removed from the slice at once, the endpoint leaves Envoy and takes its udp_proxy session along, so the
+    reply on its way is dropped (the negative control: the old behaviour). Marked terminating instead, the session
+    stays, the reply arrives, and the socket's next datagram moves to the ready endpoint."""
+    assert mesh.workdir is not None
+    node_a, hold = mesh.nodes["node-a"], mesh.workdir / "held-release"
+    hits = {n: mesh.workdir / f"{n}.hits" for n in ("h1", "h2")}
+    for n in ("h1", "h2"):
+        mesh.add_backend(mesh.nodes["node-b"], n, partial(_held_echo, name=n, hits=hits[n], hold=hold))
+    vip, cluster = mesh.add_service("held", ["h1"]), "udp:e2e/held"
+    ip = {n: mesh.pods[n].ip for n in ("h1", "h2")}
+    node_a.wait_hosts({cluster: {ip["h1"]}})
+    client = mesh.pods["client"]
+
+    def held_query(payload: bytes) -> socket.socket:
+        """A new socket (a new session on h1) sends `payload`; returns once h1 holds it."""
+        sock = run_in_netns(client.netns_path, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        before = len(hits["h1"].read_text().splitlines()) if hits["h1"].exists() else 0
+        sock.settimeout(1.0)
+        sock.sendto(payload, (vip, L4_OUTBOUND_PORT))
+        wait_for(lambda: len(hits["h1"].read_text().splitlines()) > before, what="h1 holds the query")
+        return sock
+
+    def reply(sock: socket.socket) -> bytes | None:
+        try:
+            return sock.recv(65535)
+        except TimeoutError:
+            return None
+
+    removed = held_query(b"q1")
+    mesh.set_endpoints("held", ["h2"])
+    node_a.wait_hosts({cluster: {ip["h2"]}})
+    hold.touch()
+    try:
+        assert reply(removed) is None, "a removed endpoint's session should be gone (negative control)"
+    finally:
+        removed.close()
+        hold.unlink()
+
+    mesh.set_endpoints("held", ["h1"])
+    node_a.wait_hosts({cluster: {ip["h1"]}})
+    drained = held_query(b"q2")
+    try:
+        mesh.set_endpoints("held", ["h2"], terminating=["h1"])
+        wait_for(lambda: _draining(mesh, cluster) == {ip["h1"]}, what="h1 draining in Envoy")
+        hold.touch()
+        assert reply(drained) == b"h1|q2", "the reply on its way from a draining endpoint was lost"
+        drained.sendto(b"q3", (vip, L4_OUTBOUND_PORT))
+        assert reply(drained) == b"h2|q3", "the session did not move off the draining endpoint"
+    finally:
+        drained.close()

@@ -149,11 +149,14 @@ def test_a_service_with_its_own_idle_timeout_gets_a_listener_bound_to_its_vip(en
 
 def test_a_split_arm_has_one_locality_per_backend_with_unique_names() -> None:
     """Weights as locality weights, weight 0 without one, an invalid ref's share on the drop endpoint, and a repeated
-    name (a Service and an invalid ref of another kind called the same) as two localities, never one."""
+    name (a Service and an invalid ref of another kind called the same) as two localities, never one. A draining
+    endpoint is DRAINING in its locality, and the overprovisioning factor keeps that locality's whole weight."""
     node = node_with(1, 1)
     ep = [Endpoint(ip="10.1.0.1", port=53)]
     backends = [
-        ArmBackend(backend="default/a", weight=60, share=60.0, endpoints=ep),
+        ArmBackend(
+            backend="default/a", weight=60, share=60.0, endpoints=[*ep, Endpoint(ip="10.1.0.2", port=53, draining=True)]
+        ),
         ArmBackend(backend="default/a", weight=30, share=30.0, reason="InvalidKind"),
         ArmBackend(backend="default/b", weight=0, share=0.0, endpoints=ep, reason="Drained"),
         ArmBackend(backend="default/c", weight=10, share=10.0),  # valid, no ready endpoint: share dropped
@@ -162,7 +165,11 @@ def test_a_split_arm_has_one_locality_per_backend_with_unique_names() -> None:
         ServiceArm(service="default/s", vip="10.96.9.9", cluster="udp-split:default/s", backends=backends)
     )
     res = translate(node, records_for(node, "/run/netns"), TranslateOptions(areas=("udp",)))
-    assert res[CLUSTER]["udp-split:default/s"]["commonLbConfig"] == {"localityWeightedLbConfig": {}}
+    assert res[CLUSTER]["udp-split:default/s"]["commonLbConfig"] == {
+        "healthyPanicThreshold": {"value": 0},
+        "localityWeightedLbConfig": {},
+    }
+    assert res[ENDPOINT]["udp-split:default/s"]["policy"] == {"overprovisioningFactor": 1_000_000}
     locs = res[ENDPOINT]["udp-split:default/s"]["endpoints"]
     got = [
         (
@@ -172,6 +179,7 @@ def test_a_split_arm_has_one_locality_per_backend_with_unique_names() -> None:
                 (
                     e["endpoint"]["address"]["socketAddress"]["address"],
                     e["endpoint"]["address"]["socketAddress"]["portValue"],
+                    e.get("healthStatus", "-"),
                 )
                 for e in loc["lbEndpoints"]
             ],
@@ -179,10 +187,10 @@ def test_a_split_arm_has_one_locality_per_backend_with_unique_names() -> None:
         for loc in locs
     ]
     assert got == [
-        ("default/a", 60, [("10.1.0.1", 53)]),
-        ("default/a#1", 30, [("127.0.0.1", 0)]),
-        ("default/b", None, [("10.1.0.1", 53)]),
-        ("default/c", 10, [("127.0.0.1", 0)]),
+        ("default/a", 60, [("10.1.0.1", 53, "-"), ("10.1.0.2", 53, "DRAINING")]),
+        ("default/a#1", 30, [("127.0.0.1", 0, "-")]),
+        ("default/b", None, [("10.1.0.1", 53, "-")]),
+        ("default/c", 10, [("127.0.0.1", 0, "-")]),
     ]
     out = _validate(res)
     assert out.returncode == 0, out.stderr[-3000:]

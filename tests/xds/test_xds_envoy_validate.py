@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from aether.api.meshnode import MeshNode
+from aether.api.meshnode import Endpoint, MeshNode
 from aether.netns.records import PodRecord
 from aether.testing.envoy import Envoy, start_envoy, validate
 from aether.testing.samples import node_with, records_for
@@ -44,6 +44,8 @@ def test_envoy_validates_rendered_configs(tmp_path: Path, services: int) -> None
     node.status.tcp.services = [
         a.model_copy(update={"cluster": a.cluster.replace("udp:", "tcp:")}) for a in node.status.udp.services[:5]
     ]
+    for arm in node.status.udp.services[:1] + node.status.tcp.services[:1]:  # a terminating endpoint beside
+        arm.endpoints.append(Endpoint(ip="10.201.0.1", port=arm.endpoints[0].port, draining=True))
     resources = translate(node, records_for(node, str(tmp_path / "netns")))
     out = validate(static_bootstrap("node-a", resources))
     assert out.returncode == 0, out.stderr[-3000:]

@@ -6,7 +6,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from aether.api.meshnode import MeshNode, load_meshnode_file
+from aether.api.meshnode import Endpoint, MeshNode, load_meshnode_file
 from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.records import PodRecord
 from aether.testing.golden import check_golden, golden_json
@@ -166,3 +166,19 @@ def test_render_cli(tmp_path: Path) -> None:
     )
     assert out.returncode == 1
     assert "status.udp.services.0.service" in out.stderr and str(bad) in out.stderr
+
+
+def test_an_address_listed_ready_and_draining_is_one_ready_endpoint() -> None:
+    """Two arms naming one cluster can disagree for a moment (their slices are written one after the other): the
+    address is one lbEndpoint, ready; a draining-only address is DRAINING. Both the cold and the incremental path."""
+    node = node_with(2, 1)
+    a, b = node.status.udp.services
+    b.cluster, b.backend = a.cluster, a.backend
+    a.endpoints = [Endpoint(ip="10.9.0.1", port=53), Endpoint(ip="10.9.0.2", port=53, draining=True)]
+    b.endpoints = [Endpoint(ip="10.9.0.1", port=53, draining=True), Endpoint(ip="10.9.0.2", port=53, draining=True)]
+    for _ in range(2):  # the second translation of the same node diffs against the first
+        res = translate(node, records_for(node))
+        lbs = res[ENDPOINT][a.cluster]["endpoints"][0]["lbEndpoints"]
+        got = [(e["endpoint"]["address"]["socketAddress"]["address"], e.get("healthStatus")) for e in lbs]
+        assert got == [("10.9.0.1", None), ("10.9.0.2", "DRAINING")]
+        b.endpoints = b.endpoints[:1]  # same union: 10.9.0.2 stays draining through a

@@ -17,7 +17,7 @@ from aether.netns.records import PodRecord
 from aether.xds.resources import ResourceDict, TranslateOptions, seconds
 
 Arms = tuple[tuple[str, str], ...]  # ((vip, cluster), ...) in matcher order
-EndpointKey = tuple[tuple[str, int], ...]
+EndpointKey = tuple[tuple[str, int, bool], ...]  # (ip, port, draining) per endpoint
 
 
 def local_pods(node: MeshNode, records: Mapping[str, PodRecord]) -> list[tuple[MeshPod, PodRecord]]:
@@ -49,6 +49,10 @@ def eds_cluster_for(name: str, shape: ClusterShape) -> ResourceDict:
         "type": "EDS",
         "edsClusterConfig": {"edsConfig": {"ads": {}, "resourceApiVersion": "V3"}, "serviceName": name},
         "connectTimeout": seconds(shape.connect_timeout_s),
+        # no panic mode: Envoy's default (50%) would spread new sessions over every host, draining ones too, when
+        # most of a Service's endpoints terminate at once; the operator marks endpoints draining only while the
+        # Service has a ready one, so a healthy host is always there to pick
+        "commonLbConfig": {"healthyPanicThreshold": {"value": 0}},
     }
     if shape.max_connections is not None:
         # track_remaining: the `remaining_cx` gauge shows how close a Service is to refusing new flows
@@ -58,29 +62,41 @@ def eds_cluster_for(name: str, shape: ClusterShape) -> ResourceDict:
     return cluster
 
 
+def lb_endpoints(endpoints: EndpointKey) -> list[ResourceDict]:
+    """One lbEndpoint per address, in order; a draining one (terminating, still serving) is DRAINING: Envoy counts
+    it unhealthy, so no new session picks it and a udp_proxy session on it moves to a healthy host at its next
+    datagram, while the replies already on their way still come back (a host that leaves the cluster ends its
+    sessions at once). An address listed both ways is ready."""
+    ready = {(ip, port) for ip, port, draining in endpoints if not draining}
+    out: list[ResourceDict] = []
+    seen: set[tuple[str, int]] = set()
+    for ip, port, draining in endpoints:
+        if (ip, port) in seen:
+            continue
+        seen.add((ip, port))
+        lb: ResourceDict = {"endpoint": {"address": {"socketAddress": {"address": ip, "portValue": port}}}}
+        if draining and (ip, port) not in ready:
+            lb["healthStatus"] = "DRAINING"
+        out.append(lb)
+    return out
+
+
 @lru_cache(maxsize=1 << 16)
 def load_assignment(name: str, endpoints: EndpointKey) -> ResourceDict:
     cla: ResourceDict = {"clusterName": name}
     if endpoints:
-        cla["endpoints"] = [
-            {
-                "lbEndpoints": [
-                    {"endpoint": {"address": {"socketAddress": {"address": ip, "portValue": port}}}}
-                    for ip, port in endpoints
-                ]
-            }
-        ]
+        cla["endpoints"] = [{"lbEndpoints": lb_endpoints(endpoints)}]
     return cla
 
 
 def endpoints_by_cluster(arms: Iterable[ServiceArm], skip: str) -> dict[str, EndpointKey]:
     """Each cluster the arms name (several VIPs may name one backend's cluster) -> its sorted unique endpoints."""
-    groups: dict[str, set[tuple[str, int]]] = {}
+    groups: dict[str, set[tuple[str, int, bool]]] = {}
     for arm in arms:
         if arm.cluster != skip:
             group = groups.setdefault(arm.cluster, set())
             for ep in arm.endpoints:
-                group.add((ep.ip, ep.port))
+                group.add((ep.ip, ep.port, ep.draining))
     return {name: tuple(eps) if len(eps) < 2 else tuple(sorted(eps)) for name, eps in groups.items()}
 
 
