@@ -299,8 +299,7 @@ class Mesh:
     def set_endpoints(self, service: str, backends: list[str], terminating: Sequence[str] = ()) -> None:
         """The EndpointSlice controller's part: the Service's ready endpoints are exactly these pods, and the
         `terminating` ones are pods being deleted that still serve (their grace period)."""
-        ready = [(self.pods[b].ip, b) for b in backends]
-        ending = [(self.pods[b].ip, b) for b in terminating]
+        ready, ending = ([(self.pods[b].ip, b) for b in pods] for pods in (backends, terminating))
         self.kube.endpoint_slice(self.namespace, service, BACKEND_PORT, ready, terminating=ending)
 
     def add_route(self, name: str, parent: str, backend: str) -> None:

@@ -263,6 +263,10 @@ def _held_echo(ip: str, port: int, name: str, hits: Path, hold: Path) -> list[st
     return [sys.executable, "-m", "aether.testing.udp_echo", name, str(port), "--hits", str(hits), "--hold", str(hold)]
 
 
+def _listening(log: Path) -> bool:
+    return log.exists() and "echo " in log.read_text()
+
+
 def test_a_reply_on_its_way_survives_a_drain_not_a_removal(mesh: Mesh) -> None:
     """Why terminating endpoints are kept DRAINING: the backend holds its reply (a slow answer) while the mesh
     changes. Removed from the slice at once, the endpoint leaves Envoy and takes its udp_proxy session along, so the
@@ -273,18 +277,23 @@ def test_a_reply_on_its_way_survives_a_drain_not_a_removal(mesh: Mesh) -> None:
     hits = {n: mesh.workdir / f"{n}.hits" for n in ("h1", "h2")}
     for n in ("h1", "h2"):
         mesh.add_backend(mesh.nodes["node-b"], n, partial(_held_echo, name=n, hits=hits[n], hold=hold))
+    for n in ("h1", "h2"):  # the app prints once its socket is bound
+        wait_for(partial(_listening, mesh.nodes["node-b"].workdir / f"{n}.log"), what=f"{n} listening")
     vip, cluster = mesh.add_service("held", ["h1"]), "udp:e2e/held"
     ip = {n: mesh.pods[n].ip for n in ("h1", "h2")}
     node_a.wait_hosts({cluster: {ip["h1"]}})
     client = mesh.pods["client"]
 
+    def held(name: str) -> int:
+        return len(hits[name].read_text().splitlines()) if hits[name].exists() else 0
+
     def held_query(payload: bytes) -> socket.socket:
         """A new socket (a new session on h1) sends `payload`; returns once h1 holds it."""
         sock = run_in_netns(client.netns_path, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
-        before = len(hits["h1"].read_text().splitlines()) if hits["h1"].exists() else 0
+        before = held("h1")
         sock.settimeout(1.0)
         sock.sendto(payload, (vip, L4_OUTBOUND_PORT))
-        wait_for(lambda: len(hits["h1"].read_text().splitlines()) > before, what="h1 holds the query")
+        wait_for(lambda: held("h1") > before, what="h1 holds the query")
         return sock
 
     def reply(sock: socket.socket) -> bytes | None:

@@ -1,7 +1,7 @@
 """Terminating endpoints (EndpointSlice conditions ready/serving/terminating): a pod being deleted that still
 answers is kept as `draining` while its Service has a ready endpoint, so the proxy moves flows off it instead of
 cutting them; one that no longer serves is gone; with no ready endpoint the serving ones take new flows, as
-kube-proxy does. The xDS side (DRAINING, no panic mode) is in tests/xds; the data path in tests/e2e."""
+kube-proxy does. The xDS side (DRAINING) is in tests/xds; the data path in tests/e2e."""
 
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ def test_a_service_with_its_own_idle_timeout_gets_a_listener_bound_to_its_vip(en
 def test_a_split_arm_has_one_locality_per_backend_with_unique_names() -> None:
     """Weights as locality weights, weight 0 without one, an invalid ref's share on the drop endpoint, and a repeated
     name (a Service and an invalid ref of another kind called the same) as two localities, never one. A draining
-    endpoint is DRAINING in its locality, and the overprovisioning factor keeps that locality's whole weight."""
+    endpoint is DRAINING in its locality."""
     node = node_with(1, 1)
     ep = [Endpoint(ip="10.1.0.1", port=53)]
     backends = [
@@ -165,11 +165,7 @@ def test_a_split_arm_has_one_locality_per_backend_with_unique_names() -> None:
         ServiceArm(service="default/s", vip="10.96.9.9", cluster="udp-split:default/s", backends=backends)
     )
     res = translate(node, records_for(node, "/run/netns"), TranslateOptions(areas=("udp",)))
-    assert res[CLUSTER]["udp-split:default/s"]["commonLbConfig"] == {
-        "healthyPanicThreshold": {"value": 0},
-        "localityWeightedLbConfig": {},
-    }
-    assert res[ENDPOINT]["udp-split:default/s"]["policy"] == {"overprovisioningFactor": 1_000_000}
+    assert res[CLUSTER]["udp-split:default/s"]["commonLbConfig"] == {"localityWeightedLbConfig": {}}
     locs = res[ENDPOINT]["udp-split:default/s"]["endpoints"]
     got = [
         (

@@ -1,7 +1,7 @@
 """A weighted UDP arm on the real data path (one node, real Envoy, the real capture; the MeshNode written by hand):
 the split cluster's localities spread new sessions by weight, a locality without weight (weight 0) takes none while
-its sessions finish, an invalid backendRef's share is dropped (its locality's endpoint answers nothing), and a
-changed weight moves new sessions only. The operator side and both API versions: tests/e2e/test_e2e_udp_weights.py.
+its sessions finish, an invalid backendRef's share is dropped (its locality's endpoint answers nothing), a draining
+endpoint takes no new session without moving its backend's share, and a changed weight moves new sessions only. The operator side and both API versions: tests/e2e/test_e2e_udp_weights.py.
 """
 
 from __future__ import annotations
@@ -58,6 +58,16 @@ class Bed:
             return locality_weights(json.loads(self.node.admin("/config_dump?include_eds")), CLUSTER) == want
 
         wait_for(programmed, timeout=30, what=f"weights {want} in Envoy's EDS")
+
+
+def _draining(nb: NodeBed) -> set[str]:
+    """The split cluster's hosts Envoy holds as draining (`/clusters` health flags)."""
+    out = set()
+    for line in nb.admin("/clusters").splitlines():
+        parts = line.split("::")
+        if len(parts) == 4 and parts[0] == CLUSTER and parts[2] == "health_flags" and "draining" in parts[3]:
+            out.add(parts[1].rsplit(":", 1)[0])
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +194,46 @@ def test_a_backends_endpoint_count_does_not_move_its_share(bed: Bed) -> None:
     a_side = split.by_backend["a"] + split.by_backend["c"]
     assert abs(100.0 * a_side / 200 - 50) <= 5 and abs(split.share("b") - 50) <= 5, split.table()
     assert split.by_backend["a"] > 0 and split.by_backend["c"] > 0, split.table()
+
+
+def test_a_draining_endpoint_takes_no_new_session_and_its_backend_keeps_its_share(bed: Bed) -> None:
+    """Backend a with one ready endpoint (the a pod) and one draining (the c pod: terminating, still serving), b
+    with one, weights 50/50: a's half goes to its ready pod alone. Envoy scales a locality's weight by its healthy
+    fraction; were the draining host counted as an unhealthy one, a would drop to 35/85 of new sessions (Envoy's
+    overprovisioning factor is 1.4); it is excluded from load balancing instead, so a keeps its half."""
+    nb = bed.node
+    ip = {n: nb.services[n].backend.ip for n in ("a", "b", "c")}
+    backends = [
+        ArmBackend(
+            backend="default/a",
+            weight=50,
+            share=50.0,
+            endpoints=[Endpoint(ip=ip["a"], port=PORT), Endpoint(ip=ip["c"], port=PORT, draining=True)],
+        ),
+        ArmBackend(backend="default/b", weight=50, share=50.0, endpoints=[Endpoint(ip=ip["b"], port=PORT)]),
+    ]
+    arm = ServiceArm(service="default/split", vip=SPLIT_VIP, cluster=CLUSTER, route="default/r", backends=backends)
+    nb.write_state(nb.meshnode(extra_arms=[arm]))
+    wait_for(lambda: _draining(nb) == {ip["c"]}, timeout=30, what="c draining in Envoy's cluster")
+    split = probe_split(bed.client.path, SPLIT_VIP, L4_OUTBOUND_PORT, 200)
+    print(f"\n50/50, a with a ready and a draining endpoint, 200 fresh sessions:\n{split.table()}")
+    assert split.by_backend["c"] == 0 and split.by_backend[NO_REPLY] == 0, split.table()
+    assert abs(split.share("a") - 50) <= 5 and abs(split.share("b") - 50) <= 5, split.table()
+
+
+def test_most_endpoints_draining_leave_new_sessions_on_the_ready_one(bed: Bed) -> None:
+    """One ready endpoint and two draining (a rolling update stopping two of three pods at once): every new session
+    goes to the ready one. Envoy enters panic mode (every host, healthy or not) below 50% healthy hosts; draining
+    hosts are excluded from that count, so the default threshold needs no change."""
+    nb = bed.node
+    ip = {n: nb.services[n].backend.ip for n in ("a", "b", "c")}
+    eps = [Endpoint(ip=ip["a"], port=PORT), *(Endpoint(ip=ip[n], port=PORT, draining=True) for n in ("b", "c"))]
+    backends = [ArmBackend(backend="default/a", weight=100, share=100.0, endpoints=eps)]
+    arm = ServiceArm(service="default/split", vip=SPLIT_VIP, cluster=CLUSTER, route="default/r", backends=backends)
+    nb.write_state(nb.meshnode(extra_arms=[arm]))
+    wait_for(lambda: _draining(nb) == {ip["b"], ip["c"]}, timeout=30, what="b and c draining in Envoy's cluster")
+    split = probe_split(bed.client.path, SPLIT_VIP, L4_OUTBOUND_PORT, 100)
+    assert split.by_backend == {"a": 100}, split.table()
 
 
 def test_going_from_one_backend_to_a_split_restarts_open_sessions(bed: Bed) -> None:

@@ -49,10 +49,6 @@ def eds_cluster_for(name: str, shape: ClusterShape) -> ResourceDict:
         "type": "EDS",
         "edsClusterConfig": {"edsConfig": {"ads": {}, "resourceApiVersion": "V3"}, "serviceName": name},
         "connectTimeout": seconds(shape.connect_timeout_s),
-        # no panic mode: Envoy's default (50%) would spread new sessions over every host, draining ones too, when
-        # most of a Service's endpoints terminate at once; the operator marks endpoints draining only while the
-        # Service has a ready one, so a healthy host is always there to pick
-        "commonLbConfig": {"healthyPanicThreshold": {"value": 0}},
     }
     if shape.max_connections is not None:
         # track_remaining: the `remaining_cx` gauge shows how close a Service is to refusing new flows
@@ -63,10 +59,11 @@ def eds_cluster_for(name: str, shape: ClusterShape) -> ResourceDict:
 
 
 def lb_endpoints(endpoints: EndpointKey) -> list[ResourceDict]:
-    """One lbEndpoint per address, in order; a draining one (terminating, still serving) is DRAINING: Envoy counts
-    it unhealthy, so no new session picks it and a udp_proxy session on it moves to a healthy host at its next
-    datagram, while the replies already on their way still come back (a host that leaves the cluster ends its
-    sessions at once). An address listed both ways is ready."""
+    """One lbEndpoint per address, in order; a draining one (terminating, still serving) is DRAINING. Envoy excludes
+    such a host from load balancing (it counts neither as healthy nor as a host, so many draining hosts do not
+    tip the cluster into panic mode): no new session picks it, and a udp_proxy session on it, whose host is now
+    unhealthy, moves to a healthy one at its next datagram, while the replies already on their way still come back
+    (a host that leaves the cluster ends its sessions at once). An address listed both ways is ready."""
     ready = {(ip, port) for ip, port, draining in endpoints if not draining}
     out: list[ResourceDict] = []
     seen: set[tuple[str, int]] = set()

@@ -5,11 +5,10 @@ balancer spreads picks by weight splits *new sessions* by weight and every datag
 backend. The cluster uses locality-weighted load balancing: each backendRef is a locality whose
 `load_balancing_weight` is the backendRef's weight, and Envoy picks a locality by weight (an EDF schedule: a
 weighted round robin within a pick or so of the exact proportions, not a random draw) and then a host inside it, so a backend's endpoint count does not move its share.
-Envoy scales a locality's weight by the fraction of its hosts that are healthy, times the assignment's
-overprovisioning factor. UDP clusters have no health checks; the only unhealthy hosts are draining ones (a
-terminating endpoint still serving: no new session, the ones on it move at their next datagram). The factor is set
-so high (`OVERPROVISIONING`) that a backend keeps its whole share while any of its endpoints is ready, so the
-weights stay the spec's through a rolling update.
+Envoy scales a locality's weight by the fraction of its hosts that are healthy; UDP clusters have no health
+checks and we never mark a host unhealthy, so the weights stay the spec's. A draining endpoint (terminating, still
+serving: no new session, the ones on it move at their next datagram) is excluded from load balancing, so it
+counts neither as healthy nor as a host and its backend keeps its whole share.
 
 - weight 0 (drain): the locality is present without a weight. Envoy's locality scheduler skips a locality with no
   weight, so no new session picks it; its hosts stay in the cluster, so the sessions already on them finish (a host
@@ -41,9 +40,6 @@ from aether.xds.translate.l4.common import ClusterShape, EndpointKey, eds_cluste
 # where an invalid backendRef's share goes: loopback port 0. udp_proxy's send fails (EINVAL: no UDP datagram can
 # be sent to port 0), counted in the cluster's upstream error stats; the client gets no reply.
 DROP_ENDPOINT: Final = ("127.0.0.1", 0, False)
-# percent (Envoy's default is 140): a locality's weight is scaled by min(1, factor / 100 * healthy / hosts), so this
-# keeps it whole down to one ready endpoint in 10,000
-OVERPROVISIONING: Final = 1_000_000
 DROP_LOCALITY: Final = "aether/no-weighted-backend"  # the locality that takes every new session when all weights are 0
 
 # (backend ref, weight, drained, endpoints) per locality, in the arm's order
@@ -67,7 +63,7 @@ def split_key(arm: ServiceArm) -> SplitKey:
 @lru_cache(maxsize=1 << 14)
 def split_cluster(name: str, shape: ClusterShape) -> ResourceDict:
     cluster = dict(eds_cluster_for(name, shape))
-    cluster["commonLbConfig"] = dict(cluster["commonLbConfig"], localityWeightedLbConfig={})
+    cluster["commonLbConfig"] = {"localityWeightedLbConfig": {}}
     return cluster
 
 
@@ -87,7 +83,7 @@ def split_assignment(name: str, key: SplitKey) -> ResourceDict:
         if not drained:
             loc["loadBalancingWeight"] = weight
         localities.append(loc)
-    return {"clusterName": name, "endpoints": localities, "policy": {"overprovisioningFactor": OVERPROVISIONING}}
+    return {"clusterName": name, "endpoints": localities}
 
 
 def split_resources(
