@@ -113,16 +113,34 @@ class L4Status(_Model):
     unsupported_shapes: list[UnsupportedShape] = Field(default_factory=list)
 
 
+_GUARD_NOTE = (
+    "a MeshAuthorizationPolicy on the Service still guards these pods' inbound, so a pod that takes no traffic "
+    "is never served open"
+)
+
+
 class QuicDestination(_Model):
     service: str
     service_account: str
     ports: list[int] = Field(default_factory=list)
     endpoints: list[Endpoint] = Field(default_factory=list)
+    unready_ips: list[str] = Field(
+        default_factory=list,
+        exclude_if=lambda v: not v,
+        description="IPs of the Service's other endpoints (not ready, or terminating): no traffic goes to them; "
+        + _GUARD_NOTE,
+    )
 
 
 class IneligibleDestination(_Model):
     service: str
     reason: str
+    ports: list[int] = Field(default_factory=list, exclude_if=lambda v: not v, description="the Service's TCP ports")
+    endpoint_ips: list[str] = Field(
+        default_factory=list,
+        exclude_if=lambda v: not v,
+        description="IPs of every endpoint of the Service, whatever its conditions: " + _GUARD_NOTE,
+    )
 
 
 class PairEvidence(_Model):

@@ -7,8 +7,8 @@ what a policy's status says is what the sidecars enforce.
 - `policy_status`: conditions `Accepted` (True: Accepted or DenyAll; False: NoTargets, InvalidSource, TooManyRules,
   InvalidSpec) and `ResolvedRefs` (False: ServiceNotFound, PortNotFound), `services` (the existing Services it
   selects, `<ns>/<name>`), `errors` (every problem, each naming its field), `observedGeneration`.
-- `node_counts`: per node, `status.authorization` of its MeshNode: `guardedServices` (Services with a ready endpoint
-  on a pod of the node that a policy targets), `policies` (the policies targeting them), `notAccepted` (of those,
+- `node_counts`: per node, `status.authorization` of its MeshNode: `guardedServices` (Services with an endpoint, ready
+  or not, on a pod of the node that a policy targets), `policies` (the policies targeting them), `notAccepted` (of those,
   the ones failing closed).
 """
 
@@ -129,7 +129,7 @@ def node_counts(
             continue
         for ep in sl.endpoints:
             node = where.get((sl.namespace, ep.pod or ""))
-            if ep.ready and node:
+            if node:  # ready or not: a policy guards every pod of the Service
                 guarded[node].add(key)
     out = {}
     for node in nodes:

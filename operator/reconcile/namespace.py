@@ -127,10 +127,12 @@ def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestina
         return None
     sref = ref(svc.namespace, svc.name)
     ips: set[str] = set()
+    every: set[str] = set()  # whatever their conditions: the pods a policy on the Service guards
     accounts: set[str] = set()
     unknown: list[str] = []
     for sl in world.slices_of(svc.namespace, svc.name):
         for ep in sl.endpoints:
+            every.add(ep.ip)
             if not ep.ready:
                 continue
             ips.add(ep.ip)
@@ -139,17 +141,18 @@ def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestina
                 unknown.append(ep.ip)
             else:
                 accounts.add(pod.service_account)
-    if not ips:
-        return IneligibleDestination(service=sref, reason=NO_READY_ENDPOINTS)
-    if unknown:
-        return IneligibleDestination(service=sref, reason=UNKNOWN_ENDPOINT_PODS)
-    if len(accounts) != 1:
-        return IneligibleDestination(service=sref, reason=MIXED_SERVICE_ACCOUNTS)
+    ports = sorted({p.port for p in tcp})
+    reason = NO_READY_ENDPOINTS if not ips else UNKNOWN_ENDPOINT_PODS if unknown else MIXED_SERVICE_ACCOUNTS
+    if not ips or unknown or len(accounts) != 1:
+        return IneligibleDestination(
+            service=sref, reason=reason, ports=ports if every else [], endpoint_ips=sorted(every)
+        )
     return QuicDestination(
         service=sref,
         service_account=next(iter(accounts)),
-        ports=sorted({p.port for p in tcp}),
+        ports=ports,
         endpoints=[Endpoint(ip=ip, port=INBOUND_PORT) for ip in sorted(ips)],
+        unready_ips=sorted(every - ips),
     )
 
 

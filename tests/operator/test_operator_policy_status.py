@@ -79,3 +79,6 @@ def test_node_counts() -> None:
         "n1": {"guardedServices": 1, "policies": 2, "notAccepted": 1},
         "n2": {"guardedServices": 0, "policies": 0, "notAccepted": 0},
     }
+    # a terminating pod is still guarded (the sidecar keeps its policy on it): still counted
+    ending = o.endpoint_slice("shop", "web", [("http", 8080, "TCP")], [("10.0.0.7", o.SERVING_TERMINATING, "web-0")])
+    assert node_counts(policies, pods, [parse_slice(ending)], ["n1"])["n1"]["guardedServices"] == 1

@@ -95,6 +95,7 @@ def test_a_terminating_endpoint_is_no_quic_destination() -> None:
     s = m.reconcile(full=True).nodes["n1"]
     d = {x.service: x for x in s.quic.destinations}
     assert [e.ip for e in d["app/web"].endpoints] == ["10.0.1.7"]
+    assert d["app/web"].unready_ips == ["10.0.1.8"]  # no traffic, but a policy on web still guards the pod
     assert [(e.ip, e.draining) for e in {a.service: a for a in s.tcp.services}["app/web"].endpoints] == [
         ("10.0.1.7", False),
         ("10.0.1.8", True),
@@ -115,3 +116,30 @@ def test_conditions_read_as_the_api_defines_them(conditions: dict[str, Any]) -> 
     terminating = conditions.get("terminating") is True
     assert (ep.ready, ep.serving, ep.terminating) == (ready, serving, terminating)
     assert ep.draining == (not ready and serving and terminating)
+
+
+def test_an_ineligible_service_lists_every_endpoint_for_its_policies() -> None:
+    """No ready endpoint (or mixed ServiceAccounts): no QUIC destination, but its pods stay guarded."""
+    m = base()
+    add_pod(m, "web-0", "n2", "10.0.1.7", "web")
+    add_pod(m, "web-1", "n2", "10.0.1.8", "other")
+    m.apply_raw("service", o.service("app", "web", "10.96.0.20", TCP))
+    m.apply_raw("service", o.service("app", "idle", "10.96.0.21", TCP))
+    states: list[tuple[str, o.EndpointState, str | None]] = [
+        ("10.0.1.7", o.SERVING_TERMINATING, "web-0"),
+        ("10.0.1.8", False, "web-1"),
+    ]
+    m.apply_raw("slice", o.endpoint_slice("app", "web", TCP, states))
+    s = m.reconcile(full=True).nodes["n1"]
+    got = {x.service: x for x in s.quic.ineligible}
+    assert (got["app/web"].reason, got["app/web"].ports, got["app/web"].endpoint_ips) == (
+        "NoReadyEndpoints",
+        [8080],
+        ["10.0.1.7", "10.0.1.8"],
+    )
+    assert got["app/idle"].wire() == {"service": "app/idle", "reason": "NoReadyEndpoints"}  # nothing to guard
+    m.apply_raw(
+        "slice", o.endpoint_slice("app", "web", TCP, [("10.0.1.7", True, "web-0"), ("10.0.1.8", True, "web-1")])
+    )
+    got = {x.service: x for x in m.reconcile(full=True).nodes["n1"].quic.ineligible}
+    assert (got["app/web"].reason, got["app/web"].endpoint_ips) == ("MixedServiceAccounts", ["10.0.1.7", "10.0.1.8"])

@@ -11,6 +11,8 @@ import pytest
 
 from aether.api import authz
 from aether.api.authz import MeshAuthorizationPolicy, check, compile_bodies
+from aether.api.meshnode import Endpoint, IneligibleDestination
+from aether.netns.contract import INBOUND_PORT
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.golden import check_golden, golden_json
 from aether.xds.resources import LISTENER, ROUTE, Resources, TranslateOptions
@@ -258,3 +260,30 @@ def test_gate_refuses_rules_served_to_a_connection_manager_without_the_filter() 
     res[LISTENER]["side-door"] = other
     (failure,) = rbac_enforced(res)
     assert "side-door" in failure.reason and "carries RBAC rules" in failure.reason
+
+
+@pytest.mark.parametrize("where", ["unready", "ineligible", "absent"])
+def test_a_pod_that_takes_no_traffic_is_still_guarded(where: str) -> None:
+    """web-0 is an endpoint of web that is not ready (or terminating), or web is no QUIC destination (mixed
+    ServiceAccounts): the pod takes no mesh traffic, but a caller dialling it directly still meets web's policy.
+    `absent` is the pod listed nowhere (what the sidecar saw before unreadyIps/endpointIps): it falls back to the
+    default app port 8080, open to the trust domain, which is what these fields prevent."""
+    node, records = web_node()
+    q = node.status.quic
+    web = next(d for d in q.destinations if d.service == "default/web")
+    q.destinations = [d for d in q.destinations if d.service not in ("default/web", "default/web-admin")]
+    if where == "unready":
+        ready = [Endpoint(ip="10.200.9.8", port=INBOUND_PORT)]
+        q.destinations.append(web.model_copy(update={"endpoints": ready, "unready_ips": ["10.200.2.7"]}))
+    elif where == "ineligible":
+        q.ineligible.append(
+            IneligibleDestination(
+                service="default/web", reason="MixedServiceAccounts", ports=[8080, 9090], endpoint_ips=["10.200.2.7"]
+            )
+        )
+    res = build(node, records, TranslateOptions(trust_domain=TD, authorization=compile_bodies([policy()], TD)))
+    got = rbac_of(res, "port-8080")
+    if where == "absent":
+        assert got is None
+    else:
+        assert got is not None and list(got["policies"]) == ["default/web-callers"], got

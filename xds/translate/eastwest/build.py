@@ -30,6 +30,7 @@ from aether.xds.translate.eastwest.plan import (
     EastWestOptions,
     LocalPod,
     destinations,
+    guarded,
     identities,
     local_pods,
     twin_pairs,
@@ -74,7 +75,7 @@ def build(
     clusters: dict[str, dict[str, Any]] = {}
     endpoints: dict[str, dict[str, Any]] = {}
     routes: dict[str, dict[str, Any]] = {}
-    guards = rbac.inbound_rbac(options.authorization, pods, dests)
+    guards = rbac.inbound_rbac(options.authorization, pods, guarded(node))
     for pod in pods:
         listeners.update(inbound.listeners(pod, td, md, ew))
         routes.update(inbound.route_configs(pod, guards))

@@ -8,7 +8,11 @@
 - twin pairs (`twin_pairs`): the (destination, source SPIFFE ID) pairs whose twin is built: `status.quic.pairs`
   (the sidecar puts its machine's published pairs there) whose source is local and destination listed.
 
-Application ports of a local pod (the inbound routes to them): the ports of every destination whose endpoints
+- guarded Services (`guarded`): every Service a MeshAuthorizationPolicy can target on a local pod: each QUIC
+  destination with its endpoints and its `unreadyIps`, and each ineligible one with its `endpointIps` (a pod that
+  takes no traffic, because it is not ready, terminating, or its Service is ineligible, is still guarded).
+
+Application ports of a local pod (the inbound routes to them): the ports of every guarded Service whose IPs
 include the pod's IP, else `EastWestOptions.app_ports[pod uid]`, else `EastWestOptions.default_app_ports`. The
 MeshNode has no per-pod port list yet; the first port is the primary one (the default route).
 """
@@ -72,6 +76,16 @@ class Destination:
         return self.ports[0] if self.ports else 80
 
 
+@dataclass(frozen=True)
+class Guarded:
+    """A Service whose policies guard the inbound of the pods at `ips` (its endpoints, whatever their conditions)."""
+
+    namespace: str
+    service: str
+    ports: tuple[int, ...]
+    ips: frozenset[str]
+
+
 def _split(ref: str) -> tuple[str, str]:
     ns, _, name = ref.partition("/")
     if not ns or not name:
@@ -100,14 +114,27 @@ def destinations(node: MeshNode, trust_domain: str) -> list[Destination]:
     return out
 
 
+def guarded(node: MeshNode) -> list[Guarded]:
+    """The destinations (endpoints and unready IPs), then the ineligible Services (every endpoint IP), in order."""
+    out = []
+    for d in sorted(node.status.quic.destinations, key=lambda d: d.service):
+        ns, svc = _split(d.service)
+        out.append(Guarded(ns, svc, tuple(d.ports), frozenset([*(e.ip for e in d.endpoints), *d.unready_ips])))
+    for i in sorted(node.status.quic.ineligible, key=lambda i: i.service):
+        ns, _, svc = i.service.partition("/")
+        if i.endpoint_ips and ns and svc:  # a name no policy can target guards nothing
+            out.append(Guarded(ns, svc, tuple(i.ports), frozenset(i.endpoint_ips)))
+    return out
+
+
 def local_pods(
     node: MeshNode, records: Mapping[str, PodRecord], trust_domain: str, options: EastWestOptions
 ) -> list[LocalPod]:
-    ports_by_ip: dict[str, list[int]] = {}  # the ports of every destination an IP is an endpoint of, in order
-    for d in node.status.quic.destinations:
-        for e in d.endpoints:
-            seen = ports_by_ip.setdefault(e.ip, [])
-            seen += [p for p in d.ports if p not in seen]
+    ports_by_ip: dict[str, list[int]] = {}  # the ports of every guarded Service an IP backs, in order
+    for g in guarded(node):
+        for addr in sorted(g.ips):
+            seen = ports_by_ip.setdefault(addr, [])
+            seen += [p for p in g.ports if p not in seen]
     out = []
     for pod in sorted(node.status.pods, key=lambda p: (p.namespace, p.name)):
         rec = records.get(pod.uid)

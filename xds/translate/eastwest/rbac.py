@@ -1,13 +1,13 @@
 """Authorization by identity at the destination's inbound: MeshAuthorizationPolicies -> Envoy RBAC HTTP filters (pure).
 
-`inbound_rbac(policies, pods, destinations)` gives, for each local pod and app port a policy applies to, the RBAC
+`inbound_rbac(policies, pods, guarded)` gives, for each local pod and app port a policy applies to, the RBAC
 rules its inbound route carries (`RBACPerRoute` on the route of `inbound.route_configs`, served over RDS, so a
 policy change is a route update: no listener drains, established connections stay). Every inbound HTTP connection
 manager (h2 and HTTP/3 alike) runs `envoy.filters.http.rbac` before the router, without rules of its own: where no
 policy applies it passes everything (today's behaviour: any SPIFFE ID of the trust domain, the TLS context's check).
 
-- The local Services: destinations (the node's QUIC destinations) with an endpoint on the pod's IP, in the pod's
-  namespace. A pod port is guarded when a policy targets any of them that has this port; then only what those
+- The local Services: the guarded Services (`plan.guarded`: the node's QUIC destinations and ineligible Services,
+  each with every endpoint IP whatever its conditions) on the pod's IP, in the pod's namespace. A pod port is guarded when a policy targets any of them that has this port; then only what those
   policies' rules allow on that port gets through (deny by default), whatever Service name the caller dialled.
 - One RBAC policy per MeshAuthorizationPolicy, named `<namespace>/<name>` (Envoy logs it as the effective policy
   id), its principals the union of the rules' sources that cover the port: `authenticated.principal_name`, which
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from aether.api.authz import CompiledPolicy
-from aether.xds.translate.eastwest.plan import Destination, LocalPod
+from aether.xds.translate.eastwest.plan import Guarded, LocalPod
 
 RBAC_FILTER: Final = "envoy.filters.http.rbac"
 RBAC_TYPE: Final = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"
@@ -36,12 +36,12 @@ def principal(source: str) -> dict[str, Any]:
     return {"authenticated": {"principal_name": matcher}}
 
 
-def local_services(pod: LocalPod, dests: Sequence[Destination]) -> list[Destination]:
-    """The Services of the pod's namespace with an endpoint on the pod (the Services it backs)."""
-    return [d for d in dests if d.namespace == pod.namespace and any(ip == pod.ip for ip, _ in d.endpoints)]
+def local_services(pod: LocalPod, services: Sequence[Guarded]) -> list[Guarded]:
+    """The Services of the pod's namespace with an endpoint on the pod (the Services it backs, ready or not)."""
+    return [g for g in services if g.namespace == pod.namespace and pod.ip in g.ips]
 
 
-def guarding(policies: Sequence[CompiledPolicy], services: Sequence[Destination], port: int) -> list[CompiledPolicy]:
+def guarding(policies: Sequence[CompiledPolicy], services: Sequence[Guarded], port: int) -> list[CompiledPolicy]:
     """The policies that target one of `services` having `port`."""
     names = {d.service for d in services if port in d.ports}
     return [p for p in policies if names.intersection(p.services) and p.namespace == services[0].namespace]
@@ -65,18 +65,18 @@ def per_route(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def inbound_rbac(
-    policies: Sequence[CompiledPolicy], pods: Sequence[LocalPod], dests: Sequence[Destination]
+    policies: Sequence[CompiledPolicy], pods: Sequence[LocalPod], services: Sequence[Guarded]
 ) -> dict[tuple[str, int], dict[str, Any]]:
     """(pod uid, app port) -> the RBAC message (rules) for that port's inbound route; absent: no policy applies."""
     out: dict[tuple[str, int], dict[str, Any]] = {}
     if not policies:
         return out
     for pod in pods:
-        services = local_services(pod, dests)
-        if not services:
+        mine = local_services(pod, services)
+        if not mine:
             continue
         for port in pod.app_ports:
-            chosen = guarding(policies, services, port)
+            chosen = guarding(policies, mine, port)
             if chosen:
                 out[(pod.uid, port)] = rbac_config(chosen, port)
     return out
