@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aether.testing.envoy import Envoy
+from aether.testing.envoy import Envoy, parse_host_health
 from aether.testing.netlab import Node
 from aether.testing.wait import wait_for
 
@@ -56,12 +56,7 @@ class MeshNodeProxy:
 
     def host_health(self, cluster: str) -> dict[str, str]:
         """ip -> health flags (`healthy`, `/eds_status_draining`, ...) of each host `/clusters` lists for `cluster`."""
-        out: dict[str, str] = {}
-        for line in self.admin("/clusters").splitlines():
-            parts = line.split("::")
-            if len(parts) == 4 and parts[0] == cluster and parts[2] == "health_flags":
-                out[parts[1].rsplit(":", 1)[0]] = parts[3]
-        return out
+        return parse_host_health(self.admin("/clusters"), cluster)
 
     def wait_hosts(self, want: dict[str, set[str]], timeout: float = 60.0) -> None:
         """Until Envoy holds exactly the hosts `want` names for each cluster: an arm in the MeshNode status says

@@ -137,6 +137,17 @@ def parse_stats(text: str) -> dict[str, int]:
     return out
 
 
+def parse_host_health(text: str, cluster: str) -> dict[str, str]:
+    """ip -> health flags (`healthy`, `/eds_status_draining`, ...) of each host an admin /clusters answer lists
+    for `cluster` (its endpoints as that Envoy holds them)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split("::")
+        if len(parts) == 4 and parts[0] == cluster and parts[2] == "health_flags":
+            out[parts[1].rsplit(":", 1)[0]] = parts[3]
+    return out
+
+
 # -- a running Envoy -----------------------------------------------------------------------------------------------
 
 ADMIN_ERRORS = (OSError, http.client.HTTPException)  # admin not answering (yet)

@@ -142,8 +142,14 @@ def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestina
             else:
                 accounts.add(pod.service_account)
     ports = sorted({p.port for p in tcp})
-    reason = NO_READY_ENDPOINTS if not ips else UNKNOWN_ENDPOINT_PODS if unknown else MIXED_SERVICE_ACCOUNTS
-    if not ips or unknown or len(accounts) != 1:
+    reason = None
+    if not ips:
+        reason = NO_READY_ENDPOINTS
+    elif unknown:
+        reason = UNKNOWN_ENDPOINT_PODS
+    elif len(accounts) != 1:
+        reason = MIXED_SERVICE_ACCOUNTS
+    if reason is not None:
         return IneligibleDestination(
             service=sref, reason=reason, ports=ports if every else [], endpoint_ips=sorted(every)
         )

@@ -15,6 +15,7 @@ import pytest
 from aether.api.meshnode import ArmBackend, Endpoint, MeshNode, ServiceArm
 from aether.api.naming import udp_split_cluster
 from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.testing.envoy import parse_host_health
 from aether.testing.netlab import Lab, Pod
 from aether.testing.nodebed import NodeBed, udp_socket_in, wait_reply
 from aether.testing.split_probe import NO_REPLY, locality_weights, probe_split, sticky_backends
@@ -62,12 +63,7 @@ class Bed:
 
 def _draining(nb: NodeBed) -> set[str]:
     """The split cluster's hosts Envoy holds as draining (`/clusters` health flags)."""
-    out = set()
-    for line in nb.admin("/clusters").splitlines():
-        parts = line.split("::")
-        if len(parts) == 4 and parts[0] == CLUSTER and parts[2] == "health_flags" and "draining" in parts[3]:
-            out.add(parts[1].rsplit(":", 1)[0])
-    return out
+    return {ip for ip, flags in parse_host_health(nb.admin("/clusters"), CLUSTER).items() if "draining" in flags}
 
 
 @pytest.fixture(scope="module")

@@ -68,14 +68,15 @@ def build(
     # `TranslateOptions` may carry an `eastwest: EastWestOptions` field (how the sidecar would set these knobs)
     ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
     td, md = options.trust_domain, options.mesh_domain
-    pods = local_pods(node, records, td, ew)
+    backed = guarded(node)
+    pods = local_pods(node, records, td, ew, backed)
     dests = destinations(node, td)
     sources = identities(pods)
     listeners: dict[str, dict[str, Any]] = {}
     clusters: dict[str, dict[str, Any]] = {}
     endpoints: dict[str, dict[str, Any]] = {}
     routes: dict[str, dict[str, Any]] = {}
-    guards = rbac.inbound_rbac(options.authorization, pods, guarded(node))
+    guards = rbac.inbound_rbac(options.authorization, pods, backed)
     for pod in pods:
         listeners.update(inbound.listeners(pod, td, md, ew))
         routes.update(inbound.route_configs(pod, guards))

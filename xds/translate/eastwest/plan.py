@@ -19,7 +19,7 @@ MeshNode has no per-pod port list yet; the first port is the primary one (the de
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,10 +128,15 @@ def guarded(node: MeshNode) -> list[Guarded]:
 
 
 def local_pods(
-    node: MeshNode, records: Mapping[str, PodRecord], trust_domain: str, options: EastWestOptions
+    node: MeshNode,
+    records: Mapping[str, PodRecord],
+    trust_domain: str,
+    options: EastWestOptions,
+    services: Sequence[Guarded] | None = None,
 ) -> list[LocalPod]:
+    """`services`: `guarded(node)`, when the caller has it already."""
     ports_by_ip: dict[str, list[int]] = {}  # the ports of every guarded Service an IP backs, in order
-    for g in guarded(node):
+    for g in guarded(node) if services is None else services:
         for addr in sorted(g.ips):
             seen = ports_by_ip.setdefault(addr, [])
             seen += [p for p in g.ports if p not in seen]

@@ -64,15 +64,13 @@ def lb_endpoints(endpoints: EndpointKey) -> list[ResourceDict]:
     tip the cluster into panic mode): no new session picks it, and a udp_proxy session on it, whose host is now
     unhealthy, moves to a healthy one at its next datagram, while the replies already on their way still come back
     (a host that leaves the cluster ends its sessions at once). An address listed both ways is ready."""
-    ready = {(ip, port) for ip, port, draining in endpoints if not draining}
-    out: list[ResourceDict] = []
-    seen: set[tuple[str, int]] = set()
+    drains: dict[tuple[str, int], bool] = {}  # first-seen order
     for ip, port, draining in endpoints:
-        if (ip, port) in seen:
-            continue
-        seen.add((ip, port))
+        drains[(ip, port)] = drains.get((ip, port), True) and draining
+    out: list[ResourceDict] = []
+    for (ip, port), draining in drains.items():
         lb: ResourceDict = {"endpoint": {"address": {"socketAddress": {"address": ip, "portValue": port}}}}
-        if draining and (ip, port) not in ready:
+        if draining:
             lb["healthStatus"] = "DRAINING"
         out.append(lb)
     return out
