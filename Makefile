@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-packages demo test lint unit bench clean
+.PHONY: setup system-packages k8s demo test lint unit bench clean
 
 # Debian packages: the kernel tools, and the real UDP programs the data-path tests run (dnsmasq, dig, dnsperf, socat,
 # iperf3). `dnsmasq-base` is the server without its system service.
@@ -33,6 +33,13 @@ $(STAMP): pyproject.toml | system-packages
 
 setup: system-packages $(STAMP)
 
+# The pinned Kubernetes control plane the API-facing tests run against (kube-apiserver, kube-controller-manager,
+# kubectl, etcd), built from the Go module proxy into a cache outside the repository keyed by version
+# (k8s/go.mod, k8s/etcd/go.mod): a no-op once built. `k8s/build.sh --where` prints the directory.
+k8s:
+	@command -v go >/dev/null || { echo "k8s: needs the Go toolchain (1.26) to build the control plane"; exit 1; }
+	k8s/build.sh
+
 demo: setup
 	$(BIN)/aether demo
 
@@ -41,7 +48,8 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-unit: setup
+unit: setup k8s
+	@"$$(k8s/build.sh --where)/kube-apiserver" --version
 	$(BIN)/pytest
 
 test: lint unit

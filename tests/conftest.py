@@ -14,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from aether.testing import controlplane
+from aether.testing.apiserver import Kind, default_kind
+from aether.testing.controlplane.cluster import STARTED
 from aether.testing.envoy import EnvoyNotFound, envoy_path
 from aether.testing.netlab import CREATED_TAGS, Lab, is_root, leftover_netns
 
@@ -34,6 +37,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if REQUIRE_PRIVILEGED and report.skipped and item.get_closest_marker("privileged"):
         report.outcome = "failed"
         report.longrepr = f"privileged test skipped under AETHER_REQUIRE_PRIVILEGED=1: {report.longrepr}"
+
+
+@pytest.fixture(scope="session")
+def api_kind() -> Kind:
+    """The API server the API-facing tests run against (aether.testing.apiserver). The real control plane unbuilt is
+    a skip that names `make k8s`, and a failure under AETHER_REQUIRE_PRIVILEGED=1: never a silent emulator."""
+    kind = default_kind()
+    if kind == "real":
+        try:
+            controlplane.bin_dir()
+        except controlplane.ControlPlaneMissing as exc:
+            if REQUIRE_PRIVILEGED:
+                pytest.fail(f"{exc} (AETHER_REQUIRE_PRIVILEGED=1: the API-facing tests must run on it)")
+            pytest.skip(str(exc))
+    return kind
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if STARTED:
+        versions = ", ".join(sorted(set(STARTED)))
+        terminalreporter.write_line(
+            f"API-facing tests ran against kube-apiserver {versions} ({len(STARTED)} control planes started)"
+        )
+    else:
+        terminalreporter.write_line("API-facing tests ran against no real control plane in this session")
 
 
 @pytest.fixture

@@ -79,9 +79,13 @@ class Cluster:
         return self._res[key]
 
     def apply(self, obj: dict[str, Any], status: dict[str, Any] | None = None) -> Any:
-        """Create, or merge-patch when it exists; then set status through /status when given."""
+        """Create, or merge-patch when it exists; then set status through /status when given. A Pod's
+        ServiceAccount is created first when missing, as the manifests that ship a workload ship its account (a real
+        server's ServiceAccount admission refuses a Pod whose account does not exist)."""
         r = self.res(obj["apiVersion"], obj["kind"])
         ns = obj["metadata"].get("namespace")
+        if obj["kind"] == "Pod" and obj["apiVersion"] == "v1":
+            self.service_account(ns, (obj.get("spec") or {}).get("serviceAccountName") or "default")
         try:
             out = r.create(body=obj, namespace=ns)
         except ConflictError:
@@ -91,6 +95,13 @@ class Cluster:
                 body=status, name=obj["metadata"]["name"], namespace=ns, content_type=MERGE
             )
         return out
+
+    def service_account(self, namespace: str, name: str) -> None:
+        with contextlib.suppress(ConflictError):
+            self.res("v1", "ServiceAccount").create(
+                body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
+                namespace=namespace,
+            )
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
         with contextlib.suppress(NotFoundError):

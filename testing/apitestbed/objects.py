@@ -32,8 +32,11 @@ def pod(ns: str, name: str, node_name: str, sa: str = "default") -> Obj:
     }
 
 
-def pod_status(ip: str, phase: str = "Running") -> Obj:
-    return {"status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}]}}
+def pod_status(ip: str, phase: str = "Running", ready: bool = True) -> Obj:
+    """What a kubelet reports for a started pod: phase, addresses and the Ready condition (which the EndpointSlice
+    controller of a real control plane reads)."""
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    return {"status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "conditions": conditions}}
 
 
 def service(ns: str, name: str, cluster_ip: str, ports: Sequence[Port]) -> Obj:

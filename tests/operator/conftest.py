@@ -1,5 +1,7 @@
-"""API-contract fixtures: the API test bed (or a real cluster when AETHER_KUBECONFIG is set: then no emulator is
-started), the real operator in-process, and the client helper (aether.testing.apitestbed.harness)."""
+"""API-contract fixtures: a real control plane per module (kube-apiserver, etcd, kube-controller-manager at the
+pinned version; `AETHER_CONTROL_PLANE=emulated` runs them on the API test bed instead, and AETHER_KUBECONFIG points
+them at a cluster of your own), the real operator in-process, and the client helper
+(aether.testing.apitestbed.harness)."""
 
 from __future__ import annotations
 
@@ -8,21 +10,19 @@ from collections.abc import Iterator
 
 import pytest
 
+from aether.testing.apiserver import Kind, api_server
 from aether.testing.apitestbed import TestBed, start
 from aether.testing.apitestbed.harness import Cluster, InProcessOperator
 
 
 @pytest.fixture(scope="module")
-def api() -> Iterator[tuple[str, TestBed | None]]:
+def api(api_kind: Kind) -> Iterator[tuple[str, TestBed | None]]:
     external = os.environ.get("AETHER_KUBECONFIG")
     if external:
         yield external, None
         return
-    bed = start()
-    try:
-        yield str(bed.kubeconfig_path), bed
-    finally:
-        bed.stop()
+    with api_server(api_kind) as server:
+        yield server.kubeconfig, server.bed
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,72 @@
+"""Which API server a test, the demo or `aether dev-api` runs against: the real control plane (the default for
+tests: `aether.testing.controlplane`, built by `make k8s`) or the API test bed (`aether.testing.apitestbed`, the
+emulator, kept where the emulator itself is the point and as the zero-build default of the demo).
+
+    with api_server("real") as server:   # -> Server: .kubeconfig, .bed (TestBed | None), .control_plane
+        ...
+
+`AETHER_CONTROL_PLANE=real|emulated` picks the tests' default (`real`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from aether.testing import controlplane
+from aether.testing.apitestbed import TestBed
+from aether.testing.apitestbed import start as start_bed
+
+Kind = Literal["real", "emulated"]
+KINDS: tuple[Kind, ...] = ("real", "emulated")
+
+
+def default_kind() -> Kind:
+    value = os.environ.get("AETHER_CONTROL_PLANE", "real")
+    if value not in KINDS:
+        raise ValueError(f"AETHER_CONTROL_PLANE={value!r}: expected one of {', '.join(KINDS)}")
+    return "real" if value == "real" else "emulated"
+
+
+@dataclass(frozen=True)
+class Server:
+    kubeconfig: str
+    bed: TestBed | None = None
+    control_plane: controlplane.ControlPlane | None = None
+
+    @property
+    def version(self) -> str:
+        return self.control_plane.version if self.control_plane is not None else "emulated (kmock)"
+
+
+@contextlib.contextmanager
+def api_server(
+    kind: Kind,
+    *,
+    kubeconfig: Path | None = None,
+    channel: str | None = None,
+    crds: bool = True,
+    port: int = 0,
+    audit: Path | None = None,
+) -> Iterator[Server]:
+    """Start one; stop it (and remove what it made) on exit. A real control plane that is not built raises
+    controlplane.ControlPlaneMissing, never falls back to the emulator."""
+    if kind == "real":
+        cp = controlplane.start(crds=crds, channel=channel or "experimental")
+        try:
+            path = str(cp.kubeconfig_path)
+            if kubeconfig is not None:
+                kubeconfig.write_text(cp.kubeconfig_path.read_text())
+                path = str(kubeconfig)
+            yield Server(path, control_plane=cp)
+        finally:
+            cp.stop()
+        return
+    bed = start_bed(port, kubeconfig, audit, crds=crds, channel=channel)
+    try:
+        yield Server(str(bed.kubeconfig_path), bed=bed)
+    finally:
+        bed.stop()
