@@ -12,12 +12,12 @@ import hashlib
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from itertools import compress
 from operator import is_not
 from typing import Final
 
 from aether.xds.codec.protojson import encode
+from aether.xds.memo import lru
 from aether.xds.resources import KNOWN_TYPES, Resources
 
 # Order in which a changed snapshot is pushed: clusters (and their endpoints) before the listeners that use them.
@@ -42,7 +42,7 @@ class Snapshot:
 _MASK: Final = (1 << 128) - 1
 
 
-@lru_cache(maxsize=1 << 17)
+@lru(maxsize=1 << 17)
 def _name_factor(name: str) -> int:
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=16).digest(), "big") | 1
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from google.protobuf import descriptor, message, message_factory
 
+from aether.xds.memo import register
 from aether.xds.resources import Shared
 
 FD = descriptor.FieldDescriptor
@@ -82,7 +83,7 @@ def _scalar(field: Any, value: Any) -> Any:
     return value
 
 
-_shared: dict[tuple[int, str], tuple[Any, bytes]] = {}
+_shared: dict[tuple[int, str], tuple[Any, bytes]] = register({})
 
 
 def fill(msg: message.Message, data: Any, resolve: Callable[[str], Any]) -> None:
@@ -169,7 +170,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-_entries: dict[tuple[str, int, str], tuple[Any, bytes]] = {}
+_entries: dict[tuple[str, int, str], tuple[Any, bytes]] = register({})
 
 
 def _merge_shared_map(msg: message.Message, field: Any, value: Any, resolve: Callable[[str], Any]) -> bool:

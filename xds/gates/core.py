@@ -18,6 +18,7 @@ from operator import attrgetter
 from typing import Any
 
 from aether.api.meshnode import MeshNode
+from aether.xds.memo import register
 from aether.xds.resources import CLUSTER, LISTENER, Resources, Shared
 from aether.xds.translate.l4.tcp import TCP_PROXY_CONFIG
 from aether.xds.translate.l4.udp import UDP_ROUTE
@@ -57,7 +58,7 @@ def _clusters_in(obj: Any) -> frozenset[str] | set[str]:
     return out
 
 
-_walked_shared: dict[int, tuple[Any, frozenset[str]]] = {}
+_walked_shared: dict[int, tuple[Any, frozenset[str]]] = register({})
 
 
 def _shared_clusters(obj: Shared) -> frozenset[str]:
@@ -71,7 +72,7 @@ def _shared_clusters(obj: Shared) -> frozenset[str]:
     return named
 
 
-_walked: dict[int, tuple[Any, frozenset[str]]] = {}
+_walked: dict[int, tuple[Any, frozenset[str]]] = register({})
 
 
 def clusters_named_by(listener: dict[str, Any]) -> frozenset[str]:

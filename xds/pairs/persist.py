@@ -18,13 +18,13 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from functools import lru_cache
 from typing import Final, Protocol, runtime_checkable
 
 from aether.api.meshnode import Condition, PairEvidence, QuicPair
 from aether.api.naming import ref, spiffe_id
 from aether.metrics import QUIC_PAIR_WRITE_FAILURES
 from aether.xds.identity.svid import parse_spiffe_id
+from aether.xds.memo import lru
 from aether.xds.pairs.values import Evidence, EvidenceKind, Persist, PersistedPair
 
 log = logging.getLogger("aether.xds.pairs")
@@ -40,7 +40,7 @@ def parse_time(text: str) -> float:
     return datetime.strptime(text, _TIME).replace(tzinfo=UTC).timestamp()
 
 
-@lru_cache(maxsize=1 << 14)
+@lru(maxsize=1 << 14)
 def to_wire(p: PersistedPair, trust_domain: str) -> QuicPair:
     """(Cached: an unchanged pair is converted once, not on every write of the whole list.)"""
     ns, _, sa = p.source.partition("/")

@@ -12,6 +12,7 @@ from typing import TypeAlias
 
 from aether.api.meshnode import MeshNode
 from aether.netns.records import PodRecord
+from aether.xds import memo
 from aether.xds.resources import KNOWN_TYPES, Resources, TranslateOptions, merge
 from aether.xds.translate.l4 import tcp, udp
 
@@ -52,23 +53,5 @@ def translate(node: MeshNode, records: Mapping[str, PodRecord], options: Transla
 
 
 def clear_memo() -> None:
-    """Forget the builders' memoized dicts (benchmarks measure cold translations with it)."""
-    from aether.xds.codec import fastfill
-    from aether.xds.gates import core
-    from aether.xds.translate.l4 import common
-
-    for fn in (
-        common.eds_cluster_for,
-        common.load_assignment,
-        udp._route,
-        udp.matcher,
-        udp.capture_listener,
-        udp.blackhole_cluster,
-        tcp.capture_listener,
-    ):
-        fn.cache_clear()
-    udp.MEMO.clear()
-    core._walked.clear()
-    core._walked_shared.clear()
-    fastfill._shared.clear()
-    fastfill._entries.clear()
+    """Forget every memo in aether.xds (`aether.xds.memo.clear_all`; benchmarks measure cold translations with it)."""
+    memo.clear_all()

@@ -12,7 +12,6 @@ A twin that is missing is fetched on demand by the outbound's `on_demand` filter
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -23,6 +22,7 @@ from aether.netns.records import PodRecord
 from aether.xds.codec import extra_protos  # noqa: F401  (registers the selector and mapper messages for the codec)
 from aether.xds.identity.sds import secrets
 from aether.xds.identity.svid import CertificateSource, bundle_secret_name
+from aether.xds.memo import lru
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
 from aether.xds.translate.eastwest import inbound, outbound, rbac
 from aether.xds.translate.eastwest.plan import (
@@ -41,7 +41,7 @@ __all__ = ["EastWestOptions", "build", "camel", "required_secrets", "secrets_for
 _SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 
 
-@functools.lru_cache(maxsize=4096)
+@lru(maxsize=4096)
 def _camel_key(key: str) -> str:
     if not _SNAKE.match(key):
         return key  # data keys (SPIFFE IDs, extension names, "@type") stay as they are

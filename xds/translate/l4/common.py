@@ -1,6 +1,6 @@
 """Pieces the L4 builders (UDP and the raw TCP floor) share: local pods, EDS clusters, load assignments.
 
-Builders memoize their resource dicts on the inputs that shape them (functools.lru_cache), so an unchanged
+Builders memoize their resource dicts on the inputs that shape them (`aether.xds.memo.lru`), so an unchanged
 resource is the *same object* from one translation to the next and the snapshot skips re-versioning and
 re-encoding it (bench/xds_translate.py). Resource dicts are therefore shared: treat them as immutable
 (copy.deepcopy before editing one, as tests that build bad inputs do).
@@ -9,11 +9,11 @@ re-encoding it (bench/xds_translate.py). Resource dicts are therefore shared: tr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from functools import lru_cache
 from typing import NamedTuple
 
 from aether.api.meshnode import MeshNode, MeshPod, ServiceArm
 from aether.netns.records import PodRecord
+from aether.xds.memo import lru
 from aether.xds.resources import ResourceDict, TranslateOptions, seconds
 
 Arms = tuple[tuple[str, str], ...]  # ((vip, cluster), ...) in matcher order
@@ -42,7 +42,7 @@ def eds_cluster(name: str, options: TranslateOptions) -> ResourceDict:
     return eds_cluster_for(name, ClusterShape(options.cluster_connect_timeout_s))
 
 
-@lru_cache(maxsize=1 << 16)
+@lru(maxsize=1 << 16)
 def eds_cluster_for(name: str, shape: ClusterShape) -> ResourceDict:
     cluster: ResourceDict = {
         "name": name,
@@ -76,7 +76,7 @@ def lb_endpoints(endpoints: EndpointKey) -> list[ResourceDict]:
     return out
 
 
-@lru_cache(maxsize=1 << 16)
+@lru(maxsize=1 << 16)
 def load_assignment(name: str, endpoints: EndpointKey) -> ResourceDict:
     cla: ResourceDict = {"clusterName": name}
     if endpoints:

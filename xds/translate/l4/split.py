@@ -30,10 +30,10 @@ keep their backend and only new ones follow the new weights.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import lru_cache
 from typing import Final
 
 from aether.api.meshnode import ServiceArm
+from aether.xds.memo import lru
 from aether.xds.resources import ResourceDict
 from aether.xds.translate.l4.common import ClusterShape, EndpointKey, eds_cluster_for, lb_endpoints
 
@@ -60,14 +60,14 @@ def split_key(arm: ServiceArm) -> SplitKey:
     return tuple(out)
 
 
-@lru_cache(maxsize=1 << 14)
+@lru(maxsize=1 << 14)
 def split_cluster(name: str, shape: ClusterShape) -> ResourceDict:
     cluster = dict(eds_cluster_for(name, shape))
     cluster["commonLbConfig"] = {"localityWeightedLbConfig": {}}
     return cluster
 
 
-@lru_cache(maxsize=1 << 14)
+@lru(maxsize=1 << 14)
 def split_assignment(name: str, key: SplitKey) -> ResourceDict:
     localities: list[ResourceDict] = []
     seen: set[str] = set()

@@ -9,13 +9,13 @@ a connection to an unknown VIP matches no chain and is closed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Final
 
 from aether.api.meshnode import MeshNode
 from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
+from aether.xds.memo import lru
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, TranslateOptions
 from aether.xds.translate.l4.common import (
     Arms,
@@ -49,7 +49,7 @@ def _chain(vip: str, cluster: str, stat_prefix: str) -> ResourceDict:
     }
 
 
-@lru_cache(maxsize=4096)
+@lru(maxsize=4096)
 def capture_listener(name: str, netns: str, arms: Arms, stat_prefix: str) -> ResourceDict:
     return {
         "name": name,

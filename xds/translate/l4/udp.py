@@ -22,13 +22,13 @@ sessions (`udp_max_sessions`, default 100,000) instead of Envoy's 1,024.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import lru_cache
 from typing import Final
 
 from aether.api.meshnode import MeshNode
 from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
+from aether.xds.memo import lru, register
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions, seconds
 from aether.xds.translate.l4.common import Arms, ClusterShape, local_pods, stat_name
 from aether.xds.translate.l4.memo import DigestMemo
@@ -51,12 +51,12 @@ def listener_name(namespace: str, pod: str) -> str:
     return f"{LISTENER_PREFIX}{namespace}/{pod}"
 
 
-@lru_cache(maxsize=1 << 16)
+@lru(maxsize=1 << 16)
 def _route(cluster: str) -> ResourceDict:
     return Shared(action={"name": "route", "typedConfig": {"@type": UDP_ROUTE, "cluster": cluster}})
 
 
-@lru_cache(maxsize=1024)
+@lru(maxsize=1024)
 def matcher(arms: Arms) -> ResourceDict:
     """VIP -> cluster, exact on the datagram's destination IP; everything else to the blackhole."""
     out: ResourceDict = Shared(onNoMatch=_route(BLACKHOLE_CLUSTER))
@@ -72,7 +72,7 @@ def vip_listener_name(namespace: str, pod: str, vip: str) -> str:
     return f"{LISTENER_PREFIX}{namespace}/{pod}@{vip}"
 
 
-@lru_cache(maxsize=4096)
+@lru(maxsize=4096)
 def capture_listener(
     name: str,
     netns: str,
@@ -127,7 +127,7 @@ def capture_listener(
     return listener
 
 
-@lru_cache(maxsize=64)
+@lru(maxsize=64)
 def blackhole_cluster(options: TranslateOptions) -> ResourceDict:
     return {
         "name": BLACKHOLE_CLUSTER,
@@ -137,7 +137,7 @@ def blackhole_cluster(options: TranslateOptions) -> ResourceDict:
     }
 
 
-MEMO = DigestMemo()
+MEMO = register(DigestMemo())
 
 
 def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
