@@ -240,13 +240,13 @@ def tree() -> tuple[dict[str, Module], list[Import]]:
 
 
 def test_the_scan_sees_every_kind_of_import(tree: tuple[dict[str, Module], list[Import]]) -> None:
-    """Not vacuous: the real tree's lazy, TYPE_CHECKING-guarded and import_module imports are all in the graph."""
+    """Not vacuous: the real tree's lazy and TYPE_CHECKING-guarded imports are in the graph (import_module ones:
+    the negative control's operator/handlers.py)."""
     modules, imports = tree
     assert {"aether.cli", "aether.netns.cni", "aether.xds.ads.server", "aether.testing.apitestbed"} <= set(modules)
     edges = {(imp.source, imp.target) for imp in imports}
     assert ("aether.operator.cli", "aether.metrics") in edges  # inside a function
     assert ("aether.netns.contract", "aether.netns.lite") in edges  # under TYPE_CHECKING
-    assert ("aether.xds.translate.compose", "aether.xds.translate.eastwest.build") in edges  # importlib.import_module
     assert ("aether.netns.cni", "aether.netns.litejson") in edges  # `from package import module as alias`
     assert unresolved(modules, imports) == []
 

@@ -1,47 +1,45 @@
 """Desired state -> Envoy resources for one node: compose the per-area builders (pure).
 
-Builders follow the contract in `aether.xds.resources`. The east-west QUIC builder
-(`aether.xds.translate.eastwest.build.build`) joins when that module exists. The gates run on the merged result.
+`BUILDERS` is every area's builder, in the order their results merge: plaintext UDP (`l4/udp.py`), the raw TCP
+floor (`l4/tcp.py`) and east-west (`eastwest/build.py`). Each follows the builder contract in
+`aether.xds.resources`; `translate` runs the ones `TranslateOptions.areas` names (all when empty) and merges their
+results, and the gates (`aether.xds.gates`) run on the merged result.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
-from typing import TypeAlias
+from typing import Final, NamedTuple, TypeAlias
 
 from aether.api.meshnode import MeshNode
 from aether.netns.records import PodRecord
 from aether.xds import memo
 from aether.xds.resources import KNOWN_TYPES, Resources, TranslateOptions, merge
+from aether.xds.translate.eastwest import build as eastwest
 from aether.xds.translate.l4 import tcp, udp
 
 Builder: TypeAlias = Callable[[MeshNode, Mapping[str, PodRecord], TranslateOptions], Resources]
 
 
-AREAS = ("udp", "tcp-floor", "eastwest")
+class Area(NamedTuple):
+    name: str  # what `TranslateOptions.areas` and `aether xds --areas` call it
+    build: Builder
+
+
+BUILDERS: Final[tuple[Area, ...]] = (
+    Area("udp", udp.build),
+    Area("tcp-floor", tcp.build),
+    Area("eastwest", eastwest.build),
+)
+AREAS: Final = tuple(area.name for area in BUILDERS)
 
 
 def builders(areas: tuple[str, ...] = ()) -> list[Builder]:
-    """The builders of `areas` (all when empty), in AREAS order; eastwest only once its module exists."""
+    """The builders of `areas` (all when empty), in BUILDERS order."""
     unknown = sorted(set(areas) - set(AREAS))
     if unknown:
         raise ValueError(f"unknown translation areas {unknown}; known: {list(AREAS)}")
-    wanted = areas or AREAS
-    out: list[Builder] = []
-    if "udp" in wanted:
-        out.append(udp.build)
-    if "tcp-floor" in wanted:
-        out.append(tcp.build)
-    if "eastwest" in wanted:
-        try:
-            eastwest = importlib.import_module("aether.xds.translate.eastwest.build")
-        except ModuleNotFoundError as exc:
-            if exc.name != "aether.xds.translate.eastwest.build":
-                raise
-        else:
-            out.append(eastwest.build)
-    return out
+    return [area.build for area in BUILDERS if not areas or area.name in areas]
 
 
 def translate(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions | None = None) -> Resources:
