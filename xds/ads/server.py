@@ -1,10 +1,11 @@
 """The delta-ADS gRPC server (grpcio): type-agnostic, one diff state per stream and type.
 
 It serves whatever type URLs the node's snapshot holds (LDS/CDS/EDS today; RDS and SDS when other builders add
-them). Policy lives outside: `Events` hears ACKs, NACKs (with Envoy's `error_detail`), connects and each type's
-first request on a stream (what a fresh stream subscribes and holds); `OnDemand` hears names subscribed explicitly
-later on the stream and may add them to the snapshot before they are answered (as removed, when still missing).
-Both run on the stream's thread before its request is answered.
+them). Policy lives outside, behind two interfaces the server calls (the shape of go-control-plane's `pkg/server`
+callbacks): `Callbacks` hears ACKs, NACKs (with Envoy's `error_detail`), connects and each type's first request on
+a stream (what a fresh stream subscribes and holds), and `Events` is its default, which only logs; `OnDemand` hears
+names subscribed explicitly later on the stream and may add them to the snapshot before they are answered (as
+removed, when still missing). Both run on the stream's thread before its request is answered.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import grpc
 from envoy.config.core.v3 import base_pb2
@@ -44,8 +45,29 @@ them (synchronously) before they are answered; names still missing are answered 
 answer's companions."""
 
 
+class Callbacks(Protocol):
+    """What the server tells the policy (the sidecar: its Programmed condition, rollback, the pair machine), on the
+    stream's thread, before the request that caused it is answered."""
+
+    def on_connect(self, node: str, stream_id: int) -> None: ...
+
+    def on_disconnect(self, node: str, stream_id: int) -> None: ...
+
+    def on_ack(self, node: str, type_url: str, snapshot_version: str) -> None: ...
+
+    def on_first_request(
+        self, node: str, stream_id: int, type_url: str, subscribed: frozenset[str], held: frozenset[str]
+    ) -> bool:
+        """A type's first request on a stream: its explicit subscribe set (without `*`) and the names its
+        `initial_resource_versions` hold. Runs before the request is answered; may install a new snapshot.
+        Returns whether it took the request's explicit names (then `on_demand` is not asked about them)."""
+        ...
+
+    def on_nack(self, node: str, type_url: str, snapshot_version: str, error_detail: str) -> None: ...
+
+
 class Events:
-    """Stream events for the sidecar's policy (Programmed condition, rollback). Default: log only."""
+    """The default `Callbacks`: log only (connects and disconnects at INFO, a NACK as a WARNING)."""
 
     def on_connect(self, node: str, stream_id: int) -> None:
         log.info("stream %d connected: node %s", stream_id, node)
@@ -59,9 +81,6 @@ class Events:
     def on_first_request(
         self, node: str, stream_id: int, type_url: str, subscribed: frozenset[str], held: frozenset[str]
     ) -> bool:
-        """A type's first request on a stream: its explicit subscribe set (without `*`) and the names its
-        `initial_resource_versions` hold. Runs before the request is answered; may install a new snapshot.
-        Returns whether it took the request's explicit names (then `on_demand` is not asked about them)."""
         return False
 
     def on_nack(self, node: str, type_url: str, snapshot_version: str, error_detail: str) -> None:
@@ -95,14 +114,14 @@ class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: 
     def __init__(
         self,
         cache: SnapshotCache,
-        events: Events | None = None,
+        events: Callbacks | None = None,
         on_demand: OnDemand | None = None,
         sent_log_size: int = 10_000,
         announce: bool = True,
     ) -> None:
         self.cache = cache
         self.announce = announce  # send on-demand answers' companions unasked (`_announce`)
-        self.events = events or Events()
+        self.events: Callbacks = events or Events()
         self.on_demand = on_demand
         self.sent: deque[SentRecord] = deque(maxlen=sent_log_size)
         self._ids = itertools.count(1)

@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aether.api.addresses import AddressError, parse_addr, parse_hostport
 from aether.api.authz import KIND as POLICY_KIND
@@ -33,6 +33,15 @@ from aether.api.meshnode import MeshNodeFileError
 from aether.api.slices import load_state_file
 from aether.netns.records import load_records, state_dir
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
+
+if TYPE_CHECKING:
+    import grpc
+
+    from aether.xds.ads.cache import SnapshotCache
+    from aether.xds.resources import TranslateOptions
+    from aether.xds.sidecar.loop import Sidecar
+    from aether.xds.sidecar.secrets import SecretKeeper
+    from aether.xds.sidecar.sources import StateSource, StatusSink
 
 log = logging.getLogger("aether.xds")
 
@@ -108,10 +117,8 @@ def _render(argv: list[str]) -> int:
     p.add_argument("--node", help="the MeshNode to render when the List holds several (kubectl get mn,mss -o yaml)")
     p.add_argument("--records", help=f"pod records directory (default ${'{'}AETHER_STATE_DIR{'}'} or {state_dir()})")
     args = p.parse_args(argv)
-    from aether.xds.gates.core import run_gates
-    from aether.xds.gates.refuse import refuse_arms, refuse_listeners
     from aether.xds.resources import TranslateOptions
-    from aether.xds.translate.compose import translate
+    from aether.xds.sidecar.pipeline import gated_snapshot
 
     try:
         state = load_state_file(args.state, args.node)
@@ -131,16 +138,14 @@ def _render(argv: list[str]) -> int:
                 file=sys.stderr,
             )
     # what the sidecar does: one bad arm or listener is refused and the rest is served
-    node, refused = refuse_arms(node)
-    resources, dropped = refuse_listeners(translate(node, load_records(args.records), options))
-    json.dump(resources, sys.stdout, indent=2, sort_keys=True)
+    gated = gated_snapshot(node, load_records(args.records), options)
+    json.dump(gated.resources, sys.stdout, indent=2, sort_keys=True)
     print()
-    for failure in [*refused, *dropped]:
+    for failure in gated.refused:
         print(f"aether xds render: refused, the rest is served: {failure}", file=sys.stderr)
-    failures = run_gates(node, resources)
-    for failure in failures:
+    for failure in gated.failures:
         print(f"aether xds render: gate refused the whole state: {failure}", file=sys.stderr)
-    return 1 if failures else 0
+    return 1 if gated.failures else 0
 
 
 def _bootstrap(argv: list[str]) -> int:
@@ -154,7 +159,7 @@ def _bootstrap(argv: list[str]) -> int:
     return 0
 
 
-def _serve(argv: list[str]) -> int:
+def _serve_parser() -> _Parser:
     p = _Parser(prog="aether xds", description="the node xDS sidecar (delta ADS for the node's Envoy)")
     p.add_argument("--node", required=True, help="node name: the MeshNode and Envoy's node id")
     p.add_argument(
@@ -177,6 +182,13 @@ def _serve(argv: list[str]) -> int:
     p.add_argument(
         "--areas", default="", help="comma-separated translation areas (default all: udp,tcp-floor,eastwest)"
     )
+    _udp_arguments(p)
+    _eastwest_arguments(p)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _udp_arguments(p: _Parser) -> None:
     p.add_argument(
         "--udp-gro", choices=["on", "off"], default="on", help="GRO on the UDP capture listeners' sockets (default on)"
     )
@@ -203,6 +215,9 @@ def _serve(argv: list[str]) -> int:
         help="UDP backends see the client pod's address instead of the node's; needs `aether node-return install` "
         "where Envoy runs",
     )
+
+
+def _eastwest_arguments(p: _Parser) -> None:
     p.add_argument(
         "--certs-dir",
         help="east-west: a PEM directory per identity (docs/identity.md); without it a built-in CA "
@@ -222,39 +237,42 @@ def _serve(argv: list[str]) -> int:
         help="on: a fetched twin's load assignment goes out right after the twin, before Envoy subscribes to it "
         "(saves a round trip on a pair's first request); off: only when asked (default on; docs/pairs.md)",
     )
-    p.add_argument("--log-level", default="INFO")
-    args = p.parse_args(argv)
+
+
+def _areas(p: _Parser, value: str) -> tuple[str, ...]:
+    """--areas as a tuple (empty: all of them); an unknown area is a usage error."""
     from aether.xds.translate.compose import AREAS
 
-    areas = tuple(a for a in args.areas.split(",") if a)
+    areas = tuple(a for a in value.split(",") if a)
     if set(areas) - set(AREAS):
         p.error(f"--areas: unknown {sorted(set(areas) - set(AREAS))}; known: {','.join(AREAS)}")
-    logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    serves_secrets = not areas or "eastwest" in areas
+    return areas
+
+
+def _sds_listen_refused(args: argparse.Namespace, serves_secrets: bool) -> bool:
+    """True (after saying why) when SDS would go out on a TCP address without --allow-sds-over-tcp."""
     if serves_secrets and not isinstance(parse_addr(args.listen), str):
         if not args.allow_sds_over_tcp:
             print(SDS_OVER_TCP_REFUSED.format(listen=args.listen), file=sys.stderr)
-            return 2
+            return True
         log.error(SDS_OVER_TCP_ALLOWED, args.listen)
-    from aether.xds.ads.cache import SnapshotCache
-    from aether.xds.ads.server import DeltaAdsServer, serve
-    from aether.xds.resources import TranslateOptions
-    from aether.xds.sidecar.loop import Sidecar
-    from aether.xds.sidecar.sources import FileSource, FileStatusSink, StateSource, StatusSink, default_status_path
+    return False
 
-    source: StateSource
-    sink: StatusSink
+
+def _state_io(args: argparse.Namespace) -> tuple[StateSource, StatusSink]:
+    """Where the desired state comes from and the status goes: the --state file, or the cluster's MeshNode."""
+    from aether.xds.sidecar.sources import FileSource, FileStatusSink, default_status_path
+
     if args.state:
-        source = FileSource(args.state, node=args.node)
-        sink = FileStatusSink(args.status_out or default_status_path(args.state))
-    else:
-        kube = importlib.import_module("aether.xds.sidecar.kube_source")
-        source = kube.source(args.node, args.kubeconfig)
-        sink = kube.status_sink(args.node, args.kubeconfig)
+        status_path = args.status_out or default_status_path(args.state)
+        return FileSource(args.state, node=args.node), FileStatusSink(status_path)
+    kube = importlib.import_module("aether.xds.sidecar.kube_source")
+    return kube.source(args.node, args.kubeconfig), kube.status_sink(args.node, args.kubeconfig)
 
-    cache = SnapshotCache()
+
+def _translate_options(args: argparse.Namespace, areas: tuple[str, ...]) -> TranslateOptions:
+    from aether.xds.resources import TranslateOptions
+
     options = TranslateOptions(
         areas=areas,
         udp_prefer_gro=args.udp_gro == "on",
@@ -266,28 +284,28 @@ def _serve(argv: list[str]) -> int:
     )
     if options.udp_gso_writer:
         log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")
-    keeper = None
-    if serves_secrets:
-        from aether.xds.sidecar.secrets import SecretKeeper, make_source
+    return options
 
-        if not args.certs_dir:
-            log.warning("east-west identities from a built-in CA: for tests and the demo only (use --certs-dir)")
-        keeper = SecretKeeper(make_source(args.certs_dir, options))
-    from aether.xds.pairs.values import PairConfig
 
-    pair_config = PairConfig(fetch_window_s=args.quic_pair_fetch_window)
-    sidecar = Sidecar(args.node, cache, sink, args.records, options, secrets=keeper, pair_config=pair_config)
-    stop = threading.Event()
-    if not args.state and serves_secrets:  # cluster mode: the policies come from the API, read-only
-        policies = importlib.import_module("aether.xds.sidecar.kube_policies")
-        sidecar.awaiting_policies = True
-        policies.start(sidecar.on_policies, stop, args.kubeconfig)
+def _secret_keeper(args: argparse.Namespace, options: TranslateOptions) -> SecretKeeper:
+    from aether.xds.sidecar.secrets import SecretKeeper, make_source
+
+    if not args.certs_dir:
+        log.warning("east-west identities from a built-in CA: for tests and the demo only (use --certs-dir)")
+    return SecretKeeper(make_source(args.certs_dir, options))
+
+
+def _listen(args: argparse.Namespace, sidecar: Sidecar, cache: SnapshotCache) -> grpc.Server | None:
+    """The ADS server on --listen and the metrics on --metrics, started; None (after saying why) when either
+    cannot listen."""
+    from aether.xds.ads.server import DeltaAdsServer, serve
+
     servicer = DeltaAdsServer(cache, events=sidecar, on_demand=sidecar.on_demand, announce=args.announce == "on")
     try:
         server, port = serve(servicer, args.listen)
     except (OSError, RuntimeError) as exc:
         print(f"aether xds: cannot listen on {args.listen}: {exc}", file=sys.stderr)
-        return 1
+        return None
     log.info("delta ADS on %s (port %s) for node %s", args.listen, port, args.node)
     if args.metrics:
         from aether.metrics import serve as serve_metrics
@@ -297,7 +315,38 @@ def _serve(argv: list[str]) -> int:
         except OSError as exc:
             print(f"aether xds: cannot listen (--metrics {args.metrics[0]}:{args.metrics[1]}): {exc}", file=sys.stderr)
             server.stop(0)
-            return 1
+            return None
+    return server
+
+
+def _serve(argv: list[str]) -> int:
+    p = _serve_parser()
+    args = p.parse_args(argv)
+    areas = _areas(p, args.areas)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    serves_secrets = not areas or "eastwest" in areas
+    if _sds_listen_refused(args, serves_secrets):
+        return 2
+    from aether.xds.ads.cache import SnapshotCache
+    from aether.xds.pairs.values import PairConfig
+    from aether.xds.sidecar.loop import Sidecar
+
+    source, sink = _state_io(args)
+    cache = SnapshotCache()
+    options = _translate_options(args, areas)
+    keeper = _secret_keeper(args, options) if serves_secrets else None
+    pair_config = PairConfig(fetch_window_s=args.quic_pair_fetch_window)
+    sidecar = Sidecar(args.node, cache, sink, args.records, options, secrets=keeper, pair_config=pair_config)
+    stop = threading.Event()
+    if not args.state and serves_secrets:  # cluster mode: the policies come from the API, read-only
+        policies = importlib.import_module("aether.xds.sidecar.kube_policies")
+        sidecar.awaiting_policies = True
+        policies.start(sidecar.on_policies, stop, args.kubeconfig)
+    server = _listen(args, sidecar, cache)
+    if server is None:
+        return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:

@@ -1,25 +1,19 @@
-"""The sidecar's control loop: desired state + pod records -> translate -> gates -> snapshot, the pair machine's
-hooks, and the `Programmed` condition.
-Long because: everything that runs under the sidecar's one lock (state, records, pairs, snapshot, condition) is here.
+"""The sidecar's control loop: its inputs (desired state, pod records, policies, the pair machine's hooks and
+clock) under one lock, each change run through the pipeline (pipeline.py) and installed in the snapshot cache,
+with the `Programmed` condition kept by programmed.py.
 
-Programmed: Unknown/Pending once a state is served, True/Accepted when Envoy ACKs it (True/AcceptedWithRefusals when
-our gates removed a resource that names a fault, such as an arm whose VIP two arms claim: the message lists each and
-the rest is served), False with a reason when the state file is invalid (InvalidState), a gate still refuses it
-(GateRefused), it does not encode (EncodeFailed) or
-Envoy NACKs it (Rejected, with Envoy's error_detail), or, once Envoy holds what is served, when part of the state
-is missing or stale (SlicesIncomplete: a MeshServiceSlice the MeshNode names is absent or from another split of its
-namespace; the rest is served and the message names them). In every False case the last good state keeps serving:
-a NACKed snapshot is rolled back in the cache and not served again until the desired state changes.
+The ADS server calls the sidecar through its `Callbacks` interface (`aether.xds.ads.server`): `Sidecar` implements
+it (and `OnDemand`), it does not inherit from the server's types.
 
 QUIC pairs (docs/pairs.md): the sidecar runs the pair machine (`aether.xds.pairs.keeper`). It starts from the
 stored pairs at the first desired state, hears each stream's first CDS request (`on_first_request`) and every later
 explicit CDS subscription (`on_demand`), the environment on every reconcile and the clock from its loop; every step
 and the snapshot it implies happen under the one lock, before the request that caused them is answered. Twins are
-translated from the machine's published pairs (put into `status.quic.pairs` of the node handed to `translate`), and
+translated from the machine's published pairs (handed to the pipeline as the node's `status.quic.pairs`), and
 every `Persist` goes to the `PairWriter` (`PairsPersisted` condition), never blocking the snapshot. A fetch that
 only admits pairs adds their twins to the served snapshot (`_add_twins`) instead of translating everything, and
-a Programmed change made on a stream's thread (a fetch, a fresh stream) is written by a publisher thread: the
-request is answered without waiting for the API.
+a Programmed change made on a stream's thread (a fetch, a fresh stream, an ACK or NACK) is written by a publisher
+thread: the request is answered without waiting for the API.
 """
 
 from __future__ import annotations
@@ -31,18 +25,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 from aether.api.authz import compile_bodies
 from aether.api.meshnode import Condition, MeshNode, QuicPair
-from aether.metrics import QUIC_PAIR_FETCH_SECONDS, XDS_GATE_REFUSALS
+from aether.metrics import QUIC_PAIR_FETCH_SECONDS
 from aether.netns.records import PodRecord, load_records
 from aether.xds.ads.cache import SnapshotCache, make_snapshot
 from aether.xds.ads.server import Companions, Events
 from aether.xds.codec.protojson import CodecError
-from aether.xds.gates.core import GateFailure, PathExists, run_gates
-from aether.xds.gates.refuse import refuse_arms, refuse_listeners
+from aether.xds.gates.core import PathExists
 from aether.xds.pairs.keeper import PairKeeper
 from aether.xds.pairs.persist import PairSink, PairWriter, stored, to_wire
 from aether.xds.pairs.values import (
@@ -56,10 +48,11 @@ from aether.xds.pairs.values import (
     Withdraw,
     is_twin_name,
 )
-from aether.xds.resources import CLUSTER, ENDPOINT, Resources, TranslateOptions, count, short_type
+from aether.xds.resources import CLUSTER, ENDPOINT, Resources, TranslateOptions, count
+from aether.xds.sidecar.pipeline import gated_snapshot
+from aether.xds.sidecar.programmed import Programmed
 from aether.xds.sidecar.secrets import SecretKeeper
 from aether.xds.sidecar.sources import StateSource, StatusSink
-from aether.xds.translate.compose import translate
 from aether.xds.translate.eastwest.build import twins_for
 from aether.xds.translate.eastwest.plan import (
     Destination,
@@ -71,15 +64,10 @@ from aether.xds.translate.eastwest.plan import (
 )
 
 log = logging.getLogger("aether.xds.sidecar.loop")
-PROGRAMMED = "Programmed"
-PUBLISH_SETTLE_S = 0.05  # a Programmed change made on an ADS stream is written this long after (see _publish_loop)
+LOGGED = Events()  # the server's default callbacks: connects, disconnects and NACKs are logged as they would be
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-class Sidecar(Events):
+class Sidecar:
     def __init__(
         self,
         node_name: str,
@@ -102,77 +90,30 @@ class Sidecar(Events):
         self._lock = threading.RLock()
         self.desired: MeshNode | None = None
         self.records: dict[str, PodRecord] = {}
-        self.served_version: str | None = None
-        self.acked_version: str | None = None
-        self.rejected: set[str] = set()
-        self.condition: Condition | None = None
-        self.refused_now: tuple[str, ...] = ()  # what the gates removed from the served state (refuse.py)
-        self.state_problems: tuple[str, ...] = ()  # what the source could not supply (StateUpdate.problems)
+        self.programmed = Programmed(node_name, sink)
         # cluster mode sets it until the first list of MeshAuthorizationPolicies: nothing is served before (a
         # guarded Service must never be served open while its policy is still on the way)
         self.awaiting_policies = False
-        self._refusal_changed = False
         self.pair_writer: PairWriter | None = None
         if isinstance(sink, PairSink):
             self.pair_writer = PairWriter(node_name, sink, self.options.trust_domain, self._publish_condition)
         self.pairs = PairKeeper(pair_config, clock, persist=self._persist)
-        self._on_stream = False  # inside an ADS stream hook: condition writes go to the publisher thread
-        self._publisher: threading.Thread | None = None
-        self._publish_wanted = threading.Event()
-        self._publish_lock = threading.Lock()
         self._plan_memo: tuple[MeshNode, dict[str, PodRecord], tuple[list[LocalPod], list[Destination]]] | None = None
 
-    # -- condition ---------------------------------------------------------------------------------
-    def _set(self, status: str, reason: str, message: str) -> None:
-        prev = self.condition
-        if prev and (prev.status, prev.reason, prev.message) == (status, reason, message):
-            return
-        when = prev.last_transition_time if prev and prev.status == status else _now()
-        self.condition = Condition(
-            type=PROGRAMMED, status=status, reason=reason, message=message, last_transition_time=when
-        )
-        level = logging.INFO if status != "False" else logging.WARNING
-        log.log(level, "Programmed=%s %s: %s", status, reason, message)
-        if self.sink is None:
-            return
-        if not self._on_stream:
-            self._publish_programmed()
-            return
-        # on an ADS stream's thread (a fetch, a fresh stream): the request must not wait for the API
-        if self._publisher is None:
-            self._publisher = threading.Thread(target=self._publish_loop, name="programmed", daemon=True)
-            self._publisher.start()
-        self._publish_wanted.set()
+    @property
+    def condition(self) -> Condition | None:
+        return self.programmed.condition
+
+    @property
+    def served_version(self) -> str | None:
+        return self.programmed.served_version
 
     @contextlib.contextmanager
     def _stream_hook(self) -> Iterator[None]:
         """The body of an ADS stream hook (ACK, NACK, first request, fetch): under the lock, and any condition it
         changes is written by the publisher thread, so the stream's next request never waits for the API."""
-        with self._lock:
-            self._on_stream = True
-            try:
-                yield
-            finally:
-                self._on_stream = False
-
-    def _publish_programmed(self) -> None:
-        """Write the current Programmed condition (read under the publish lock: the last writer writes the latest)."""
-        assert self.sink is not None
-        with self._publish_lock:
-            try:
-                if self.condition is not None:
-                    self.sink.publish(self.node_name, [self.condition])
-            except Exception:
-                log.exception("cannot publish the Programmed condition")
-
-    def _publish_loop(self) -> None:
-        while True:
-            self._publish_wanted.wait()
-            # let the stream answer first: the write's Python work would share the GIL with that answer (and a
-            # Pending that Envoy ACKs meanwhile is written once, as the latest condition)
-            time.sleep(PUBLISH_SETTLE_S)
-            self._publish_wanted.clear()
-            self._publish_programmed()
+        with self._lock, self.programmed.deferred():
+            yield
 
     def _publish_condition(self, condition: Condition) -> None:
         if self.sink is not None:
@@ -198,11 +139,11 @@ class Sidecar(Events):
     def _pair_environment(self, node: MeshNode) -> Environment:
         return pair_environment(*self._plan(node), node)
 
-    def _with_pairs(self, node: MeshNode) -> MeshNode:
-        """`node` as translated: the machine started or told the environment, its published pairs as
-        status.quic.pairs (the builders make twins for those only)."""
+    def _published_pairs(self, node: MeshNode) -> list[QuicPair] | None:
+        """The pairs to build twins for: the machine started or told the environment, its published pairs in their
+        wire form (None without the east-west area: the node's own)."""
         if not self._eastwest():
-            return node
+            return None
         env = self._pair_environment(node)
         if not self.pairs.started:
             found = getattr(self.sink, "stored_pairs", lambda _: None)(self.node_name)
@@ -212,9 +153,7 @@ class Sidecar(Events):
         else:
             self.pairs.environment(env)
         assert self.pairs.state is not None
-        wire: list[QuicPair] = [to_wire(p, self.options.trust_domain) for p in self.pairs.state.persist().pairs]
-        quic = node.status.quic.model_copy(update={"pairs": wire})
-        return node.model_copy(update={"status": node.status.model_copy(update={"quic": quic})})
+        return [to_wire(p, self.options.trust_domain) for p in self.pairs.state.persist().pairs]
 
     def on_first_request(
         self, node: str, stream_id: int, type_url: str, subscribed: frozenset[str], held: frozenset[str]
@@ -288,16 +227,13 @@ class Sidecar(Events):
             if policies is not None:
                 self._set_policies(policies)
             if node is None:
-                kept = f"; serving version {self.served_version}" if self.served_version else ""
-                self._set("False", "InvalidState", f"{error}{kept} (the last good state)")
+                self.programmed.invalid_state(str(error))
                 return
             if node.metadata.name != self.node_name:
-                self._set("False", "InvalidState", f"state is for node {node.metadata.name!r}, not {self.node_name!r}")
+                self.programmed.wrong_node(node.metadata.name)
                 return
             self.desired = node
-            if problems != self.state_problems:
-                self.state_problems, self._refusal_changed = problems, True
-            self.rejected.clear()  # a new desired state may fix what was rejected
+            self.programmed.new_state(problems)
             self._reconcile()
 
     def on_policies(self, policies: Sequence[Mapping[str, Any]]) -> None:
@@ -343,96 +279,49 @@ class Sidecar(Events):
         if self.desired is None:
             return
         if self.awaiting_policies:
-            self._set("Unknown", "Pending", "waiting for the first list of MeshAuthorizationPolicies; nothing served")
+            self.programmed.awaiting_policies()
             return
-        node, refused = refuse_arms(self._with_pairs(self.desired))  # one bad arm or listener refused, the rest served
-        resources = translate(node, self.records, self.options)
-        resources, dropped = refuse_listeners(resources, self.path_exists)
-        self._note_refused([*refused, *dropped])
-        failures = run_gates(node, resources, self.path_exists)
-        if not failures and self.secrets is not None:
-            resources, failures = self.secrets.finish(node, self.records, self.options, resources)
-        if failures:
-            for failure in failures:
-                XDS_GATE_REFUSALS.labels(gate=failure.gate).inc()
-            kept = f"; serving version {self.served_version}" if self.served_version else "; nothing served yet"
-            self._set("False", "GateRefused", "; ".join(str(f) for f in failures) + kept)
+        pairs = self._published_pairs(self.desired)
+        gated = gated_snapshot(
+            self.desired, self.records, self.options, pairs, path_exists=self.path_exists, secrets=self.secrets
+        )
+        self.programmed.note_refused(gated.refused)  # one bad arm or listener refused, the rest served
+        if gated.failures:
+            self.programmed.gate_refused(gated.failures)
             return
-        self._install(resources)
+        self._install(gated.resources)
 
     def _install(self, resources: Resources) -> None:
         try:
             snap = make_snapshot(resources, previous=self.cache.get(self.node_name))
         except CodecError as exc:
-            self._set("False", "EncodeFailed", str(exc))
+            self.programmed.encode_failed(str(exc))
             return
-        if snap.version in self.rejected:
+        if self.programmed.rejects(snap.version):
             return  # already NACKed: the condition says why; wait for a new desired state
         self.cache.set_snapshot(self.node_name, snap)
-        stale = self.condition is None or self.condition.status == "False"
-        if snap.version != self.served_version or stale or self._refusal_changed:
-            self._refusal_changed = False
-            self.served_version = snap.version
-            if snap.version == self.acked_version:  # e.g. back to the state Envoy holds after a rejected one
-                self._accepted(snap.version)
-            else:
-                self._set(
-                    "Unknown",
-                    "Pending",
-                    f"serving version {snap.version} {count(resources)}; waiting for Envoy{self._refusal_note()}",
-                )
+        self.programmed.serving(snap.version, count(resources))
 
-    def _note_refused(self, refused: list[GateFailure]) -> None:
-        """Keep what the gates removed; count each refusal once per change of it (not on every re-translation)."""
-        text = tuple(str(f) for f in refused)
-        if text == self.refused_now:
-            return
-        for failure in refused:
-            if str(failure) not in self.refused_now:
-                XDS_GATE_REFUSALS.labels(gate=failure.gate).inc()
-        self.refused_now, self._refusal_changed = text, True
+    # -- Envoy's answers (the server's Callbacks) --------------------------------------------------------
+    def on_connect(self, node: str, stream_id: int) -> None:
+        LOGGED.on_connect(node, stream_id)
 
-    def _refusal_note(self) -> str:
-        note = f"; refused, the rest served: {'; '.join(self.refused_now)}" if self.refused_now else ""
-        if self.state_problems:
-            note += f"; incomplete state, the rest served: {'; '.join(self.state_problems)}"
-        return note
+    def on_disconnect(self, node: str, stream_id: int) -> None:
+        LOGGED.on_disconnect(node, stream_id)
 
-    def _accepted(self, version: str) -> None:
-        if self.state_problems:
-            self._set("False", "SlicesIncomplete", f"Envoy accepted version {version}{self._refusal_note()}")
-            return
-        reason = "AcceptedWithRefusals" if self.refused_now else "Accepted"
-        self._set("True", reason, f"Envoy accepted version {version}{self._refusal_note()}")
-
-    # -- Envoy's answers (server Events) ---------------------------------------------------------------
     def on_ack(self, node: str, type_url: str, snapshot_version: str) -> None:
         with self._stream_hook():
-            # only a served state waiting for Envoy turns True: after a NACK the rolled-back state is ACKed, but
-            # the desired state is still not programmed (False/Rejected stays until a new desired state)
             if node == self.node_name:
-                self.acked_version = snapshot_version
-            pending = self.condition is not None and self.condition.reason in ("Pending", "SlicesIncomplete")
-            if node == self.node_name and snapshot_version == self.served_version and pending:
-                self._accepted(snapshot_version)
+                self.programmed.acked(snapshot_version)
 
     def on_nack(self, node: str, type_url: str, snapshot_version: str, error_detail: str) -> None:
-        super().on_nack(node, type_url, snapshot_version, error_detail)
+        LOGGED.on_nack(node, type_url, snapshot_version, error_detail)
         with self._stream_hook():
             if node != self.node_name:
                 return
-            self.rejected.add(snapshot_version)
             restored = self.cache.rollback(node, snapshot_version)
-            if restored is not None:
-                self.served_version = restored.version
-                kept = f"serving version {restored.version} (the last good state)"
-            else:
-                kept = f"no earlier state to fall back to; serving version {self.served_version}"
-            self._set(
-                "False",
-                "Rejected",
-                f"Envoy rejected {short_type(type_url)} of version {snapshot_version}: {error_detail}; {kept}",
-            )
+            kept = restored.version if restored is not None else None
+            self.programmed.nacked(type_url, snapshot_version, error_detail, kept)
 
     # -- loop ----------------------------------------------------------------------------------------
     def run(
