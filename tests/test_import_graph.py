@@ -19,6 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("netns", "api", "operator", "xds", "testing", "e2e")
+# Scanned too, under their own top-level names: the benchmarks (may import anything of ours) and deploy/ (the
+# image's CNI installer runs from a bare interpreter and the manifest tools stand alone: nothing of ours).
+TOOLS = ("bench", "deploy")
 
 # What each package may import, besides itself. Base modules import nothing of ours; netns <- api <- {operator,
 # xds} <- {testing, e2e}; e2e may use testing, never the reverse; operator and xds never import each other; the
@@ -36,6 +39,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "aether.e2e": BASE | {"aether.netns", "aether.api", "aether.operator", "aether.xds", "aether.testing"},
 }
 ALLOWED["aether.cli"] = frozenset(ALLOWED)
+ALLOWED["bench"] = frozenset(ALLOWED)
+ALLOWED["deploy"] = frozenset()
 
 # Cycles between aether.xds's subpackages that are reported rather than restructured, each pinned by its back edges
 # (module -> module): another import along the pinned edge fails, any other cycle fails, and so does a pinned cycle
@@ -63,8 +68,13 @@ class Import:
 
 
 def sources(root: Path) -> dict[str, Path]:
-    """import prefix -> folder: aether/ itself (its own modules only: the folders are linked in it) and each folder."""
-    return {"aether": root / "aether", **{f"aether.{folder}": root / folder for folder in FOLDERS}}
+    """import prefix -> folder: aether/ itself (its own modules only: the folders are linked in it), each folder,
+    and bench/ and deploy/ under their own names."""
+    return {
+        "aether": root / "aether",
+        **{f"aether.{folder}": root / folder for folder in FOLDERS},
+        **{tool: root / tool for tool in TOOLS},
+    }
 
 
 def scan(where: Mapping[str, Path], root: Path) -> dict[str, Module]:
@@ -95,7 +105,7 @@ def _absolute(module: str | None, level: int, importer: Module) -> str:
 
 
 def _ours(name: str) -> bool:
-    return name == "aether" or name.startswith("aether.")
+    return any(name == top or name.startswith(f"{top}.") for top in ("aether", *TOOLS))
 
 
 def imports_of(module: Module, root: Path, known: set[str]) -> Iterator[Import]:
@@ -127,8 +137,9 @@ def all_imports(root: Path) -> tuple[dict[str, Module], list[Import]]:
 
 
 def package_of(module: str) -> str:
-    """aether.xds.ads.server -> aether.xds; aether.cli -> aether.cli; aether -> aether."""
-    return ".".join(module.split(".")[:2])
+    """aether.xds.ads.server -> aether.xds; aether.cli -> aether.cli; aether -> aether; bench.udp_dns -> bench."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "aether" else parts[0]
 
 
 def xds_subpackage_of(module: str) -> str | None:
@@ -244,10 +255,12 @@ def test_the_scan_sees_every_kind_of_import(tree: tuple[dict[str, Module], list[
     the negative control's operator/handlers.py)."""
     modules, imports = tree
     assert {"aether.cli", "aether.netns.cni", "aether.xds.ads.server", "aether.testing.apitestbed"} <= set(modules)
+    assert {"bench.xds_translate", "deploy.image.cni_install", "deploy.tools.kube_schema"} <= set(modules)
     edges = {(imp.source, imp.target) for imp in imports}
     assert ("aether.operator.cli", "aether.metrics") in edges  # inside a function
     assert ("aether.netns.contract", "aether.netns.lite") in edges  # under TYPE_CHECKING
     assert ("aether.netns.cni", "aether.netns.litejson") in edges  # `from package import module as alias`
+    assert ("bench.xds_translate", "aether.xds.translate.compose") in edges  # bench/ is scanned
     assert unresolved(modules, imports) == []
 
 
@@ -292,6 +305,12 @@ BAD_TREE = {
     # allowed: testing -> netns; e2e -> testing
     "testing/probe.py": "import aether.netns.contract\n",
     "e2e/demo.py": "from aether.testing.probe import *\n",
+    # the tools: bench may import anything (even test support); deploy/ nothing of ours; production never bench
+    "bench/__init__.py": "",
+    "bench/udp_dns.py": "from aether.e2e import demo\nfrom . import xds_translate\n",
+    "bench/xds_translate.py": "",
+    "deploy/image/cni_install.py": "from aether.netns import contract\n",
+    "api/addresses.py": "import bench.udp_dns\n",
     # a typo'd module name is reported, not silently dropped
     "testing/devapi.py": "import importlib\nimportlib.import_module('aether.testing.nosuch.thing')\n",
 }
@@ -323,12 +342,14 @@ def test_negative_control_back_edges_are_reported(bad_tree: tuple[dict[str, Modu
     modules, imports = bad_tree
     assert "aether.xds.sidecar.loop" in modules and "aether.xds.sidecar" in modules
     problems = layer_violations(graph(imports, package_of), ALLOWED)
-    assert len(problems) == 4, problems
+    assert len(problems) == 6, problems  # none from bench/ (it may import anything)
     for src, dst, where in [
         ("aether.netns", "aether.xds", "netns/contract.py:3"),
         ("aether.api", "aether.testing", "api/naming.py:2"),
+        ("aether.api", "bench", "api/addresses.py:1"),
         ("aether.operator", "aether.xds", "operator/handlers.py:2"),
         ("aether.xds", "aether.operator", "xds/resources.py:1"),
+        ("deploy", "aether.netns", "deploy/image/cni_install.py:1"),
     ]:
         assert any(p.startswith(f"{src} must not import {dst}:") and where in p for p in problems), (src, dst)
     assert unresolved(modules, imports) == [

@@ -1,11 +1,11 @@
 """The delta-ADS gRPC server (grpcio): type-agnostic, one diff state per stream and type.
 
-It serves whatever type URLs the node's snapshot holds (LDS/CDS/EDS today; RDS and SDS when other builders add
-them). Policy lives outside, behind two interfaces the server calls (the shape of go-control-plane's `pkg/server`
-callbacks): `Callbacks` hears ACKs, NACKs (with Envoy's `error_detail`), connects and each type's first request on
-a stream (what a fresh stream subscribes and holds), and `Events` is its default, which only logs; `OnDemand` hears
-names subscribed explicitly later on the stream and may add them to the snapshot before they are answered (as
-removed, when still missing). Both run on the stream's thread before its request is answered.
+It serves whatever type URLs the node's snapshot holds: CDS, EDS, LDS and RDS from the translation, SDS from the
+secret keeper. Policy lives outside, behind two interfaces the server calls (the shape of go-control-plane's
+`pkg/server` callbacks): `Callbacks` hears ACKs, NACKs (with Envoy's `error_detail`), connects and each type's
+first request on a stream (what a fresh stream subscribes and holds), and `Events` is its default, which only logs;
+`OnDemand` hears names subscribed explicitly later on the stream and may add them to the snapshot before they are
+answered (as removed, when still missing). Both run on the stream's thread before its request is answered.
 """
 
 from __future__ import annotations
