@@ -91,6 +91,8 @@ def discover_route_version(config: OperatorConfig) -> str:
 
 
 def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSIONS[0]) -> kopf.OperatorRegistry:
+    """The handlers, registered in this order: login, an index and an event handler per watched kind, our own kinds
+    (MeshNodes, MeshAuthorizationPolicies, MeshServiceSlices), startup (starts the loops), the probe, cleanup."""
     registry = kopf.OperatorRegistry()
     watched = {**WATCHED, "route": ((GATEWAY, route_version, UDPROUTES), gateway.parse_route)}
     indexes: dict[Kind, Any] = {}
@@ -98,38 +100,80 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        client = api_client(config.kubeconfig)
-        cfg = client.configuration
-        token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
-        scheme, _sep, value = (token or "").partition(" ")
-        return kopf.ConnectionInfo(
-            server=cfg.host,
-            ca_path=cfg.ssl_ca_cert,
-            insecure=not cfg.verify_ssl,
-            scheme=scheme if value else None,
-            token=(value or scheme) or None,
-            certificate_path=cfg.cert_file,
-            private_key_path=cfg.key_file,
-        )
-
-    def make_index(kind: Kind, resource: tuple[str, ...], parse: Callable[[dict[str, Any]], View]) -> None:
-        def index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], View]:
-            return {_key(body): parse(dict(body))}
-
-        kopf.index(*resource, registry=registry, id=f"aether_{kind}s")(index)
-
-        def event(body: kopf.Body, **_: Any) -> None:
-            reconciler: Reconciler | None = state.get("reconciler")
-            if reconciler is not None:
-                reconciler.ready.set()
-                reconciler.touch(kind, _key(body))
-            if kind in POLICY_INPUTS and (policy_ctl := state.get("policies")) is not None:
-                policy_ctl.touch()
-
-        kopf.on.event(*resource, registry=registry, id=f"aether_{kind}_event")(event)
+        return _connection_info(config)
 
     for kind, (resource, parse) in watched.items():
-        make_index(kind, resource, parse)
+        _watch(registry, state, kind, resource, parse)
+    _watch_own_kinds(registry, state)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        _configure(settings)
+        for kind in WATCHED:
+            indexes[kind] = kwargs[f"aether_{kind}s"]  # kopf passes each index by its id
+        writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT), route_version)
+        reconciler = _start_reconciler(config, writer, indexes, kwargs, state)
+        _start_policies(config, writer, indexes, kwargs, state)
+        config.reconciler.append(reconciler)
+
+    _probe(registry, config, state)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        for key in ("task", "policy_task"):
+            task: asyncio.Task[None] | None = state.pop(key, None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    return registry
+
+
+def _connection_info(config: OperatorConfig) -> kopf.ConnectionInfo:
+    """kopf's login: the same credentials as our own API client (kubeconfig or in-cluster)."""
+    client = api_client(config.kubeconfig)
+    cfg = client.configuration
+    token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    scheme, _sep, value = (token or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme if value else None,
+        token=(value or scheme) or None,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
+def _watch(
+    registry: kopf.OperatorRegistry,
+    state: dict[str, Any],
+    kind: Kind,
+    resource: tuple[str, ...],
+    parse: Callable[[dict[str, Any]], View],
+) -> None:
+    """One watched kind: its index of typed views, and an event handler that marks the key dirty."""
+
+    def index(body: kopf.Body, **_: Any) -> dict[tuple[str, str], View]:
+        return {_key(body): parse(dict(body))}
+
+    kopf.index(*resource, registry=registry, id=f"aether_{kind}s")(index)
+
+    def event(body: kopf.Body, **_: Any) -> None:
+        reconciler: Reconciler | None = state.get("reconciler")
+        if reconciler is not None:
+            reconciler.ready.set()
+            reconciler.touch(kind, _key(body))
+        if kind in POLICY_INPUTS and (policy_ctl := state.get("policies")) is not None:
+            policy_ctl.touch()
+
+    kopf.on.event(*resource, registry=registry, id=f"aether_{kind}_event")(event)
+
+
+def _watch_own_kinds(registry: kopf.OperatorRegistry, state: dict[str, Any]) -> None:
+    """MeshNodes, MeshAuthorizationPolicies and MeshServiceSlices: indexed, and compared with what we compute."""
 
     @kopf.index(API_GROUP, API_VERSION, PLURAL, registry=registry, id="aether_meshnodes")
     def meshnode_index(body: kopf.Body, **_: Any) -> dict[str, dict[str, Any]]:
@@ -169,64 +213,81 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
         if reconciler is not None:
             reconciler.check(("slice", body.metadata.name or ""))
 
-    @kopf.on.startup(registry=registry)
-    async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
-        settings.posting.enabled = False
-        settings.peering.standalone = True
-        settings.watching.server_timeout = 300
-        settings.watching.client_timeout = 330
-        # kopf gives a watch up (and the operator stops) once these retries are spent: its default (54 s in all) is
-        # shorter than a control-plane upgrade; these ride out an API outage of about 10 minutes
-        settings.networking.error_backoffs = WATCH_BACKOFFS
-        for kind in WATCHED:
-            indexes[kind] = kwargs[f"aether_{kind}s"]  # kopf passes each index by its id
-        meshnodes = kwargs["aether_meshnodes"]
-        meshslices = kwargs["aether_meshserviceslices"]
 
-        def lookup(kind: Kind, key: tuple[str, str]) -> View | None:
-            store = indexes[kind].get(key)
-            return next(iter(store), None) if store is not None else None
+def _configure(settings: kopf.OperatorSettings) -> None:
+    settings.posting.enabled = False
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    # kopf gives a watch up (and the operator stops) once these retries are spent: its default (54 s in all) is
+    # shorter than a control-plane upgrade; these ride out an API outage of about 10 minutes
+    settings.networking.error_backoffs = WATCH_BACKOFFS
 
-        def meshnode(name: str) -> dict[str, Any] | None:
-            store = meshnodes.get(name)
-            return next(iter(store), None) if store is not None else None
 
-        def meshslice(name: str) -> dict[str, Any] | None:
-            store = meshslices.get(name)
-            return next(iter(store), None) if store is not None else None
+def _first(index: Any, key: Any) -> Any:
+    """The one value a kopf index holds under `key`, or None."""
+    store = index.get(key)
+    return next(iter(store), None) if store is not None else None
 
-        writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT), route_version)
-        reconciler = Reconciler(
-            writer,
-            lookup,
-            meshnode,
-            config.trust_domain,
-            debounce=config.debounce,
-            meshslice=meshslice,
-            slice_names=lambda: [str(name) for name in meshslices],
-        )
-        state["reconciler"] = reconciler
-        state["task"] = asyncio.create_task(reconciler.run(), name="aether-reconciler")
 
-        def values(index: Any) -> list[Any]:
-            return [v for store in index.values() for v in store]
+def _values(index: Any) -> list[Any]:
+    return [v for store in index.values() for v in store]
 
-        policy_index_ = kwargs["aether_policies"]
-        policy_ctl = PolicyController(
-            writer.custom,
-            lambda: values(policy_index_),
-            lambda: values(indexes["service"]),
-            lambda: values(indexes["slice"]),
-            lambda: values(indexes["pod"]),
-            lambda: values(meshnodes),
-            config.trust_domain,
-            debounce=config.debounce,
-        )
-        state["policies"] = policy_ctl
-        state["policy_task"] = asyncio.create_task(policy_ctl.run(), name="aether-policies")
-        policy_ctl.touch()
-        config.reconciler.append(reconciler)
 
+def _start_reconciler(
+    config: OperatorConfig, writer: KubeWriter, indexes: dict[Kind, Any], kwargs: dict[str, Any], state: dict[str, Any]
+) -> Reconciler:
+    """The reconcile loop over the indexes, started as a task (`state["reconciler"]`, `state["task"]`)."""
+    meshnodes = kwargs["aether_meshnodes"]
+    meshslices = kwargs["aether_meshserviceslices"]
+
+    def lookup(kind: Kind, key: tuple[str, str]) -> View | None:
+        found: View | None = _first(indexes[kind], key)
+        return found
+
+    def meshnode(name: str) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = _first(meshnodes, name)
+        return found
+
+    def meshslice(name: str) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = _first(meshslices, name)
+        return found
+
+    reconciler = Reconciler(
+        writer,
+        lookup,
+        meshnode,
+        config.trust_domain,
+        debounce=config.debounce,
+        meshslice=meshslice,
+        slice_names=lambda: [str(name) for name in meshslices],
+    )
+    state["reconciler"] = reconciler
+    state["task"] = asyncio.create_task(reconciler.run(), name="aether-reconciler")
+    return reconciler
+
+
+def _start_policies(
+    config: OperatorConfig, writer: KubeWriter, indexes: dict[Kind, Any], kwargs: dict[str, Any], state: dict[str, Any]
+) -> None:
+    """The policy status loop, started as a task (`state["policies"]`, `state["policy_task"]`) and touched once."""
+    policy_index, meshnodes = kwargs["aether_policies"], kwargs["aether_meshnodes"]
+    policy_ctl = PolicyController(
+        writer.custom,
+        lambda: _values(policy_index),
+        lambda: _values(indexes["service"]),
+        lambda: _values(indexes["slice"]),
+        lambda: _values(indexes["pod"]),
+        lambda: _values(meshnodes),
+        config.trust_domain,
+        debounce=config.debounce,
+    )
+    state["policies"] = policy_ctl
+    state["policy_task"] = asyncio.create_task(policy_ctl.run(), name="aether-policies")
+    policy_ctl.touch()
+
+
+def _probe(registry: kopf.OperatorRegistry, config: OperatorConfig, state: dict[str, Any]) -> None:
     @kopf.on.probe(registry=registry, id="reconciler")
     async def probe(**_: Any) -> dict[str, Any]:
         """Part of kopf's /healthz answer (only with a liveness endpoint). kopf serves it on the operator's own
@@ -243,17 +304,6 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
         if running is not None and running > config.stall_after:
             raise kopf.PermanentError(f"a reconcile pass has run for {running:.0f} s (limit {config.stall_after:g} s)")
         return health
-
-    @kopf.on.cleanup(registry=registry)
-    async def cleanup(**_: Any) -> None:
-        for key in ("task", "policy_task"):
-            task: asyncio.Task[None] | None = state.pop(key, None)
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-
-    return registry
 
 
 def quiet_kopf_loggers(verbose: bool = False) -> None:
