@@ -6,6 +6,12 @@ and re-creates it whole (re-apply leaves one copy; either transaction is atomic)
 the local route over rtnetlink. What loaded is read back and compared with what was asked: nft
 rejects a statement after `redirect` and `-f` is atomic, so a silently empty ruleset is the failure to catch. If any
 step fails after the table loaded, everything is removed again: nothing is left half-installed.
+
+The effects on the netns go through one small interface, `CaptureEffects` (run a libnftables JSON command; list,
+add and delete ip rules; list, replace and delete routes), opened on the thread inside the netns: `KernelEffects` is
+the real one (libnftables and rtnetlink), and `apply_capture`, `read_state` and `remove_all` take any, so the
+order of what install and rollback do is tested without privileges too (`aether.testing.capture_effects`, in the
+way Istio's `cni/pkg/iptables` injects its `Dependencies`).
 """
 
 from __future__ import annotations
@@ -24,17 +30,21 @@ from aether.netns.contract import (
     InboundPolicy,
     Transport,
 )
-from aether.netns.libnft import Nft, NftError
+from aether.netns.libnft import Nft, NftError, NftResult
 from aether.netns.nsthread import NetnsError, NetnsMissing, call_in_netns
 from aether.netns.rtnl import RT_SCOPE_HOST, RTN_LOCAL, Route, RtnlSocket, Rule
 
 TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-    from typing import Any
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, Protocol, TypeVar
     from typing import NamedTuple as Record
+
+    T = TypeVar("T")
 else:
     from aether.netns.lite import Record
+
+    Protocol = object  # `typing` costs the plugin ~19 ms: the interface is checked by mypy only
 
 LOOPBACK_IFINDEX = 1  # `lo` is ifindex 1 in every network namespace
 
@@ -71,12 +81,73 @@ class CaptureState(Record):
     routes: list[Route]
 
 
+class CaptureEffects(Protocol):
+    """What the installer does to the netns it was opened in (`KernelEffects`, or a test's recording stub)."""
+
+    def nft(self, command: dict[str, Any]) -> NftResult:
+        """Run one libnftables JSON command (a transaction, or a list); rc != 0 is a refusal, not an exception."""
+        ...
+
+    def rules(self) -> list[Rule]: ...
+
+    def routes(self, table: int) -> list[Route]: ...
+
+    def add_rule(self, rule: Rule) -> bool: ...
+
+    def delete_rule(self, rule: Rule) -> int: ...
+
+    def replace_route(self, route: Route) -> None: ...
+
+    def delete_route(self, route: Route) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class KernelEffects:
+    """The real effects: one libnftables context and one rtnetlink socket, in the netns of the opening thread."""
+
+    def __init__(self) -> None:
+        self._nft = Nft()
+        try:
+            self._rtnl = RtnlSocket()
+        except BaseException:
+            self._nft.close()
+            raise
+
+    def nft(self, command: dict[str, Any]) -> NftResult:
+        return self._nft.run(command)
+
+    def rules(self) -> list[Rule]:
+        return self._rtnl.rules()
+
+    def routes(self, table: int) -> list[Route]:
+        return self._rtnl.routes(table)
+
+    def add_rule(self, rule: Rule) -> bool:
+        return self._rtnl.add_rule(rule)
+
+    def delete_rule(self, rule: Rule) -> int:
+        return self._rtnl.delete_rule(rule)
+
+    def replace_route(self, route: Route) -> None:
+        self._rtnl.replace_route(route)
+
+    def delete_route(self, route: Route) -> bool:
+        return self._rtnl.delete_route(route)
+
+    def close(self) -> None:
+        try:
+            self._rtnl.close()
+        finally:
+            self._nft.close()
+
+
 def _ours(rule: Rule) -> bool:
     return rule.fwmark == CAPTURE_DIVERT_FWMARK or rule.table == CAPTURE_ROUTE_TABLE
 
 
-def _list_table(nft: Nft) -> dict[str, Any]:
-    res = nft.run({"nftables": [{"list": {"table": nftrules.table_ref()}}]})
+def _list_table(fx: CaptureEffects) -> dict[str, Any]:
+    res = fx.nft({"nftables": [{"list": {"table": nftrules.table_ref()}}]})
     if res.rc != 0:
         if "No such file or directory" in res.error:
             return {"nftables": []}
@@ -84,11 +155,10 @@ def _list_table(nft: Nft) -> dict[str, Any]:
     return res.json()
 
 
-def _read_state(nft: Nft, rtnl: RtnlSocket) -> CaptureState:
-    table = nftrules.canonical(_list_table(nft))
-    return CaptureState(
-        table=table, rules=[r for r in rtnl.rules() if _ours(r)], routes=rtnl.routes(CAPTURE_ROUTE_TABLE)
-    )
+def read_state(fx: CaptureEffects) -> CaptureState:
+    """What `fx`'s netns holds: the aether table (canonical form), our ip rules and our routes."""
+    table = nftrules.canonical(_list_table(fx))
+    return CaptureState(table=table, rules=[r for r in fx.rules() if _ours(r)], routes=fx.routes(CAPTURE_ROUTE_TABLE))
 
 
 def drift_reasons(
@@ -120,57 +190,77 @@ def drift_reasons(
     return reasons
 
 
-def _remove_all(nft: Nft, rtnl: RtnlSocket) -> None:
-    res = nft.run(nftrules.delete_table_commands())
+def remove_all(fx: CaptureEffects) -> None:
+    """Delete table, rules and routes, in that order (each idempotent)."""
+    res = fx.nft(nftrules.delete_table_commands())
     if res.rc != 0:
         raise NftError(f"nft could not delete table inet aether: {res.error.strip()}")
-    for rule in [r for r in rtnl.rules() if _ours(r)]:
-        rtnl.delete_rule(rule)
-    for route in rtnl.routes(CAPTURE_ROUTE_TABLE):
-        rtnl.delete_route(route)
+    for rule in [r for r in fx.rules() if _ours(r)]:
+        fx.delete_rule(rule)
+    for route in fx.routes(CAPTURE_ROUTE_TABLE):
+        fx.delete_route(route)
 
 
-def _install_here(
-    path: str, mode: CaptureMode, ports: Mapping[Transport, Sequence[int]], inbound: InboundPolicy | None
+def _load_table(fx: CaptureEffects, where: str, mode: CaptureMode, ruleset: dict[str, Any]) -> None:
+    """A fresh netns (the CNI ADD case): create, deleting nothing; if the table exists: replace it whole."""
+    res = fx.nft(nftrules.create_table_commands(ruleset))
+    if res.rc != 0:
+        res = fx.nft(nftrules.replace_table_commands(ruleset))
+    if res.rc != 0:
+        why = "; ".join(dict.fromkeys(line.strip() for line in res.error.splitlines() if line.strip()))
+        raise CaptureError(f"nft rejected the {mode.value} ruleset for {where} (nothing loaded): {why}")
+
+
+def _route(fx: CaptureEffects, mode: CaptureMode) -> None:
+    """Our ip rule and local route exactly as `mode` wants them: stale rules first, then the divert's own."""
+    stale = [r for r in fx.rules() if _ours(r) and r != DIVERT_RULE]
+    for rule in stale:
+        fx.delete_rule(rule)
+    if mode is CaptureMode.TPROXY:
+        fx.add_rule(DIVERT_RULE)
+        for route in fx.routes(CAPTURE_ROUTE_TABLE):
+            if route != LOCAL_ROUTE:
+                fx.delete_route(route)
+        fx.replace_route(LOCAL_ROUTE)
+    else:
+        fx.delete_rule(DIVERT_RULE)
+        for route in fx.routes(CAPTURE_ROUTE_TABLE):
+            fx.delete_route(route)
+
+
+def apply_capture(
+    fx: CaptureEffects,
+    where: str,
+    mode: CaptureMode,
+    ports: Mapping[Transport, Sequence[int]],
+    inbound: InboundPolicy | None,
 ) -> None:
-    ruleset = build_ruleset(mode, ports, inbound)
-    with Nft() as nft, RtnlSocket() as rtnl:
-        # a fresh netns (the CNI ADD case): create, deleting nothing; if the table exists: replace it whole
-        res = nft.run(nftrules.create_table_commands(ruleset))
-        if res.rc != 0:
-            res = nft.run(nftrules.replace_table_commands(ruleset))
-        if res.rc != 0:
-            why = "; ".join(dict.fromkeys(line.strip() for line in res.error.splitlines() if line.strip()))
-            raise CaptureError(f"nft rejected the {mode.value} ruleset for {path} (nothing loaded): {why}")
+    """Make `fx`'s netns (named `where` in errors) hold exactly the capture `mode` asks for: the table, then the
+    routing, then a read-back; any failure after the table loaded removes everything (`remove_all`)."""
+    _load_table(fx, where, mode, build_ruleset(mode, ports, inbound))
+    try:
+        _route(fx, mode)
+        reasons = drift_reasons(read_state(fx), mode, ports, inbound)
+        if reasons:
+            raise CaptureError(f"{mode.value} capture in {where} did not load as asked: " + "; ".join(reasons))
+    except BaseException as exc:
         try:
-            stale = [r for r in rtnl.rules() if _ours(r) and r != DIVERT_RULE]
-            for rule in stale:
-                rtnl.delete_rule(rule)
-            if mode is CaptureMode.TPROXY:
-                rtnl.add_rule(DIVERT_RULE)
-                for route in rtnl.routes(CAPTURE_ROUTE_TABLE):
-                    if route != LOCAL_ROUTE:
-                        rtnl.delete_route(route)
-                rtnl.replace_route(LOCAL_ROUTE)
-            else:
-                rtnl.delete_rule(DIVERT_RULE)
-                for route in rtnl.routes(CAPTURE_ROUTE_TABLE):
-                    rtnl.delete_route(route)
-            reasons = drift_reasons(_read_state(nft, rtnl), mode, ports, inbound)
-            if reasons:
-                raise CaptureError(f"{mode.value} capture in {path} did not load as asked: " + "; ".join(reasons))
-        except BaseException as exc:
-            try:
-                _remove_all(nft, rtnl)
-            except (OSError, NftError) as cleanup:
-                raise CaptureError(f"{exc}; and the rollback failed too: {cleanup}") from exc
-            if isinstance(exc, CaptureError):
-                raise
-            if isinstance(exc, (OSError, NftError)):
-                raise CaptureError(
-                    f"installing the {mode.value} capture in {path} failed (rolled back): {exc}"
-                ) from exc
+            remove_all(fx)
+        except (OSError, NftError) as cleanup:
+            raise CaptureError(f"{exc}; and the rollback failed too: {cleanup}") from exc
+        if isinstance(exc, CaptureError):
             raise
+        if isinstance(exc, (OSError, NftError)):
+            raise CaptureError(f"installing the {mode.value} capture in {where} failed (rolled back): {exc}") from exc
+        raise
+
+
+def _with_effects(open_effects: Callable[[], CaptureEffects], fn: Callable[[CaptureEffects], T]) -> T:
+    fx = open_effects()
+    try:
+        return fn(fx)
+    finally:
+        fx.close()
 
 
 def _netns_error(path: str, exc: NetnsError) -> CaptureError:
@@ -183,32 +273,32 @@ def install_capture(
     *,
     ports: Mapping[Transport, Sequence[int]] = CAPTURED_PORTS,
     inbound: InboundPolicy | None = None,
+    effects: Callable[[], CaptureEffects] = KernelEffects,
 ) -> None:
     """Make the capture in the netns at `netns_path` exactly `mode` over `ports` (with `inbound`'s enforcement when
     it is STRICT), atomically; raise CaptureError (with nothing left half-installed) when it cannot, or when what
-    loaded differs from what was asked."""
+    loaded differs from what was asked. `effects` is opened on the thread inside the netns."""
     path = os.fspath(netns_path)
     mode = CaptureMode(mode)
     try:
         with _LOCK:
-            call_in_netns(path, lambda: _install_here(path, mode, ports, inbound))
+            call_in_netns(
+                path, lambda: _with_effects(effects, lambda fx: apply_capture(fx, path, mode, ports, inbound))
+            )
     except NetnsError as exc:
         raise _netns_error(path, exc) from exc
     except NftError as exc:
         raise CaptureError(str(exc)) from exc
 
 
-def capture_state(netns_path: str | os.PathLike[str]) -> CaptureState:
+def capture_state(
+    netns_path: str | os.PathLike[str], *, effects: Callable[[], CaptureEffects] = KernelEffects
+) -> CaptureState:
     """What is installed in the netns now (for checks and diagnostics)."""
     path = os.fspath(netns_path)
-
-    def read() -> CaptureState:
-        with Nft() as nft, RtnlSocket() as rtnl:
-            return _read_state(nft, rtnl)
-
     try:
         with _LOCK:
-            return call_in_netns(path, read)
+            return call_in_netns(path, lambda: _with_effects(effects, read_state))
     except NetnsError as exc:
         raise _netns_error(path, exc) from exc
     except (OSError, NftError) as exc:
@@ -230,17 +320,14 @@ def check_capture(
         raise CaptureDrift(path, reasons)
 
 
-def remove_capture(netns_path: str | os.PathLike[str]) -> bool:
+def remove_capture(
+    netns_path: str | os.PathLike[str], *, effects: Callable[[], CaptureEffects] = KernelEffects
+) -> bool:
     """Remove table, rule and route; idempotent. A vanished netns is not an error (returns False)."""
     path = os.fspath(netns_path)
-
-    def remove() -> None:
-        with Nft() as nft, RtnlSocket() as rtnl:
-            _remove_all(nft, rtnl)
-
     try:
         with _LOCK:
-            call_in_netns(path, remove)
+            call_in_netns(path, lambda: _with_effects(effects, remove_all))
     except NetnsMissing:
         return False
     except NetnsError as exc:
