@@ -1,6 +1,6 @@
 """The multi-node e2e harness: a whole mesh in network namespaces on one machine, driven through the API.
 
-    with Mesh(workdir) as mesh:             # the API test bed (in-process) + `aether operator` (subprocess)
+    with Mesh(workdir) as mesh:             # an API server (the real control plane by default) + `aether operator`
         a, b = mesh.add_node("node-a"), mesh.add_node("node-b")   # netns + Node object, nodes linked
         mesh.start_node_proxies()           # per node: `aether xds --node N` and a real Envoy in its netns
         client = mesh.add_pod(a, "client")  # netns + Pod object + the real aether-cni ADD + Running
@@ -8,11 +8,10 @@
         vip = mesh.add_service("svc-a", ["echo-a"])    # Service with a VIP + its EndpointSlice
         mesh.wait_arms(a, {vip: "udp:e2e/svc-a"}) ...
 
-The harness plays the parts the API test bed has no controller for (scheduler, kubelet, ClusterIP allocator,
-EndpointSlice controller). Everything it makes (netns, processes, files in `workdir` when it made it, the API
-server) goes on `close()`, which also runs on failure and at exit. Per node the sidecar runs in the harness's
-netns (it must reach the API on 127.0.0.1) and talks to its Envoy over a unix socket; Envoy runs in the node
-netns and binds each pod's capture listener into that pod's netns.
+The API server is the real control plane unless `control_plane="emulated"` (AETHER_CONTROL_PLANE sets the default);
+the harness plays scheduler and kubelet and writes its selector-less Services' EndpointSlices. All it makes goes on
+`close()` (also on failure). Each sidecar runs in the harness's netns (to reach the API on 127.0.0.1) and talks to
+its Envoy, which runs in the node netns and binds each pod's listeners into the pod's netns, over a unix socket.
 """
 
 from __future__ import annotations
@@ -35,8 +34,10 @@ from aether.e2e.kube import Kube, pod_uids, udp_arms
 from aether.e2e.node_proxy import MeshNodeProxy, connected
 from aether.netns.contract import INBOUND_ANNOTATION, L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
+from aether.testing.apiserver import Kind, api_server, default_kind
 from aether.testing.apitestbed import TestBed
-from aether.testing.apitestbed import start as start_testbed
+from aether.testing.controlplane import ControlPlane, available
+from aether.testing.controlplane.binaries import tool
 from aether.testing.envoy import start_envoy
 from aether.testing.netlab import Lab, Pod
 from aether.testing.wait import wait_for
@@ -51,8 +52,7 @@ App = Callable[[str, int], list[str]]  # (pod ip, port) -> the argv of a pod's a
 XDS_CLI = (sys.executable, "-m", "aether.cli", "xds")
 
 
-def _quiet(_: str) -> None:
-    return None
+def _quiet(_: str) -> None: ...
 
 
 @dataclass
@@ -92,11 +92,12 @@ class Mesh:
     # direct datagram (docs/limits.md#security), so such a mesh runs PERMISSIVE; so does a test that compares the
     # mesh with the direct path.
     inbound: str | None = None
-    # the Gateway API channel of the test bed's UDPRoute CRD: None (v1alpha2 only, before Gateway API v1.6),
-    # "standard" (v1 only) or "experimental" (v1 and v1alpha2); crds/testbed/channels/
+    # the UDPRoute CRD's Gateway API channel: "standard" or "experimental" (None: experimental, or on the emulator
+    # its v1alpha2-only copy)
     channel: str | None = None
+    control_plane: Kind = field(default_factory=default_kind)
     lab: Lab = field(init=False)
-    api: TestBed | None = None
+    api: TestBed | ControlPlane | None = None
     kube: Kube = field(init=False)
     operator: subprocess.Popen[bytes] | None = None
     nodes: dict[str, MeshNodeProxy] = field(default_factory=dict)
@@ -116,6 +117,7 @@ class Mesh:
         self._node_links = itertools.count(1)
         self._pod_ips: dict[str, itertools.count[int]] = {}
         self._ca: BuiltinCA | None = None
+        self._server = contextlib.ExitStack()
         try:
             self._start_control_plane()
         except BaseException:
@@ -141,10 +143,10 @@ class Mesh:
 
     # -- control plane ----------------------------------------------------------------------------
     def _start_control_plane(self) -> None:
-        self.progress("starting the API test bed (kmock + aether's emulator layer)")
-        self.api = start_testbed(0, Path(self.kubeconfig), channel=self.channel)
-        self.kube = Kube(self.kubeconfig)
-        self.progress(f"API test bed on {self.api.url}; kubeconfig {self.kubeconfig}")
+        started = api_server(self.control_plane, kubeconfig=Path(self.kubeconfig), channel=self.channel)
+        server = self._server.enter_context(started)
+        self.api, self.kube = server.control_plane or server.bed, Kube(self.kubeconfig)
+        self.progress(f"{self.control_plane} control plane {server.version}; kubeconfig {self.kubeconfig}")
         self.kube.namespace(self.namespace)
         if self.shared_ca:
             self._ca = BuiltinCA()
@@ -329,8 +331,8 @@ class Mesh:
         return None
 
     def kubectl(self, *args: str) -> str | None:
-        """Run kubectl against this mesh's API (None when kubectl is not installed); raises on failure."""
-        exe = shutil.which("kubectl")
+        """Run kubectl (the pinned one when built) against this mesh's API (None when there is none); raises on failure."""
+        exe = tool("kubectl") if available() else shutil.which("kubectl")
         if exe is None:
             return None
         argv = [exe, "--kubeconfig", self.kubeconfig, "-n", self.namespace, *args]
@@ -386,10 +388,8 @@ class Mesh:
         self.lab.stop_all(grace=2.0)  # the operator's kopf shutdown can outlast it: killed then
         self.lab.close()  # anything still running, and every netns
         with contextlib.suppress(Exception):
-            self.kube.close()
-        if self.api is not None:
-            with contextlib.suppress(Exception):
-                self.api.stop()
+            self._server.close()
+            self.kube.close()  # after: `kube` is missing when the server failed to start
         if self._own_workdir and self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -1,5 +1,5 @@
-"""The harness's hands on the API: the parts of a cluster the API test bed does not play (no scheduler, no
-ClusterIP allocator, no EndpointSlice controller, no kubelet) are played here, through the official client.
+"""The harness's hands on the API: what a user applies, and the parts of a cluster no controller plays here (the
+scheduler and the kubelet; the EndpointSlices of selector-less Services), through the official client.
 
 Every call goes through the kubeconfig, so the same code drives a real cluster."""
 
@@ -116,7 +116,13 @@ class Kube:
 
     # -- what the scheduler, kubelet and controllers would do ---------------------------------------
     def pod(self, ns: str, name: str, node: str, sa: str = "default") -> str:
-        """Create a pod already bound to `node` (the scheduler's part); returns its uid."""
+        """Create a pod already bound to `node` (the scheduler's part), and its ServiceAccount first when missing (as
+        a workload's manifests ship it: ServiceAccount admission refuses a Pod without one); returns its uid."""
+        try:
+            self.core.create_namespaced_service_account(ns, {"metadata": {"name": sa, "namespace": ns}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
         created = self.core.create_namespaced_pod(ns, o.pod(ns, name, node, sa))
         uid: str = created.metadata.uid
         return uid

@@ -19,6 +19,8 @@ from typing import Literal
 from aether.testing import controlplane
 from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import start as start_bed
+from aether.testing.apitestbed.faults import Faults
+from aether.testing.controlplane.faultproxy import FaultProxy
 
 Kind = Literal["real", "emulated"]
 KINDS: tuple[Kind, ...] = ("real", "emulated")
@@ -36,6 +38,11 @@ class Server:
     kubeconfig: str
     bed: TestBed | None = None
     control_plane: controlplane.ControlPlane | None = None
+    proxy: FaultProxy | None = None  # real, with faults: `kubeconfig` goes through it
+
+    @property
+    def faults(self) -> Faults | None:
+        return self.bed if self.bed is not None else self.proxy
 
     @property
     def version(self) -> str:
@@ -51,18 +58,25 @@ def api_server(
     crds: bool = True,
     port: int = 0,
     audit: Path | None = None,
+    faults: bool = False,
 ) -> Iterator[Server]:
     """Start one; stop it (and remove what it made) on exit. A real control plane that is not built raises
-    controlplane.ControlPlaneMissing, never falls back to the emulator."""
+    controlplane.ControlPlaneMissing, never falls back to the emulator. `faults`: on the real one, the kubeconfig
+    goes through a FaultProxy (the emulator injects faults itself)."""
     if kind == "real":
         cp = controlplane.start(crds=crds, channel=channel or "experimental")
+        proxy: FaultProxy | None = None
         try:
-            path = str(cp.kubeconfig_path)
+            proxy = FaultProxy(cp) if faults else None
+            source = proxy.kubeconfig_path if proxy is not None else cp.kubeconfig_path
+            path = str(source)
             if kubeconfig is not None:
-                kubeconfig.write_text(cp.kubeconfig_path.read_text())
+                kubeconfig.write_text(source.read_text())
                 path = str(kubeconfig)
-            yield Server(path, control_plane=cp)
+            yield Server(path, control_plane=cp, proxy=proxy)
         finally:
+            if proxy is not None:
+                proxy.stop()
             cp.stop()
         return
     bed = start_bed(port, kubeconfig, audit, crds=crds, channel=channel)

@@ -11,6 +11,7 @@ Each answered fault is counted on its `Fault.hits` and appears in the audit with
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 REASONS = {
     409: "Conflict",
@@ -54,3 +55,13 @@ class Fault:
             and self.namespace in (None, namespace)
             and self.subresource in (None, sub)
         )
+
+
+class Faults(Protocol):
+    """What a test injects faults through: the API test bed itself, or the fault proxy in front of a real server
+    (aether.testing.controlplane.faultproxy)."""
+
+    def inject(self, fault: Fault) -> Fault: ...
+    def clear_faults(self) -> None: ...
+    def cut_watches(self) -> None: ...
+    def set_down(self, down: bool) -> None: ...

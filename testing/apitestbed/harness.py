@@ -21,7 +21,7 @@ from aether.api.meshnode import parse_meshnode
 from aether.api.slices import NodeState, parse_slice
 from aether.operator.cli import run
 from aether.operator.handlers import OperatorConfig
-from aether.testing.apitestbed import TestBed
+from aether.testing.apitestbed.faults import Faults
 from aether.testing.commands import command
 from aether.testing.wait import DEFAULT_TIMEOUT, wait_for
 
@@ -67,7 +67,9 @@ class InProcessOperator:
 class Cluster:
     """A thin client over any API server (the test bed or a real cluster)."""
 
-    def __init__(self, kubeconfig: str, bed: TestBed | None) -> None:
+    def __init__(self, kubeconfig: str, bed: Faults | None) -> None:
+        """`bed`: where faults are injected (the test bed, or the fault proxy in front of a real server); None on a
+        cluster of your own."""
         self.kubeconfig, self.bed = kubeconfig, bed
         self.dyn = DynamicClient(api_client(kubeconfig))  # type: ignore[no-untyped-call]
         self._res: dict[tuple[str, str], Any] = {}
@@ -89,7 +91,10 @@ class Cluster:
         try:
             out = r.create(body=obj, namespace=ns)
         except ConflictError:
-            out = r.patch(body=obj, name=obj["metadata"]["name"], namespace=ns, content_type=MERGE)
+            # a Pod's spec is immutable once created (a real server refuses the patch): only its metadata moves
+            body = {"metadata": {k: v for k, v in obj["metadata"].items() if k in ("labels", "annotations")}}
+            patch = body if obj["kind"] == "Pod" and obj["apiVersion"] == "v1" else obj
+            out = r.patch(body=patch, name=obj["metadata"]["name"], namespace=ns, content_type=MERGE)
         if status is not None:
             out = r.subresources["status"].patch(
                 body=status, name=obj["metadata"]["name"], namespace=ns, content_type=MERGE
@@ -104,8 +109,11 @@ class Cluster:
             )
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> None:
+        """Delete; a Pod goes at once (grace period 0), as when its kubelet has stopped it: a real server keeps a
+        deleted Pod that names a node until that node's kubelet confirms, and this harness is the only kubelet."""
+        body = {"gracePeriodSeconds": 0} if kind == "Pod" and api_version == "v1" else None
         with contextlib.suppress(NotFoundError):
-            self.res(api_version, kind).delete(name=name, namespace=namespace)
+            self.res(api_version, kind).delete(name=name, namespace=namespace, body=body)
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         try:

@@ -74,7 +74,7 @@ def parse_target(path: str) -> Target | None:
     return Target(group, version, plural, namespace, name, sub)
 
 
-def _verb(method: str, target: Target, params: dict[str, str]) -> str:
+def request_verb(method: str, target: Target, params: dict[str, str]) -> str:
     if method == "GET":
         if params.get("watch") in ("true", "1"):
             return "watch"
@@ -163,7 +163,7 @@ class TestBedHandler(kmock.KubernetesEmulator):
             rec = AuditRecord("get", None, None, None, None, None, raw.path, code, raw.headers.get("User-Agent", ""))
         else:
             rec = AuditRecord(
-                _verb(raw.method, target, params),
+                request_verb(raw.method, target, params),
                 target.group,
                 target.plural,
                 target.subresource,
@@ -198,7 +198,7 @@ class TestBedHandler(kmock.KubernetesEmulator):
         if not rt.namespaced and t.namespace is not None:
             raise ApiError(404, "NotFound", f"{t.plural} is not namespaced")
         params = dict(raw.query)
-        verb = _verb(raw.method, t, params)
+        verb = request_verb(raw.method, t, params)
         self._injected(verb, t)
         selector = Selector.parse(params.get("labelSelector"), params.get("fieldSelector"))
         if verb == "watch":

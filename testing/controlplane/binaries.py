@@ -32,7 +32,9 @@ def bin_dir() -> Path:
         script = repository_root() / "k8s" / "build.sh"
         if not script.is_file():
             raise ControlPlaneMissing(f"{script} not found: set AETHER_K8S_BIN to a directory with {', '.join(TOOLS)}")
-        where = Path(subprocess.run([str(script), "--where"], check=True, capture_output=True, text=True).stdout.strip())
+        where = Path(
+            subprocess.run([str(script), "--where"], check=True, capture_output=True, text=True).stdout.strip()
+        )
     missing = [t for t in TOOLS if not os.access(where / t, os.X_OK)]
     if missing or not (override or (where / ".complete").is_file()):
         raise ControlPlaneMissing(

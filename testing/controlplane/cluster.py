@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from aether.api.crdgen import crds_dir
+from aether.testing.apitestbed.server import AuditRecord
 from aether.testing.controlplane import pki
 from aether.testing.controlplane.binaries import tool
 
@@ -131,7 +132,10 @@ class ControlPlane:
         ca = pki.Authority(pki_dir)
         self._ca = ca.cert
         serving = ca.issue(
-            "apiserver", "kube-apiserver", ips=("127.0.0.1", "10.96.0.1"), server=True,
+            "apiserver",
+            "kube-apiserver",
+            ips=("127.0.0.1", "10.96.0.1"),
+            server=True,
             dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
         )
         admin = ca.issue("admin", "aether-test-admin", groups=("system:masters",))
@@ -160,28 +164,108 @@ class ControlPlane:
         etcd_url = f"http://127.0.0.1:{client}"
         logs = self.workdir / "logs"
         logs.mkdir(exist_ok=True)
-        self.processes["etcd"] = Process("etcd", [
-            tool("etcd"), "--name", "default", "--data-dir", str(self.workdir / "etcd"),
-            "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"default=http://127.0.0.1:{peer}", "--log-level", "warn",
-        ], logs / "etcd.log")
+        self.processes["etcd"] = Process(
+            "etcd",
+            [
+                tool("etcd"),
+                "--name",
+                "default",
+                "--data-dir",
+                str(self.workdir / "etcd"),
+                "--listen-client-urls",
+                etcd_url,
+                "--advertise-client-urls",
+                etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"default=http://127.0.0.1:{peer}",
+                "--log-level",
+                "warn",
+            ],
+            logs / "etcd.log",
+        )
         self.etcd_url = etcd_url
-        self.processes["kube-apiserver"] = Process("kube-apiserver", [
-            tool("kube-apiserver"), f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={self.workdir / 'pki'}",
-            f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}", f"--client-ca-file={self._ca}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={sa.cert}", f"--service-account-signing-key-file={sa.key}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC", "--allow-privileged=true",
-            "--endpoint-reconciler-type=none", "--profiling=false", "-v=1",
-        ], logs / "kube-apiserver.log")
-        self.processes["kube-controller-manager"] = Process("kube-controller-manager", [
-            tool("kube-controller-manager"), f"--kubeconfig={kcm_config}", f"--controllers={','.join(CONTROLLERS)}",
-            f"--service-account-private-key-file={sa.key}", f"--root-ca-file={self._ca}", "--leader-elect=false",
-            "--use-service-account-credentials=true", "--secure-port=0", "--concurrent-service-endpoint-syncs=5",
-            "--endpointslice-updates-batch-period=0s", "-v=1",
-        ], logs / "kube-controller-manager.log")
+        self.processes["kube-apiserver"] = Process(
+            "kube-apiserver",
+            [
+                tool("kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={port}",
+                f"--cert-dir={self.workdir / 'pki'}",
+                f"--tls-cert-file={serving.cert}",
+                f"--tls-private-key-file={serving.key}",
+                f"--client-ca-file={self._ca}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={sa.cert}",
+                f"--service-account-signing-key-file={sa.key}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=Node,RBAC",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--profiling=false",
+                "-v=1",
+                f"--audit-policy-file={self._audit_policy()}",
+                f"--audit-log-path={self.audit_path}",
+                "--audit-log-format=json",
+                "--audit-log-mode=blocking",
+                "--audit-log-maxsize=0",
+            ],
+            logs / "kube-apiserver.log",
+        )
+        self.processes["kube-controller-manager"] = Process(
+            "kube-controller-manager",
+            [
+                tool("kube-controller-manager"),
+                f"--kubeconfig={kcm_config}",
+                f"--controllers={','.join(CONTROLLERS)}",
+                f"--service-account-private-key-file={sa.key}",
+                f"--root-ca-file={self._ca}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                "--secure-port=0",
+                "--concurrent-service-endpoint-syncs=5",
+                "--endpointslice-updates-batch-period=0s",
+                "-v=1",
+            ],
+            logs / "kube-controller-manager.log",
+        )
+
+    @property
+    def audit_path(self) -> Path:
+        return self.workdir / "logs" / "audit.jsonl"
+
+    def _audit_policy(self) -> Path:
+        """Every request at Metadata level, once, when its response is complete (what RBAC sees of it)."""
+        path = self.workdir / "audit-policy.yaml"
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived", "ResponseStarted"],
+            "rules": [{"level": "Metadata"}],
+        }
+        path.write_text(yaml.safe_dump(policy))
+        return path
+
+    @property
+    def audit(self) -> list[AuditRecord]:
+        """The API server's audit log so far, oldest first, in the API test bed's record shape."""
+        try:
+            lines = self.audit_path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [audit_record(json.loads(line)) for line in lines if line.strip()]
+
+    def set_down(self, down: bool) -> None:
+        """A real outage: the API server process stopped (etcd keeps the data), then started again."""
+        if down:
+            self.stop_apiserver()
+        else:
+            self.start_apiserver()
 
     def start_apiserver(self, timeout: float = START_TIMEOUT) -> None:
         self.processes["kube-apiserver"].start()
@@ -213,6 +297,10 @@ class ControlPlane:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- use ------------------------------------------------------------------------------------------------------
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        """TLS as the admin (system:masters), trusting this control plane's CA."""
+        return self._context()
+
     def _context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self._ca))
         ctx.load_cert_chain(str(self._admin.cert), str(self._admin.key))
@@ -228,7 +316,10 @@ class ControlPlane:
         """kubectl as the admin; with `check`, a non-zero exit raises RuntimeError carrying kubectl's stderr."""
         out = subprocess.run(
             [tool("kubectl"), "--kubeconfig", str(self.kubeconfig_path), *args],
-            input=input, capture_output=True, text=True, timeout=120,
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         if check and out.returncode != 0:
             raise RuntimeError(f"kubectl {' '.join(args[:3])} ... failed ({out.returncode}): {out.stderr.strip()}")
@@ -238,8 +329,12 @@ class ControlPlane:
         """`kubectl apply --server-side` the files as shipped, then wait for every CRD among them to be Established."""
         args = [a for p in paths for a in ("-f", str(p))]
         self.kubectl("apply", "--server-side", "--force-conflicts", *args)
-        names = [d["metadata"]["name"] for p in paths for d in yaml.safe_load_all(p.read_text())
-                 if d and d.get("kind") == "CustomResourceDefinition"]
+        names = [
+            d["metadata"]["name"]
+            for p in paths
+            for d in yaml.safe_load_all(p.read_text())
+            if d and d.get("kind") == "CustomResourceDefinition"
+        ]
         if names:
             self.kubectl("wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in names))
 
@@ -252,6 +347,21 @@ class ControlPlane:
         with urllib.request.urlopen(req, timeout=10) as resp:
             out: dict[str, Any] = json.loads(resp.read())
             return out
+
+
+def audit_record(event: dict[str, Any]) -> AuditRecord:
+    ref = event.get("objectRef") or {}
+    return AuditRecord(
+        verb=event.get("verb", ""),
+        api_group=ref.get("apiGroup") or None,
+        resource=ref.get("resource"),
+        subresource=ref.get("subresource"),
+        namespace=ref.get("namespace"),
+        name=ref.get("name"),
+        path=event.get("requestURI", ""),
+        code=int((event.get("responseStatus") or {}).get("code") or 0),
+        user_agent=event.get("userAgent", ""),
+    )
 
 
 def start(workdir: Path | None = None, crds: bool = True, channel: str = "experimental") -> ControlPlane:

@@ -24,7 +24,9 @@ class Pair:
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -50,16 +52,20 @@ class Authority:
             .not_valid_before(now - _DAY)
             .not_valid_after(now + 30 * _DAY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-            )
+            .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
             .sign(self._key, hashes.SHA256())
         )
         self.cert = _write(directory / "ca.crt", self._cert.public_bytes(serialization.Encoding.PEM))
 
     def issue(
-        self, stem: str, common_name: str, *, groups: tuple[str, ...] = (), ips: tuple[str, ...] = (),
-        dns: tuple[str, ...] = (), server: bool = False,
+        self,
+        stem: str,
+        common_name: str,
+        *,
+        groups: tuple[str, ...] = (),
+        ips: tuple[str, ...] = (),
+        dns: tuple[str, ...] = (),
+        server: bool = False,
     ) -> Pair:
         key = ec.generate_private_key(ec.SECP256R1())
         attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in groups]

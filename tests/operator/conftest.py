@@ -12,17 +12,20 @@ import pytest
 
 from aether.testing.apiserver import Kind, api_server
 from aether.testing.apitestbed import TestBed, start
+from aether.testing.apitestbed.faults import Faults
 from aether.testing.apitestbed.harness import Cluster, InProcessOperator
 
 
 @pytest.fixture(scope="module")
-def api(api_kind: Kind) -> Iterator[tuple[str, TestBed | None]]:
+def api(api_kind: Kind) -> Iterator[tuple[str, Faults | None]]:
+    """(kubeconfig, faults): on the real control plane the kubeconfig goes through the fault proxy, so a test injects
+    faults as on the emulator; None for a cluster of your own (AETHER_KUBECONFIG)."""
     external = os.environ.get("AETHER_KUBECONFIG")
     if external:
         yield external, None
         return
-    with api_server(api_kind) as server:
-        yield server.kubeconfig, server.bed
+    with api_server(api_kind, faults=True) as server:
+        yield server.kubeconfig, server.faults
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def bed() -> Iterator[TestBed]:
 
 
 @pytest.fixture(scope="module")
-def operator(api: tuple[str, TestBed | None]) -> Iterator[InProcessOperator]:
+def operator(api: tuple[str, Faults | None]) -> Iterator[InProcessOperator]:
     op = InProcessOperator(api[0])
     op.start()
     try:
@@ -46,5 +49,5 @@ def operator(api: tuple[str, TestBed | None]) -> Iterator[InProcessOperator]:
 
 
 @pytest.fixture(scope="module")
-def cluster(api: tuple[str, TestBed | None], operator: InProcessOperator) -> Cluster:
+def cluster(api: tuple[str, Faults | None], operator: InProcessOperator) -> Cluster:
     return Cluster(api[0], api[1])

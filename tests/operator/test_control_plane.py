@@ -79,7 +79,10 @@ def test_the_controller_writes_the_slice_the_operator_turns_into_an_arm(dev_api:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "dns", "namespace": ns},
-        "spec": {"selector": {"app": "dns"}, "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}]},
+        "spec": {
+            "selector": {"app": "dns"},
+            "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 5353}],
+        },
     }
     created = k.apply(svc).to_dict()
     vip = created["spec"]["clusterIP"]

@@ -13,8 +13,9 @@ import pytest
 
 from aether.metrics import REGISTRY
 from aether.operator.routestatus import CONTROLLER_NAME, comparable
-from aether.testing.apitestbed import Fault, TestBed
+from aether.testing.apitestbed import Fault
 from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.faults import Faults
 from aether.testing.apitestbed.harness import MERGE, READ_ERRORS, Cluster, InProcessOperator, unique
 from aether.testing.wait import wait_for
 
@@ -61,9 +62,9 @@ def mesh(cluster: Cluster) -> Mesh:
     return Mesh(cluster)
 
 
-def bed_of(api: tuple[str, TestBed | None]) -> TestBed:
+def bed_of(api: tuple[str, Faults | None]) -> Faults:
     if api[1] is None:
-        pytest.skip("needs the API test bed (fault injection)")
+        pytest.skip("needs fault injection (the fault proxy or the API test bed), not a cluster of your own")
     return api[1]
 
 
@@ -117,8 +118,8 @@ def test_route_status_drift_is_undone(mesh: Mesh) -> None:
         "controllerName": CONTROLLER_NAME,
         "conditions": [accepted],
     }
-    other = {
-        "parentRef": {"name": "gw"},
+    other = {  # the parentRef as the server stores it: the CRD defaults group and kind
+        "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw"},
         "controllerName": "example.com/other",
         "conditions": [{**accepted, "message": "someone else's"}],
     }
@@ -131,7 +132,7 @@ def test_route_status_drift_is_undone(mesh: Mesh) -> None:
     settled(cleaned, "the fake entry gone, the other controller's kept")
 
 
-def test_a_lost_route_status_write_is_retried(mesh: Mesh, api: tuple[str, TestBed | None]) -> None:
+def test_a_lost_route_status_write_is_retried(mesh: Mesh, api: tuple[str, Faults | None]) -> None:
     bed = bed_of(api)
     mesh.service("front", "10.96.70.21", "10.70.1.21")
     fault = bed.inject(Fault(500, verb="patch", plural="udproutes", subresource="status", namespace=mesh.ns))
@@ -175,7 +176,7 @@ def _refused(kind: str) -> float:
 
 
 def test_a_refused_write_is_tried_once_per_change_and_blocks_nothing(
-    mesh: Mesh, api: tuple[str, TestBed | None], operator: InProcessOperator
+    mesh: Mesh, api: tuple[str, Faults | None], operator: InProcessOperator
 ) -> None:
     bed = bed_of(api)
     rec = operator.config.reconciler[0]

@@ -15,19 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from aether.api.client import ApiException
 from aether.operator.reconciler import Reconciler
-from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.faults import Faults
 from aether.testing.apitestbed.harness import Cluster, InProcessOperator, operator_subprocess, unique, wait
 from aether.testing.commands import command
+from aether.testing.promtext import Samples, scrape, value
 
 pytestmark = pytest.mark.slow  # subprocesses and an operator of its own: a few seconds each
 
 REPO = Path(__file__).resolve().parents[2]
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def free_port() -> int:
@@ -47,27 +46,13 @@ def get(url: str) -> tuple[int, str]:
         return 0, str(exc)
 
 
-def scrape(url: str) -> Samples:
-    status, text = get(url)
-    assert status == 200, text
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
-
-
 @pytest.fixture
 def ports() -> tuple[int, int]:
     return free_port(), free_port()
 
 
 @pytest.fixture
-def operator_process(api: tuple[str, TestBed | None], ports: tuple[int, int]) -> Iterator[subprocess.Popen[str]]:
+def operator_process(api: tuple[str, Faults | None], ports: tuple[int, int]) -> Iterator[subprocess.Popen[str]]:
     metrics, liveness = ports
     with operator_subprocess(
         api[0], "--metrics", f"127.0.0.1:{metrics}", "--liveness", f"127.0.0.1:{liveness}"
@@ -76,7 +61,7 @@ def operator_process(api: tuple[str, TestBed | None], ports: tuple[int, int]) ->
 
 
 def test_metrics_count_the_reconcile_and_the_writes_and_healthz_answers(
-    api: tuple[str, TestBed | None], ports: tuple[int, int], operator_process: subprocess.Popen[str]
+    api: tuple[str, Faults | None], ports: tuple[int, int], operator_process: subprocess.Popen[str]
 ) -> None:
     metrics, healthz = f"http://127.0.0.1:{ports[0]}/metrics", f"http://127.0.0.1:{ports[1]}/healthz"
     body = wait(
@@ -136,7 +121,7 @@ def test_metrics_count_the_reconcile_and_the_writes_and_healthz_answers(
     assert get(metrics)[0] == 0 and get(healthz)[0] == 0, "both endpoints close with the operator"
 
 
-def test_healthz_fails_while_a_pass_is_stalled_and_errors_are_counted(api: tuple[str, TestBed | None]) -> None:
+def test_healthz_fails_while_a_pass_is_stalled_and_errors_are_counted(api: tuple[str, Faults | None]) -> None:
     """A MeshNode create that hangs (as an API call without a timeout would) stalls the pass: /healthz turns 500
     after --stall-after, and 200 again once the call returns. A failing create counts a reconcile error."""
     from aether.metrics import REGISTRY
@@ -188,7 +173,7 @@ def test_healthz_fails_while_a_pass_is_stalled_and_errors_are_counted(api: tuple
     ],
 )
 def test_bad_addresses_exit_2_with_a_clear_message(
-    api: tuple[str, TestBed | None], args: list[str], message: str
+    api: tuple[str, Faults | None], args: list[str], message: str
 ) -> None:
     r = subprocess.run(
         [*command(), "operator", "--kubeconfig", api[0], *args], capture_output=True, text=True, timeout=60
@@ -196,7 +181,7 @@ def test_bad_addresses_exit_2_with_a_clear_message(
     assert r.returncode == 2 and message in r.stderr, r.stderr
 
 
-def test_an_address_in_use_exits_1_naming_it(api: tuple[str, TestBed | None]) -> None:
+def test_an_address_in_use_exits_1_naming_it(api: tuple[str, Faults | None]) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

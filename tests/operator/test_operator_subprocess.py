@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.faults import Faults
 from aether.testing.apitestbed.harness import READ_ERRORS, Cluster, operator_subprocess, unique
 from aether.testing.commands import command
 from aether.testing.wait import wait_for
@@ -20,13 +20,13 @@ pytestmark = pytest.mark.slow  # subprocesses: a few seconds each
 
 
 @pytest.fixture
-def operator_process(api: tuple[str, TestBed | None]) -> Iterator[subprocess.Popen[str]]:
+def operator_process(api: tuple[str, Faults | None]) -> Iterator[subprocess.Popen[str]]:
     with operator_subprocess(api[0]) as proc:
         yield proc
 
 
 def test_operator_subprocess_converges_and_stops_cleanly(
-    api: tuple[str, TestBed | None], operator_process: subprocess.Popen[str]
+    api: tuple[str, Faults | None], operator_process: subprocess.Popen[str]
 ) -> None:
     k = Cluster(api[0], api[1])
     ns, node = unique("sp"), unique("sp-node")
@@ -77,9 +77,11 @@ def test_operator_cli_rejects_bad_input(tmp_path: Path) -> None:
 
 
 def test_dev_api_serves_and_writes_a_kubeconfig(tmp_path: Path) -> None:
+    """On the emulator: `--audit` is the API test bed's own request log (the real control plane's `dev-api` is
+    tests/operator/test_control_plane.py)."""
     kubeconfig, audit = tmp_path / "kc", tmp_path / "audit.jsonl"
     proc = subprocess.Popen(
-        [*command(), "dev-api", "--kubeconfig", str(kubeconfig), "--audit", str(audit)],
+        [*command(), "dev-api", "--control-plane", "emulated", "--kubeconfig", str(kubeconfig), "--audit", str(audit)],
         stdout=subprocess.PIPE,
         text=True,
     )

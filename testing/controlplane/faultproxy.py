@@ -1,0 +1,165 @@
+"""Faults in front of a real API server: a reverse proxy on loopback (plain HTTP, its own kubeconfig) that forwards
+every request to kube-apiserver as the admin, and on demand answers chosen requests with an error, cuts the open
+watch streams, or holds them off, with the API test bed's fault interface:
+
+    proxy = FaultProxy(cp)                          # -> .kubeconfig_path for the client under test
+    proxy.inject(Fault(500, verb="patch", plural="udproutes", subresource="status"))
+    proxy.cut_watches(); proxy.set_down(True)       # 503 to everything until set_down(False)
+
+The server behind it stays whole (a real outage is `ControlPlane.set_down`): tests write through the server's own
+kubeconfig while the client under test sees the faults. Each answered fault counts on its `Fault.hits`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+import yaml
+from multidict import CIMultiDict
+
+from aether.testing.apitestbed.faults import Fault
+from aether.testing.apitestbed.server import parse_target, request_verb
+from aether.testing.controlplane.cluster import ControlPlane
+
+HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "authorization"}
+
+
+def write_proxy_kubeconfig(path: Path, url: str) -> Path:
+    name = "aether-fault-proxy"
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": url}}],
+        "users": [{"name": name, "user": {}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}],
+        "current-context": name,
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+class FaultProxy:
+    def __init__(self, cp: ControlPlane, kubeconfig_path: Path | None = None) -> None:
+        self.upstream = cp.url
+        self._ssl = cp.admin_ssl_context()
+        self.faults: list[Fault] = []
+        self.down = False
+        self._watches: set[aiohttp.ClientResponse] = set()  # the open watch streams' upstream halves
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="aether-fault-proxy", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("the fault proxy did not start")
+        self.kubeconfig_path = write_proxy_kubeconfig(
+            kubeconfig_path or cp.workdir / "proxy.kubeconfig", f"http://127.0.0.1:{self.port}"
+        )
+
+    # -- the interface tests use (any thread) ---------------------------------------------------------------------
+    def inject(self, fault: Fault) -> Fault:
+        self._loop.call_soon_threadsafe(self.faults.append, fault)
+        return fault
+
+    def clear_faults(self) -> None:
+        self._loop.call_soon_threadsafe(self.faults.clear)
+
+    def cut_watches(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._cut(), self._loop).result(10)
+
+    def set_down(self, down: bool) -> None:
+        self.down = down
+        if down:
+            self.cut_watches()
+
+    def stop(self) -> None:
+        if self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    # -- the proxy (its loop) ----------------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _start(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=self._ssl, limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        )
+        app = aiohttp.web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = aiohttp.web.AppRunner(app, handle_signals=False)
+        await self._runner.setup()
+        site = aiohttp.web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        server: Any = site._server
+        self.port: int = server.sockets[0].getsockname()[1]
+
+    async def _shutdown(self) -> None:
+        await self._cut()
+        await self._runner.cleanup()
+        await self._session.close()
+
+    async def _cut(self) -> None:
+        """End every open watch: closing its upstream half ends the copy loop, and the client sees the stream end."""
+        for upstream in list(self._watches):
+            upstream.close()
+        self._watches.clear()
+
+    def _fault_for(self, request: aiohttp.web.Request) -> Fault | None:
+        target = parse_target(request.path)
+        if target is None:
+            return None
+        verb = request_verb(request.method, target, dict(request.query))
+        for fault in self.faults:
+            if fault.matches(verb, target.plural, target.name, target.namespace, target.subresource):
+                fault.hits += 1
+                return fault
+        return None
+
+    async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        if self.down:
+            return status_response(503, "ServiceUnavailable", "the API is down (injected by the fault proxy)")
+        fault = self._fault_for(request)
+        if fault is not None:
+            return status_response(fault.code, fault.reason, fault.message)
+        headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS)
+        body = await request.read()
+        if body and "Content-Type" not in headers:
+            # the kubernetes client may send none (the API server reads JSON then); aiohttp would say octet-stream
+            headers["Content-Type"] = "application/json"
+        upstream = await self._session.request(
+            request.method, self.upstream + request.path_qs, headers=headers, data=body or None, allow_redirects=False
+        )
+        out = aiohttp.web.StreamResponse(status=upstream.status)
+        for k, v in upstream.headers.items():
+            if k.lower() not in HOP_HEADERS:
+                out.headers[k] = v
+        if request.query.get("watch") in ("true", "1"):
+            self._watches.add(upstream)
+        await out.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await out.write(chunk)
+        except (ConnectionResetError, aiohttp.ClientError, RuntimeError):
+            pass  # cut, or the client went away
+        finally:
+            upstream.release()
+            self._watches.discard(upstream)
+        with contextlib.suppress(Exception):
+            await out.write_eof()
+        return out
+
+
+def status_response(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    body |= {"message": message, "reason": reason, "code": code}
+    return aiohttp.web.Response(status=code, text=json.dumps(body), content_type="application/json")
