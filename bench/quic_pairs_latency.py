@@ -26,7 +26,6 @@ import argparse
 import re
 import statistics
 import subprocess
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from aether.e2e.harness import Mesh
 from aether.e2e.lifecycle import restart_envoy, restart_sidecar
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.netns.contract import HTTP_OUTBOUND_PORT
+from aether.testing.promtext import scrape, value
 from aether.testing.wait import wait_for
 
 NS = "bench"
@@ -71,10 +71,10 @@ def curl(netns: str, host: str) -> tuple[float, int, str]:
 
 
 def sidecar_fetches() -> tuple[float, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode()
-    s = re.search(r"^aether_quic_pair_fetch_seconds_sum (\S+)$", text, re.M)
-    c = re.search(r"^aether_quic_pair_fetch_seconds_count (\S+)$", text, re.M)
-    return (float(s.group(1)) * 1000 if s else 0.0), (float(c.group(1)) if c else 0.0)
+    samples = scrape(f"http://127.0.0.1:{METRICS_PORT}/metrics")
+    return value(samples, "aether_quic_pair_fetch_seconds_sum") * 1000, value(
+        samples, "aether_quic_pair_fetch_seconds_count"
+    )
 
 
 def debug(envoy: Any, loggers: str) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aether.testing.envoy import Envoy, parse_host_health
+from aether.testing.envoy import Envoy
 from aether.testing.netlab import Node
 from aether.testing.wait import wait_for
 
@@ -55,8 +55,8 @@ class MeshNodeProxy:
         return set(self.host_health(cluster))
 
     def host_health(self, cluster: str) -> dict[str, str]:
-        """ip -> health flags (`healthy`, `/eds_status_draining`, ...) of each host `/clusters` lists for `cluster`."""
-        return parse_host_health(self.admin("/clusters"), cluster)
+        """ip -> EDS health status (`healthy`, `draining`, ...) of each host Envoy holds for `cluster`."""
+        return self.running_envoy().host_health(cluster)
 
     def wait_hosts(self, want: dict[str, set[str]], timeout: float = 60.0) -> None:
         """Until Envoy holds exactly the hosts `want` names for each cluster: an arm in the MeshNode status says

@@ -127,24 +127,21 @@ def admin_request(sock_path: str, path: str, method: str = "GET", timeout: float
         conn.close()
 
 
-def parse_stats(text: str) -> dict[str, int]:
-    """The counters and gauges of an admin /stats answer (histograms are left out)."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        name, sep, value = line.rpartition(": ")
-        if sep and re.fullmatch(r"-?\d+", value.strip()):
-            out[name] = int(value)
-    return out
+def parse_stats(answer: str) -> dict[str, int]:
+    """The counters and gauges of an admin `/stats?format=json` answer (histograms and text readouts left out)."""
+    stats: list[dict[str, Any]] = json.loads(answer).get("stats", [])
+    return {s["name"]: s["value"] for s in stats if "name" in s and type(s.get("value")) is int}
 
 
-def parse_host_health(text: str, cluster: str) -> dict[str, str]:
-    """ip -> health flags (`healthy`, `/eds_status_draining`, ...) of each host an admin /clusters answer lists
-    for `cluster` (its endpoints as that Envoy holds them)."""
+def parse_host_health(answer: str, cluster: str) -> dict[str, str]:
+    """ip -> EDS health status, lower case (`healthy`, `draining`, ...), of each host an admin
+    `/clusters?format=json` answer lists for `cluster` (its endpoints as that Envoy holds them)."""
     out: dict[str, str] = {}
-    for line in text.splitlines():
-        parts = line.split("::")
-        if len(parts) == 4 and parts[0] == cluster and parts[2] == "health_flags":
-            out[parts[1].rsplit(":", 1)[0]] = parts[3]
+    for status in json.loads(answer).get("cluster_statuses", []):
+        if status.get("name") == cluster:
+            for host in status.get("host_statuses", []):
+                ip = host["address"]["socket_address"]["address"]
+                out[ip] = str(host.get("health_status", {}).get("eds_health_status", "unknown")).lower()
     return out
 
 
@@ -171,7 +168,11 @@ class Envoy:
 
     def stats(self, pattern: str = "") -> dict[str, int]:
         """Counters and gauges whose name matches the regex `pattern` (Envoy's /stats?filter=)."""
-        return parse_stats(self.admin(f"/stats?filter={pattern}" if pattern else "/stats"))
+        return parse_stats(self.admin(f"/stats?format=json&filter={pattern}" if pattern else "/stats?format=json"))
+
+    def host_health(self, cluster: str) -> dict[str, str]:
+        """ip -> EDS health status (`healthy`, `draining`, ...) of each host Envoy holds for `cluster`."""
+        return parse_host_health(self.admin("/clusters?format=json"), cluster)
 
     def stat(self, name: str) -> int:
         """One counter or gauge by exact name; 0 when Envoy has no such stat (yet)."""

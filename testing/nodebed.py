@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from aether.netns.records import PodRecord, write_record
 from aether.testing.envoy import Envoy, start_envoy
 from aether.testing.netlab import Lab, Node, Pod
 from aether.testing.probe import pod_socket
+from aether.testing.promtext import Samples, scrape
 from aether.testing.wait import wait_for
 from aether.xds.sidecar.bootstrap import ads_bootstrap
 
@@ -44,15 +44,6 @@ def ask(
     except TimeoutError:
         return None
     return data, src
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 @dataclass
@@ -169,9 +160,8 @@ class NodeBed:
             self.lab.stop(self.sidecar)
             self.sidecar = None
 
-    def sidecar_metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:
-            return parse_prometheus(resp.read().decode())
+    def sidecar_metrics(self) -> Samples:
+        return scrape(f"http://127.0.0.1:{self.metrics_port}/metrics")
 
     def start_envoy(self) -> None:
         """Envoy in the node netns, ADS from the sidecar's socket; its log is workdir/envoy.log."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from aether.testing.envoy import allocate_base_id
+from aether.testing.envoy import allocate_base_id, parse_stats
 from aether.testing.netlab import Lab, sh
 from aether.testing.wait import wait_for
 
@@ -57,8 +57,9 @@ def _connected(admin_file: Path) -> bool:
     """Envoy's own view: is its ADS stream to the sidecar up?"""
     try:
         addr = admin_file.read_text().strip()
-        with urllib.request.urlopen(f"http://{addr}/stats?filter=control_plane.connected_state", timeout=5) as r:
-            return "control_plane.connected_state: 1" in r.read().decode()
+        url = f"http://{addr}/stats?format=json&filter=control_plane.connected_state"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return parse_stats(r.read().decode()).get("control_plane.connected_state") == 1
     except OSError:
         return False
 

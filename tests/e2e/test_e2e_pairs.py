@@ -15,11 +15,9 @@ endpoints (known to node-a, not QUIC-eligible). Only the bogus-name scenario sen
 from __future__ import annotations
 
 import json
-import re
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,8 +40,8 @@ from aether.e2e.lifecycle import (
 )
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.e2e.stale_routes import LISTENER, STALE_PORT, Served, odcds_timeouts, served, stale_listener
-from aether.testing.nodebed import parse_prometheus
 from aether.testing.probe import HttpAnswer, http_get, wait_http
+from aether.testing.promtext import Samples, by_label, scrape, value
 from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
@@ -103,25 +101,23 @@ def node_a(mesh: Mesh) -> MeshNodeProxy:
     return mesh.nodes["node-a"]
 
 
-def metrics() -> str:
-    return str(urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read().decode())
+def metrics() -> Samples:
+    return scrape(f"http://127.0.0.1:{METRICS_PORT}/metrics")
 
 
 def fetches() -> float:
-    m = re.search(r"^aether_quic_pair_fetch_seconds_count (\S+)$", metrics(), re.M)
-    return float(m.group(1)) if m else 0.0
+    return value(metrics(), "aether_quic_pair_fetch_seconds_count")
 
 
 def refusals() -> dict[str, float]:
     """`aether_quic_pair_refusals_total` by reason."""
-    rx = re.compile(r'aether_quic_pair_refusals_total\{reason="(\w+)"\}')
-    return {m.group(1): v for k, v in parse_prometheus(metrics()).items() if (m := rx.fullmatch(k))}
+    return by_label(metrics(), "aether_quic_pair_refusals_total", "reason")
 
 
 def admitted_on_fetch() -> float:
     """`aether_quic_pair_admissions_total{evidence="Fetch"}`: pairs, where `fetches()` counts on-demand requests
     (Envoy may carry several twin names in one)."""
-    return parse_prometheus(metrics()).get('aether_quic_pair_admissions_total{evidence="Fetch"}', 0.0)
+    return value(metrics(), "aether_quic_pair_admissions_total", evidence="Fetch")
 
 
 def twin_stat(mesh: Mesh, twin: str, stat: str) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import socket
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +18,8 @@ from aether.api.slices import slice_index, slice_name
 from aether.e2e.harness import Mesh
 from aether.e2e.lifecycle import restart_sidecar
 from aether.e2e.node_proxy import connected
-from aether.testing.nodebed import parse_prometheus
 from aether.testing.probe import who_answers
+from aether.testing.promtext import Samples, named, scrape, value
 from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
@@ -135,9 +134,8 @@ def _stamp() -> str:
     return datetime.datetime.now(tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _metrics(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-        return parse_prometheus(resp.read().decode())
+def _metrics(port: int) -> Samples:
+    return scrape(f"http://127.0.0.1:{port}/metrics")
 
 
 def test_a_sidecar_restart_resends_nothing_unchanged(mesh: Mesh) -> None:
@@ -169,14 +167,14 @@ def test_a_sidecar_restart_resends_nothing_unchanged(mesh: Mesh) -> None:
     wait_for(reprogrammed, 60, "the new sidecar's Programmed=True", diagnose=node.log_tail)
     wait_for(connected(node), 30, "Envoy connected to the new sidecar")
     metrics = wait_for(lambda: _metrics(port), 30, "the new sidecar's metrics", ignore=(OSError,))
-    assert metrics.get("aether_xds_connected_streams") == 1
-    pushed = {k: v for k, v in metrics.items() if k.startswith("aether_xds_pushed_resources_total")}
+    assert value(metrics, "aether_xds_connected_streams") == 1
+    pushed = named(metrics, "aether_xds_pushed_resources_total")
     assert sum(pushed.values()) == 0, pushed
     assert {s: node.stat(s) for s in envoy_before} == envoy_before
     assert answered_by(mesh, 0, backend_of(0))
     # the control: this sidecar's counter does count what it sends (a change after the restart is pushed)
     mesh.set_endpoints(svc(0), [BACKENDS[1]])
     assert answered_by(mesh, 0, BACKENDS[1])
-    after = {k: v for k, v in _metrics(port).items() if k.startswith("aether_xds_pushed_resources_total")}
+    after = named(_metrics(port), "aether_xds_pushed_resources_total")
     assert sum(after.values()) >= 1, after
     mesh.set_endpoints(svc(0), [backend_of(0)])

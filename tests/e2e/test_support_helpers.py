@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from aether.testing.envoy import BASE_IDS_PER_PROCESS, allocate_base_id
+from aether.testing import promtext
+from aether.testing.envoy import BASE_IDS_PER_PROCESS, allocate_base_id, parse_host_health, parse_stats
 from aether.testing.wait import wait_for
 
 
@@ -92,3 +94,52 @@ def test_the_udp_echo_beside_it_answers_with_its_name_and_logs_the_datagram(echo
         sock.sendto(b"ping", ("127.0.0.1", port))
         assert sock.recvfrom(100)[0] == b"web-0|ping"
     assert hits.read_text().splitlines() == [f"udp {port} 4"]
+
+
+def test_promtext_reads_what_prometheus_client_writes() -> None:
+    registry = CollectorRegistry()
+    refusals = Counter("aether_x_refusals", "refusals", ["reason"], registry=registry)
+    refusals.labels("MalformedName").inc(2)
+    refusals.labels('odd "quoted" \\ reason').inc()
+    Histogram("aether_x_seconds", "a histogram", registry=registry).observe(0.25)
+    samples = promtext.parse(generate_latest(registry).decode())
+    assert promtext.value(samples, "aether_x_refusals_total", reason="MalformedName") == 2.0
+    assert promtext.by_label(samples, "aether_x_refusals_total", "reason") == {
+        "MalformedName": 2.0,
+        'odd "quoted" \\ reason': 1.0,
+    }
+    assert promtext.value(samples, "aether_x_seconds_count") == 1.0 and promtext.value(samples, "aether_x_seconds_sum")
+    assert promtext.value(samples, "aether_x_refusals_total", reason="absent") == 0.0
+    assert set(promtext.named(samples, "aether_x_seconds_bucket")) >= {("aether_x_seconds_bucket", (("le", "+Inf"),))}
+
+
+def test_envoy_admin_json_readers() -> None:
+    """The shapes Envoy 1.40's admin answers with `?format=json` (trimmed from a real one)."""
+    stats = {
+        "stats": [
+            {"name": "cluster_manager.active_clusters", "value": 1},
+            {"name": "control_plane.identifier", "value": "a text readout"},
+            {"histograms": {"supported_quantiles": [50], "computed_quantiles": []}},
+        ]
+    }
+    assert parse_stats(json.dumps(stats)) == {"cluster_manager.active_clusters": 1}
+
+    def host(ip: str, status: str) -> dict[str, object]:
+        return {
+            "address": {"socket_address": {"address": ip, "port_value": 53}},
+            "health_status": {"eds_health_status": status},
+        }
+
+    clusters = {
+        "cluster_statuses": [
+            {"name": "udp:ns/a", "host_statuses": [host("10.0.0.1", "HEALTHY"), host("10.0.0.2", "DRAINING")]},
+            {"name": "udp:ns/b", "host_statuses": [host("10.0.0.3", "HEALTHY")]},
+        ]
+    }
+    assert parse_host_health(json.dumps(clusters), "udp:ns/a") == {"10.0.0.1": "healthy", "10.0.0.2": "draining"}
+    assert parse_host_health(json.dumps(clusters), "udp:ns/c") == {}
+
+
+def test_promtext_names_envoy_counters_with_total() -> None:
+    text = '# TYPE envoy_udp_idle_timeout counter\nenvoy_udp_idle_timeout{envoy_udp_prefix="a"} 3\n'
+    assert promtext.parse(text) == {("envoy_udp_idle_timeout_total", (("envoy_udp_prefix", "a"),)): 3.0}

@@ -17,6 +17,7 @@ import pytest
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.testing.netlab import Lab, Pod
 from aether.testing.nodebed import NodeBed, ask, udp_socket_in, wait_reply
+from aether.testing.promtext import named, parse, value
 from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
@@ -73,9 +74,9 @@ def test_short_timeout_expires_its_sessions_while_the_other_service_keeps_the_de
         assert stats[f"{WILD}.downstream_sess_active"] >= 1, stats
         assert stats[f"{WILD}.idle_timeout"] == 0, stats
         # the same counters as Prometheus metrics (what docs/operations.md tells operators to alert on)
-        prom = nb.admin("/stats/prometheus")
-        vip_tag = VIP.removeprefix("udp.")
-        assert f'envoy_udp_idle_timeout{{envoy_udp_prefix="{vip_tag}"}} {before_total}' in prom, prom[-3000:]
+        prom = parse(nb.admin("/stats/prometheus"))
+        idle = value(prom, "envoy_udp_idle_timeout_total", envoy_udp_prefix=VIP.removeprefix("udp."))
+        assert idle == before_total, named(prom, "envoy_udp_idle_timeout_total")
         # the same socket's next datagram opens a new session (and is answered)
         got = ask(s_short, SHORT_VIP)
         assert got is not None and got[0].startswith(b"short") and got[1] == (SHORT_VIP, L4_OUTBOUND_PORT)

@@ -15,7 +15,6 @@ import pytest
 from aether.api.meshnode import ArmBackend, Endpoint, MeshNode, ServiceArm
 from aether.api.naming import udp_split_cluster
 from aether.netns.contract import L4_OUTBOUND_PORT
-from aether.testing.envoy import parse_host_health
 from aether.testing.netlab import Lab, Pod
 from aether.testing.nodebed import NodeBed, udp_socket_in, wait_reply
 from aether.testing.split_probe import NO_REPLY, locality_weights, probe_split, sticky_backends
@@ -62,8 +61,8 @@ class Bed:
 
 
 def _draining(nb: NodeBed) -> set[str]:
-    """The split cluster's hosts Envoy holds as draining (`/clusters` health flags)."""
-    return {ip for ip, flags in parse_host_health(nb.admin("/clusters"), CLUSTER).items() if "draining" in flags}
+    """The split cluster's hosts Envoy holds as draining (their EDS health status in `/clusters`)."""
+    return {ip for ip, status in nb.running_envoy().host_health(CLUSTER).items() if status == "draining"}
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import pytest
 from aether.api.meshnode import Endpoint, ServiceArm
 from aether.testing.netlab import Lab
 from aether.testing.nodebed import NodeBed, ask, udp_socket_in, wait_reply
+from aether.testing.promtext import value
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -63,6 +64,6 @@ def test_a_duplicate_vip_refuses_its_arms_and_every_other_arm_flows(bed: NodeBed
         state.status.udp.services = _duplicate(bed, "delta")
         bed.write_state(state)
         wait_reply(sock, VIPS["charlie"], b"delta|")
-        assert bed.sidecar_metrics().get('aether_xds_gate_refusals_total{gate="duplicate-vip"}') == 1.0
+        assert value(bed.sidecar_metrics(), "aether_xds_gate_refusals_total", gate="duplicate-vip") == 1.0
     finally:
         sock.close()

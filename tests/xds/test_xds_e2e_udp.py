@@ -13,7 +13,9 @@ import pytest
 from aether.netns.contract import CaptureMode
 from aether.testing.netlab import Lab
 from aether.testing.nodebed import NodeBed, ask, udp_socket_in, wait_reply
+from aether.testing.promtext import named, value
 from aether.testing.wait import wait_for
+from aether.xds.resources import ENDPOINT
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -153,13 +155,7 @@ def test_nack_keeps_the_previous_state_serving(bed: NodeBed) -> None:
         for svc, vip in SERVICES.items():  # the previous state keeps serving
             got = ask(sock, vip, b"still")
             assert got is not None and got[0] == f"{svc}|still".encode()
-        assert (
-            bed.sidecar_metrics().get(
-                'aether_xds_nacks_total{type_url="type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"}',
-                0,
-            )
-            >= 1
-        )
+        assert value(bed.sidecar_metrics(), "aether_xds_nacks_total", type_url=ENDPOINT) >= 1
         bed.write_state(bed.meshnode(sorted(SERVICES)))  # the next good state recovers
         assert bed.wait_programmed()["reason"] == "Accepted"
     finally:
@@ -179,7 +175,7 @@ def test_sidecar_restart_loses_nothing_and_resends_nothing(bed: NodeBed) -> None
                 lost += got is None or got[0] != f"{svc}|outage".encode()
         bed.start_sidecar()
         wait_for(
-            lambda: bed.sidecar_metrics().get("aether_xds_connected_streams", 0) == 1,
+            lambda: value(bed.sidecar_metrics(), "aether_xds_connected_streams") == 1,
             timeout=30,
             what="Envoy reconnect",
         )
@@ -188,8 +184,7 @@ def test_sidecar_restart_loses_nothing_and_resends_nothing(bed: NodeBed) -> None
                 sent += 1
                 got = ask(sock, vip, b"after")
                 lost += got is None or got[0] != f"{svc}|after".encode()
-        metrics = bed.sidecar_metrics()
-        pushed = {k: v for k, v in metrics.items() if k.startswith("aether_xds_pushed_resources_total")}
+        pushed = named(bed.sidecar_metrics(), "aether_xds_pushed_resources_total")
         assert pushed == {}, f"the restarted sidecar re-sent unchanged resources: {pushed}"
         log = (bed.workdir / "sidecar.log").read_text().rsplit("delta ADS on", 1)[1]
         sends = [line for line in log.splitlines() if " sent stream=" in line]
