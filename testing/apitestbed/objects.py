@@ -39,16 +39,12 @@ def pod_status(ip: str, phase: str = "Running", ready: bool = True) -> Obj:
     return {"status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "conditions": conditions}}
 
 
-def service(ns: str, name: str, cluster_ip: str, ports: Sequence[Port]) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "clusterIP": cluster_ip,
-            "ports": [{"name": n, "port": p, "protocol": proto} for n, p, proto in ports],
-        },
-    }
+def service(ns: str, name: str, cluster_ip: str | None, ports: Sequence[Port]) -> Obj:
+    """A selector-less Service; `cluster_ip` None leaves the ClusterIP to the server's allocator."""
+    spec: Obj = {"ports": [{"name": n, "port": p, "protocol": proto} for n, p, proto in ports]}
+    if cluster_ip is not None:
+        spec = {"clusterIP": cluster_ip, **spec}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns}, "spec": spec}
 
 
 # an endpoint's state besides ready (True) and not ready (False), as the EndpointSlice controller writes it for a pod

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from aether.testing.apiserver import Kind
+from aether.testing.apiserver import Kind, api_server
 from aether.testing.apitestbed import objects as o
 from aether.testing.apitestbed.harness import READ_ERRORS, Cluster, InProcessOperator, unique
 from aether.testing.commands import command
@@ -108,3 +108,36 @@ def test_the_controller_writes_the_slice_the_operator_turns_into_an_arm(dev_api:
         assert k.slices(), "the arm lives in a MeshServiceSlice"
     finally:
         op.stop()
+
+
+def upstream_refused_routes(ns: str) -> list[dict[str, Any]]:
+    """UDPRoutes that upstream Gateway API v1.6.1's CEL rules refuse: a Service backendRef without a port, and two
+    parentRefs to one Service naming neither sectionName nor port."""
+    no_port = o.udproute(ns, "no-port", "dns", [{"name": "dns"}], version="v1")
+    twice = o.udproute(ns, "twice", "dns", [o.backend("dns", 53)], version="v1")
+    twice["spec"]["parentRefs"] = [{"group": "", "kind": "Service", "name": "dns"}] * 2
+    return [no_port, twice]
+
+
+CEL_MESSAGES = ("Must have port for Service reference", "sectionName or port must be unique")
+
+
+@pytest.mark.parametrize("kind", ["real", "emulated"])
+def test_upstream_cel_refuses_what_the_emulator_stored(kind: Kind, api_kind: Kind) -> None:
+    """Red first: the emulator (no CEL) stores both routes; the real server refuses each with upstream's message.
+    (`api_kind`: the real control plane must be built.)"""
+    with api_server(kind, channel="experimental") as server:
+        ns = unique("cel")
+        k = Cluster(server.kubeconfig, None)
+        k.apply(o.namespace(ns))
+        for route, message in zip(upstream_refused_routes(ns), CEL_MESSAGES, strict=True):
+            out = subprocess.run(
+                [tool("kubectl"), "--kubeconfig", server.kubeconfig, "create", "--validate=false", "-f", "-"],
+                input=json.dumps(route),
+                capture_output=True,
+                text=True,
+            )
+            if kind == "real":
+                assert out.returncode != 0 and message in out.stderr, out.stdout + out.stderr
+            else:
+                assert out.returncode == 0, out.stderr

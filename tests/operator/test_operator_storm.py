@@ -1,7 +1,7 @@
 """Create/delete/update storms with operator restarts in the sequence end in the state the last event implies: a
-hypothesis state machine drives the API test bed (routes created, deleted, re-created under their name, edited,
-their status wiped, Services' endpoints flipped and their ClusterIPs duplicated and given back) and restarts the
-real operator; at the end the API must hold
+hypothesis state machine drives the real control plane (routes created, deleted, re-created under their name,
+edited, their status wiped, Services' endpoints flipped, Services re-created with a new ClusterIP; on the emulator
+their ClusterIPs duplicated and given back, which a real allocator refuses) and restarts the real operator; at the end the API must hold
 what a from-scratch reconcile of the final objects computes (every MeshNode's operator-owned status and every
 route's entries under our controllerName, observedGeneration included).
 
@@ -18,35 +18,30 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_sta
 from aether.operator.nodestatus import same_owned
 from aether.operator.reconcile.model import ClusterModel, Kind
 from aether.operator.routestatus import CONTROLLER_NAME, comparable, parents_status
-from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.faults import Faults
 from aether.testing.apitestbed.harness import MERGE, Cluster, InProcessOperator, unique
-from aether.testing.apitestbed.selectors import Selector
-from aether.testing.apitestbed.store import Store
 from aether.testing.wait import wait_for
 
 UDP = [("dns", 53, "UDP")]
 SL = [("dns", 5353, "UDP")]
 GW = "gateway.networking.k8s.io/v1alpha2"
-KINDS: dict[Kind, tuple[str, str, str]] = {
-    "namespace": ("", "v1", "namespaces"),
-    "node": ("", "v1", "nodes"),
-    "pod": ("", "v1", "pods"),
-    "service": ("", "v1", "services"),
-    "slice": ("discovery.k8s.io", "v1", "endpointslices"),
-    "route": ("gateway.networking.k8s.io", "v1alpha2", "udproutes"),
-    "grant": ("gateway.networking.k8s.io", "v1beta1", "referencegrants"),
+KINDS: dict[Kind, tuple[str, str]] = {
+    "namespace": ("v1", "Namespace"),
+    "node": ("v1", "Node"),
+    "pod": ("v1", "Pod"),
+    "service": ("v1", "Service"),
+    "slice": ("discovery.k8s.io/v1", "EndpointSlice"),
+    "route": (GW, "UDPRoute"),
+    "grant": ("gateway.networking.k8s.io/v1beta1", "ReferenceGrant"),
 }
 ROUTES, SERVICES = ("r0", "r1", "r2"), ("s0", "s1", "s2")
 
 
-def snapshot(store: Store) -> dict[str, list[dict[str, Any]]]:
-    every = Selector.parse(None, None)
-    out: dict[str, list[dict[str, Any]]] = {
-        kind: store.list(store.lookup(*gvr), None, every)["items"] for kind, gvr in KINDS.items()
-    }
-    out["meshnode"] = store.list(store.lookup("mesh.aether.dev", "v1alpha1", "meshnodes"), None, every)["items"]
-    return out
+def snapshot(k: Cluster) -> dict[str, list[dict[str, Any]]]:
+    """Every object of the kinds the operator reads, and the MeshNodes, as listed through the API."""
+    kinds = {**KINDS, "meshnode": ("mesh.aether.dev/v1alpha1", "MeshNode")}
+    return {kind: k.res(*gvk).get().to_dict()["items"] for kind, gvk in kinds.items()}
 
 
 def differences(objs: dict[str, list[dict[str, Any]]]) -> list[str]:
@@ -73,11 +68,12 @@ def differences(objs: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 class Storm(RuleBasedStateMachine):
-    bed: TestBed
+    api: tuple[str, Faults | None]
+    emulated: bool
 
     def __init__(self) -> None:
         super().__init__()
-        self.k = Cluster(str(self.bed.kubeconfig_path), self.bed)
+        self.k = Cluster(*self.api)
         self.ns, self.node = unique("storm"), unique("storm-node")
         self.op: InProcessOperator | None = None
 
@@ -87,12 +83,20 @@ class Storm(RuleBasedStateMachine):
         self.k.apply(o.node(self.node))
         self.k.apply(o.pod(self.ns, "client", self.node), status=o.pod_status("10.95.0.2"))
         for i, name in enumerate(SERVICES):
-            self.k.apply(o.service(self.ns, name, f"10.96.95.{i + 1}", UDP))
+            self.k.apply(self.service(name, f"10.96.95.{i + 1}"))
             self.k.apply(o.endpoint_slice(self.ns, name, SL, [(f"10.95.1.{i + 1}", True, None)]))
+
+    def service(self, name: str, vip: str) -> dict[str, Any]:
+        """The emulator takes the VIP asked for; the real allocator picks one (each example's namespace is new, and
+        the last one's Services still hold theirs)."""
+        body = o.service(self.ns, name, vip, UDP)
+        if not self.emulated:
+            del body["spec"]["clusterIP"]
+        return body
         self.start()
 
     def start(self) -> None:
-        self.op = InProcessOperator(str(self.bed.kubeconfig_path))
+        self.op = InProcessOperator(self.api[0])
         self.op.start()
 
     @rule(name=st.sampled_from(ROUTES), parent=st.sampled_from(SERVICES), backend=st.sampled_from(SERVICES))
@@ -125,8 +129,14 @@ class Storm(RuleBasedStateMachine):
 
     @rule(svc=st.sampled_from(SERVICES), like=st.sampled_from(SERVICES))
     def take_vip(self, svc: str, like: str) -> None:
-        """Give `svc` the ClusterIP of `like` (a duplicate VIP, or its own back when svc == like)."""
-        self.k.apply(o.service(self.ns, svc, f"10.96.95.{SERVICES.index(like) + 1}", UDP))
+        """Emulated: give `svc` the ClusterIP of `like` (a duplicate VIP, or its own back when svc == like). Real: a
+        ClusterIP is immutable and the allocator refuses a taken one, so `svc` is re-created with a new one."""
+        if self.emulated:
+            self.k.apply(o.service(self.ns, svc, f"10.96.95.{SERVICES.index(like) + 1}", UDP))
+            return
+        self.k.delete("v1", "Service", svc, self.ns)
+        wait_for(lambda: self.k.get("v1", "Service", svc, self.ns) is None, what=f"Service {svc} deleted")
+        self.k.apply(self.service(svc, ""))
 
     @rule()
     def restart(self) -> None:
@@ -138,10 +148,10 @@ class Storm(RuleBasedStateMachine):
         try:
             if self.op is not None:
                 wrong = wait_for(
-                    lambda: not differences(self.bed.call(snapshot)) or None,
+                    lambda: not differences(snapshot(self.k)) or None,
                     timeout=15,
                     what="the API converged to a from-scratch reconcile",
-                    diagnose=lambda: "\n".join(differences(self.bed.call(snapshot))),
+                    diagnose=lambda: "\n".join(differences(snapshot(self.k))),
                 )
                 assert wrong
                 assert self.op.alive()
@@ -150,8 +160,10 @@ class Storm(RuleBasedStateMachine):
                 self.op.stop()
 
 
-def test_storms_with_restarts_end_in_the_state_the_last_event_implies(bed: TestBed) -> None:
-    Storm.bed = bed
+def test_storms_with_restarts_end_in_the_state_the_last_event_implies(
+    api: tuple[str, Faults | None], api_kind: str
+) -> None:
+    Storm.api, Storm.emulated = api, api_kind == "emulated"
     run_state_machine_as_test(
         Storm,
         settings=settings(
