@@ -40,7 +40,8 @@ ROUTES, SERVICES = ("r0", "r1", "r2"), ("s0", "s1", "s2")
 
 def snapshot(k: Cluster) -> dict[str, list[dict[str, Any]]]:
     """Every object of the kinds the operator reads, and the MeshNodes, as listed through the API."""
-    kinds: dict[str, tuple[str, str]] = {**KINDS, "meshnode": ("mesh.aether.dev/v1alpha1", "MeshNode")}
+    kinds: dict[str, tuple[str, str]] = {str(k): v for k, v in KINDS.items()}
+    kinds["meshnode"] = ("mesh.aether.dev/v1alpha1", "MeshNode")
     return {kind: k.res(*gvk).get().to_dict()["items"] for kind, gvk in kinds.items()}
 
 
