@@ -1,6 +1,8 @@
-"""`aether demo [--keep]`: the whole mesh on one machine, and what it does with your datagrams.
+"""`aether demo [--keep] [--control-plane real|emulated]`: the whole mesh on one machine, and what it does with your
+datagrams.
 
-As root it starts the API test bed, the operator, one node's xds sidecar and a real Envoy in network namespaces;
+As root it starts an API server (the real control plane when `make k8s` has built it, else the API test bed), the
+operator, one node's xds sidecar and a real Envoy in network namespaces;
 creates client pods, three UDP echo backends and an HTTP app (netns + the real aether-cni); applies Services and a
 UDPRoute through the API; then shows which VIP reached which backend, what a route change did, how weights split
 new sessions, what the same datagrams do under a REDIRECT capture, which SPIFFE ID arrived at the app over each
@@ -46,6 +48,8 @@ from aether.e2e.kube import udp_arms
 from aether.e2e.lifecycle import pair_state, wait_pairs
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
+from aether.testing import controlplane
+from aether.testing.apiserver import KINDS, Kind
 from aether.testing.netlab import is_root
 from aether.testing.probe import http_get, wait_answer, wait_http, who_answers
 from aether.testing.split_probe import Split, locality_weights, probe_split
@@ -134,10 +138,12 @@ class Clock:
         print(f"[{time.monotonic() - self.t0:5.1f}s] {msg}", flush=True)
 
 
-def run(keep: bool, clock: Clock, workdir: Path) -> int:
+def run(keep: bool, clock: Clock, workdir: Path, control_plane: Kind) -> int:
     tag = "ae" + secrets.token_hex(3)
     print(f"aether demo: lab tag {tag}, working directory {workdir}", flush=True)
-    mesh = Mesh(workdir=workdir, namespace=NAMESPACE, progress=clock.say, tag=tag, areas=AREAS)
+    mesh = Mesh(
+        workdir=workdir, namespace=NAMESPACE, progress=clock.say, tag=tag, areas=AREAS, control_plane=control_plane
+    )
     try:
         node = mesh.add_node(NODE)
         mesh.start_node_proxies()
@@ -324,7 +330,9 @@ def pair_rows(mesh: Mesh, node: MeshNodeProxy) -> list[PairRow]:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="aether demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", action="store_true", help="leave the mesh running (with instructions) until Ctrl-C")
+    p.add_argument("--control-plane", choices=KINDS, help="real or emulated (default: real when built)")
     args = p.parse_args(argv)
+    kind: Kind = args.control_plane or ("real" if controlplane.available() else "emulated")
     why = preflight()
     if why is not None:
         print(f"aether demo: {why}", file=sys.stderr)
@@ -334,7 +342,7 @@ def main(argv: list[str]) -> int:
     code = 1
     try:
         with _signals_raise():
-            code = run(args.keep, clock, workdir)
+            code = run(args.keep, clock, workdir, kind)
     except Interrupted as exc:
         print(f"aether demo: interrupted ({exc})", file=sys.stderr)
         code = 130

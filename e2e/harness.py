@@ -146,7 +146,7 @@ class Mesh:
         started = api_server(self.control_plane, kubeconfig=Path(self.kubeconfig), channel=self.channel)
         server = self._server.enter_context(started)
         self.api, self.kube = server.control_plane or server.bed, Kube(self.kubeconfig)
-        self.progress(f"{self.control_plane} control plane {server.version}; kubeconfig {self.kubeconfig}")
+        self.progress(f"API server: {server.version}; kubeconfig {self.kubeconfig}")
         self.kube.namespace(self.namespace)
         if self.shared_ca:
             self._ca = BuiltinCA()

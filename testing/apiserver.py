@@ -46,7 +46,10 @@ class Server:
 
     @property
     def version(self) -> str:
-        return self.control_plane.version if self.control_plane is not None else "emulated (kmock)"
+        """What answers: `kube-apiserver v1.35.4`, or the API test bed."""
+        if self.control_plane is not None:
+            return f"kube-apiserver {self.control_plane.version}"
+        return "the API test bed (kmock + aether's emulator layer)"
 
 
 @contextlib.contextmanager

@@ -42,12 +42,16 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: done.set())
     try:
         with api_server(
-            kind, kubeconfig=Path(args.kubeconfig), channel=args.channel, crds=not args.no_crds,
-            port=args.port, audit=Path(args.audit) if args.audit else None,
+            kind,
+            kubeconfig=Path(args.kubeconfig),
+            channel=args.channel,
+            crds=not args.no_crds,
+            port=args.port,
+            audit=Path(args.audit) if args.audit else None,
         ) as server:
             where = server.control_plane.url if server.control_plane else server.bed.url if server.bed else "?"
             print(
-                f"aether dev-api: {kind} control plane ({server.version}) serving {where}; kubeconfig {server.kubeconfig}",
+                f"aether dev-api: {server.version} serving {where}; kubeconfig {server.kubeconfig}",
                 flush=True,
             )
             done.wait()
