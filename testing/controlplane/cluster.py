@@ -120,6 +120,7 @@ class ControlPlane:
     workdir: Path
     channel: str
     owns_workdir: bool
+    apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags, e.g. ("--watch-cache=false",)
     url: str = ""
     version: str = ""
     kubeconfig_path: Path = field(default=Path())
@@ -214,6 +215,7 @@ class ControlPlane:
                 "--audit-log-format=json",
                 "--audit-log-mode=blocking",
                 "--audit-log-maxsize=0",
+                *self.apiserver_args,
             ],
             logs / "kube-apiserver.log",
         )
@@ -364,12 +366,17 @@ def audit_record(event: dict[str, Any]) -> AuditRecord:
     )
 
 
-def start(workdir: Path | None = None, crds: bool = True, channel: str = "experimental") -> ControlPlane:
+def start(
+    workdir: Path | None = None,
+    crds: bool = True,
+    channel: str = "experimental",
+    apiserver_args: tuple[str, ...] = (),
+) -> ControlPlane:
     """Boot a control plane in `workdir` (a new temporary directory, removed at stop, when None)."""
     if channel not in CHANNELS:
         raise ValueError(f"unknown Gateway API channel {channel!r} (known: {', '.join(CHANNELS)})")
     owns = workdir is None
     where = Path(tempfile.mkdtemp(prefix="aether-k8s-")) if workdir is None else workdir
-    cp = ControlPlane(where, channel, owns)
+    cp = ControlPlane(where, channel, owns, apiserver_args)
     cp.boot(crds)
     return cp

@@ -50,6 +50,7 @@ class FaultProxy:
         self._ssl = cp.admin_ssl_context()
         self.faults: list[Fault] = []
         self.down = False
+        self.expired = 0  # watch streams that carried a 410 (the API server's "too old resource version")
         self._watches: set[aiohttp.ClientResponse] = set()  # the open watch streams' upstream halves
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -143,11 +144,14 @@ class FaultProxy:
         for k, v in upstream.headers.items():
             if k.lower() not in HOP_HEADERS:
                 out.headers[k] = v
-        if request.query.get("watch") in ("true", "1"):
+        watching = request.query.get("watch") in ("true", "1")
+        if watching:
             self._watches.add(upstream)
         await out.prepare(request)
         try:
             async for chunk in upstream.content.iter_any():
+                if watching and b'"code":410' in chunk:
+                    self.expired += 1
                 await out.write(chunk)
         except (ConnectionResetError, aiohttp.ClientError, RuntimeError):
             pass  # cut, or the client went away
