@@ -8,17 +8,19 @@ columns had no Programmed or Degraded, and a 5 x 13 route (valid under the CRD) 
 
 from __future__ import annotations
 
-import json
-import urllib.request
+import itertools
 from typing import Any
 
 from aether.operator.reconcile.model import ClusterModel
 from aether.operator.reconcile.views import MAX_BACKEND_REFS
 from aether.operator.routestatus import transition_events
+from aether.testing.apiserver import Kind, api_server
 from aether.testing.apitestbed import objects as o
-from aether.testing.apitestbed import start
+from aether.testing.apitestbed.harness import Cluster
 
 UDP = [("dns", 53, "UDP")]
+MESHNODE = ("mesh.aether.dev/v1alpha1", "MeshNode")
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"  # what kubectl get asks for
 SL = [("dns", 5353, "UDP")]
 
 
@@ -86,35 +88,24 @@ def test_the_backendref_bound_is_the_crds_and_is_named() -> None:
     assert not verdict.accepted and "272 backendRefs; at most 256" in verdict.accepted_message
 
 
-def test_kubectl_get_meshnodes_shows_programmed_and_degraded() -> None:
-    with start() as bed:
-
-        def call(method: str, path: str, body: Any = None, accept: str = "application/json") -> Any:
-            req = urllib.request.Request(
-                bed.url + path,
-                method=method,
-                data=None if body is None else json.dumps(body).encode(),
-                headers={"Accept": accept, "Content-Type": "application/merge-patch+json"},
-            )
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return json.loads(resp.read())
-
-        base = "/apis/mesh.aether.dev/v1alpha1/meshnodes"
-        req = urllib.request.Request(
-            bed.url + base,
-            method="POST",
-            data=json.dumps(
-                {"apiVersion": "mesh.aether.dev/v1alpha1", "kind": "MeshNode", "metadata": {"name": "n1"}}
-            ).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        urllib.request.urlopen(req, timeout=10).close()
+def test_kubectl_get_meshnodes_shows_programmed_and_degraded(api_kind: Kind) -> None:
+    """The Table `kubectl get meshnodes` prints, as the API server renders it from the CRD's printer columns (on the
+    real control plane by default; `AETHER_CONTROL_PLANE=emulated` on the API test bed)."""
+    with api_server(api_kind) as server:
+        k = Cluster(server.kubeconfig, None)
         conds = [
             {"type": t, "status": s, "reason": "R", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}
             for t, s in (("Ready", "True"), ("Degraded", "True"), ("Programmed", "False"))
         ]
-        call("PATCH", f"{base}/n1/status", {"status": {"conditions": conds}})
-        table = call("GET", base, accept="application/json;as=Table;v=v1;g=meta.k8s.io")
+        meshnode = {"apiVersion": MESHNODE[0], "kind": MESHNODE[1], "metadata": {"name": "n1"}}
+        k.apply(meshnode, status={"status": {"conditions": conds}})
+        table = k.res(*MESHNODE).get(header_params={"Accept": TABLE}).to_dict()
         names = [c["name"] for c in table["columnDefinitions"]]
-        row = dict(zip(names, table["rows"][0]["cells"], strict=True))
+        (only,) = table["rows"]
+        row = dict(zip(names, only["cells"], strict=True))
         assert (row["Ready"], row["Programmed"], row["Degraded"]) == ("True", "False", "True")
+        if server.control_plane is not None:  # and kubectl itself prints them
+            header, line = server.control_plane.kubectl("get", "meshnodes", "n1").stdout.splitlines()
+            at = {name: header.index(name) for name in ("READY", "PROGRAMMED", "DEGRADED", "AGE")}
+            printed = [line[at[a] : at[b]].strip() for a, b in itertools.pairwise(at)]
+            assert printed == ["True", "False", "True"], f"{header}\n{line}"
