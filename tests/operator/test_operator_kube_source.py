@@ -1,46 +1,53 @@
-"""xds cluster mode (aether.xds.sidecar.kube_source) on the API test bed: MeshNode snapshots in, sidecar status out."""
+"""xds cluster mode (aether.xds.sidecar.kube_source): MeshNode snapshots in, sidecar status out, on the real
+control plane by default (the operator tests' `api` fixture; `AETHER_CONTROL_PLANE=emulated` for the API test bed).
+A MeshNode status the CRD's schema refuses is refused by the server (422); the sidecar's own check of what it reads
+is shown behind an older, schema-less MeshNode CRD, as it would run against a cluster not yet upgraded."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from aether.api.client import ApiException
+from aether.api.crdgen import crds_dir
 from aether.api.meshnode import Condition, QuicPair
-from aether.testing.apitestbed import TestBed, start
+from aether.testing import apitestbed
+from aether.testing.apiserver import Kind, api_server
+from aether.testing.apitestbed.faults import Faults
 from aether.testing.apitestbed.harness import Cluster, unique
 from aether.xds.sidecar.kube_source import source, status_sink
 from aether.xds.sidecar.sources import StateUpdate
 
 MN = ("mesh.aether.dev/v1alpha1", "MeshNode")
 MERGE = "application/merge-patch+json"
-
-
-@pytest.fixture(scope="module")
-def api() -> Iterator[tuple[str, TestBed | None]]:
-    """A bed that stores what a validating API server would refuse (a MeshNode status with a bad arm): the sidecar
-    must still report it as an error, as it would behind an older CRD or a server without the schema."""
-    bed = start(validate=False)
-    try:
-        yield str(bed.kubeconfig_path), bed
-    finally:
-        bed.stop()
+BAD_STATUS = {"udp": {"services": [{"service": 7}]}}  # a status the model (and the CRD's schema) refuses
 
 
 @pytest.fixture
-def k(api: tuple[str, TestBed | None]) -> Cluster:
+def k(api: tuple[str, Faults | None]) -> Cluster:
     return Cluster(api[0], api[1])
 
 
 @pytest.fixture
-def updates(api: tuple[str, TestBed | None]) -> Iterator[tuple[str, queue.Queue[StateUpdate]]]:
+def updates(api: tuple[str, Faults | None]) -> Iterator[tuple[str, queue.Queue[StateUpdate]]]:
+    with pumped(api[0]) as pump:
+        yield pump
+
+
+@contextlib.contextmanager
+def pumped(kubeconfig: str) -> Iterator[tuple[str, queue.Queue[StateUpdate]]]:
     node = unique("ks-node")
     q: queue.Queue[StateUpdate] = queue.Queue()
     stop = threading.Event()
-    src = source(node, api[0])
+    src = source(node, kubeconfig)
     src.watch_timeout = 2
 
     def pump() -> None:
@@ -77,9 +84,9 @@ def test_source_yields_missing_then_each_change_then_deleted(
     status_patch(k, node, {"udp": {"services": [arm]}})
     u = q.get(timeout=30)
     assert u.node is not None and [a.cluster for a in u.node.status.udp.services] == ["udp:a/b"]
-    status_patch(k, node, {"udp": {"services": [{"service": 7}]}})  # a status the model refuses
-    bad = q.get(timeout=30)
-    assert bad.node is None and bad.error and "udp.services.0" in bad.error
+    with pytest.raises(ApiException) as refused:  # the server checks the CRD's schema: nothing reaches the sidecar
+        status_patch(k, node, BAD_STATUS)
+    assert refused.value.status == 422 and "status.udp.services[0].service" in str(refused.value.body)
     k.delete(*MN, node)
     gone = q.get(timeout=30)
     assert gone.node is None and gone.error and "deleted" in gone.error
@@ -95,6 +102,8 @@ def test_status_sink_merges_conditions_and_pairs_without_touching_operator_field
         "quic": {"identities": ["spiffe://cluster.local/ns/a/sa/b"]},
     }
     status_patch(k, node, operator_part)
+    # as stored: a real server also fills in the CRD's defaults (a condition's message, the pair counts)
+    stored = (k.get(*MN, node) or {})["status"]
     sink = status_sink(node, k.kubeconfig)
     sink.publish(node, [Condition(type="Programmed", status="True", reason="Served", message="3 listeners")])
     sink.publish(node, [Condition(type="Programmed", status="True", reason="Served", message="4 listeners")])
@@ -102,7 +111,8 @@ def test_status_sink_merges_conditions_and_pairs_without_touching_operator_field
     sink.publish_pairs(node, [pair], [])
     status = (k.get(*MN, node) or {})["status"]
     conds = {c["type"]: c for c in status["conditions"]}
-    assert conds["Ready"] == operator_part["conditions"][0]
+    assert conds["Ready"] == stored["conditions"][0]
+    assert {key: v for key, v in conds["Ready"].items() if key != "message"} == operator_part["conditions"][0]
     assert conds["Programmed"]["message"] == "4 listeners" and conds["Programmed"]["lastTransitionTime"]
     assert status["quic"]["identities"] == ["spiffe://cluster.local/ns/a/sa/b"]
     assert status["quic"]["pairs"] == [pair.wire()] and status["quic"]["pairCount"] == 1
@@ -170,3 +180,49 @@ def wait_update(q: queue.Queue[StateUpdate], ok: Any) -> Any:
         u = q.get(timeout=30)
         if ok(u):
             return u
+
+
+def older_meshnode_crd(path: Path) -> Path:
+    """The MeshNode CRD as an older release might have shipped it: the same names, a status of any shape."""
+    crd = yaml.safe_load((crds_dir() / "meshnode.yaml").read_text())
+    for version in crd["spec"]["versions"]:
+        props = version["schema"]["openAPIV3Schema"]["properties"]
+        props["status"] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    path.write_text(yaml.safe_dump(crd))
+    return path
+
+
+@pytest.fixture
+def schemaless(api_kind: Kind, tmp_path: Path) -> Iterator[str]:
+    """A kubeconfig for an API server that stores any MeshNode status: on the real control plane, one with the older
+    CRD installed; on the emulator, a test bed that validates nothing."""
+    if os.environ.get("AETHER_KUBECONFIG"):
+        pytest.skip("installs its own MeshNode CRD")
+    if api_kind == "emulated":
+        bed = apitestbed.start(validate=False)
+        try:
+            yield str(bed.kubeconfig_path)
+        finally:
+            bed.stop()
+        return
+    with api_server("real", crds=False) as server:
+        assert server.control_plane is not None
+        slices = crds_dir() / "meshserviceslices.yaml"
+        server.control_plane.install([older_meshnode_crd(tmp_path / "meshnode.yaml"), slices])
+        yield server.kubeconfig
+
+
+def test_source_reports_a_status_the_model_refuses(schemaless: str) -> None:
+    """Behind a CRD that does not check it, the bad status is stored, and the sidecar reports it as an error (it
+    serves nothing from it); the next good status is served again."""
+    k = Cluster(schemaless, None)
+    with pumped(schemaless) as (node, q):
+        assert q.get(timeout=30).node is None
+        k.apply(meshnode(node))
+        assert q.get(timeout=30).node is not None
+        status_patch(k, node, BAD_STATUS)
+        bad = q.get(timeout=30)
+        assert bad.node is None and bad.error and "udp.services.0" in bad.error
+        status_patch(k, node, {"udp": {"services": []}})
+        good = q.get(timeout=30)
+        assert good.node is not None and good.error is None
