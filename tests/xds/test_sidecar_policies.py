@@ -1,6 +1,7 @@
 """How MeshAuthorizationPolicies reach the sidecar: a state file's `kind: List` (file mode, `aether xds render`), the
-cluster's policies read-only (cluster mode, `aether.xds.sidecar.kube_policies`, on the API test bed), and the
-sidecar serving nothing in cluster mode before the first list (a guarded Service is never served open)."""
+cluster's policies read-only (cluster mode, `aether.xds.sidecar.kube_policies`, on the real control plane;
+`AETHER_CONTROL_PLANE=emulated` on the API test bed), and the sidecar serving nothing in cluster mode before the
+first list (a guarded Service is never served open)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import yaml
 
 from aether.api.meshnode import MeshNodeFileError
 from aether.api.statefile import load_state_file, split_items
-from aether.testing.apitestbed import TestBed, start
+from aether.testing.apiserver import Kind, Server, api_server
+from aether.testing.apitestbed import AuditRecord
 from aether.testing.apitestbed.harness import Cluster
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.wait import wait_for
@@ -147,23 +149,28 @@ def test_cluster_mode_serves_nothing_before_the_first_policy_list() -> None:
 
 # -- cluster mode: the policies from the API, read-only ----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def bed() -> Iterator[TestBed]:
-    b = start()
-    try:
-        yield b
-    finally:
-        b.stop()
+def server(api_kind: Kind) -> Iterator[Server]:
+    with api_server(api_kind) as started:
+        yield started
 
 
-def test_the_watch_hands_over_every_change(bed: TestBed) -> None:
+def audit(server: Server) -> list[AuditRecord]:
+    """The API server's own record of every request (kube-apiserver's audit log; the test bed's request log)."""
+    if server.control_plane is not None:
+        return server.control_plane.audit
+    assert server.bed is not None
+    return server.bed.audit
+
+
+def test_the_watch_hands_over_every_change(server: Server) -> None:
     seen: list[list[str]] = []
-    watch = PolicyWatch(lambda ps: seen.append([p["metadata"]["name"] for p in ps]), str(bed.kubeconfig_path), 2)
+    watch = PolicyWatch(lambda ps: seen.append([p["metadata"]["name"] for p in ps]), server.kubeconfig, 2)
     stop = threading.Event()
     t = threading.Thread(target=watch.run, args=(stop,), daemon=True)
     t.start()
     try:
         wait_for(lambda: seen and seen[-1] == [], 10, "the first (empty) list")
-        cluster = Cluster(str(bed.kubeconfig_path), bed)
+        cluster = Cluster(server.kubeconfig, server.faults)
         cluster.apply(policy())
         wait_for(lambda: seen[-1] == ["web-callers"], 10, "the created policy")
         cluster.apply(policy("second"))
@@ -173,7 +180,18 @@ def test_the_watch_hands_over_every_change(bed: TestBed) -> None:
     finally:
         stop.set()
         t.join(timeout=5)
-    writes = [
-        r for r in bed.audit if r.resource == "meshauthorizationpolicies" and r.user_agent.startswith("aether-xds")
-    ]
-    assert writes and {r.verb for r in writes} <= {"list", "watch"}, {r.verb for r in writes}  # read-only
+    assert not t.is_alive()
+
+    def sidecar_requests() -> list[AuditRecord]:
+        return [
+            r
+            for r in audit(server)
+            if r.resource == "meshauthorizationpolicies" and r.user_agent.startswith("aether-xds")
+        ]
+
+    def verbs() -> set[str]:
+        return {r.verb for r in sidecar_requests()}
+
+    # the real server audits a watch when it ends (the emulator when it starts): wait for the last one's record
+    wait_for(lambda: verbs() >= {"list", "watch"}, 10, "the sidecar's list and watch in the audit")
+    assert verbs() <= {"list", "watch"}, verbs()  # read-only
