@@ -58,7 +58,21 @@ def _structural(schema: Any, defs: dict[str, Any]) -> Any:
                 out["nullable"] = True
     if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
         out["x-kubernetes-preserve-unknown-fields"] = True
+    conditions = (out.get("properties") or {}).get("conditions")
+    if isinstance(conditions, dict) and conditions.get("type") == "array":
+        _list_map(conditions, "type")
     return out
+
+
+def _list_map(array: dict[str, Any], key: str) -> None:
+    """Conditions are a list-map keyed by `type` (as in metav1.Condition): with server-side apply each field manager
+    (the operator, the node's sidecar) owns its own entries and neither write needs the other's."""
+    items = array.get("items") or {}
+    if key in (items.get("properties") or {}):
+        required = list(items.get("required", []))
+        items["required"] = required if key in required else [key, *required]
+        array["x-kubernetes-list-type"] = "map"
+        array["x-kubernetes-list-map-keys"] = [key]
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

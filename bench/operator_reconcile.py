@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aether.operator.kubeapi import slice_labels
-from aether.operator.nodestatus import owned_wire, status_patch
+from aether.operator.nodestatus import applied_status, owned_wire
 from aether.operator.reconcile.model import ClusterModel, Output
 from aether.operator.slicewire import slice_ops
 from aether.testing.apitestbed import objects as o
@@ -67,7 +67,7 @@ class Api:
                 continue
             self.nodes[name] = desired.digest
             current = self.status.get(name)
-            body = status_patch(desired.owned, current, "1", "2026-01-01T00:00:00Z")
+            body = {"status": applied_status(desired.owned, current, "2026-01-01T00:00:00Z")}  # the apply's body
             self.status[name] = {**(current or {}), **body["status"]}
             objects += 1
             nodes += 1

@@ -1,5 +1,7 @@
 """The operator's writes to the API (thin, sync, through the official client): MeshNodes, MeshNode status,
-MeshServiceSlices, UDPRoute status, Events. Every write that merges lists owned by others carries a resourceVersion precondition."""
+MeshServiceSlices, UDPRoute status, Events. MeshNode status is a server-side apply under the operator's own field
+manager (it shares the status with the node's sidecar, each owning its fields); a UDPRoute's status.parents (an
+atomic list shared with other controllers) and a slice's JSON patch carry a resourceVersion precondition."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from aether.api.slices import MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE_LABEL, SLI
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+APPLY = "application/apply-patch+yaml"
+FIELD_MANAGER = "aether-operator"  # server-side apply: the operator's fields of a MeshNode status
 GATEWAY_GROUP, UDPROUTES = "gateway.networking.k8s.io", "udproutes"
 # the UDPRoute versions the operator can serve, most preferred first (Gateway API v1.6: v1 is GA and the storage
 # version, the standard channel serves only v1, the experimental channel v1 and the deprecated v1alpha2)
@@ -69,9 +73,11 @@ class KubeWriter:
                     return existing
             raise
 
-    def patch_meshnode_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def apply_meshnode_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply of the operator's fields (forced: the operator is their one owner)."""
+        body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": name}, "status": status}
         obj: Any = self.custom.patch_cluster_custom_object_status(
-            API_GROUP, API_VERSION, PLURAL, name, patch, _content_type=MERGE
+            API_GROUP, API_VERSION, PLURAL, name, body, field_manager=FIELD_MANAGER, force=True, _content_type=APPLY
         )
         return dict(obj)
 

@@ -56,34 +56,23 @@ def same_owned(current_status: Any, owned: dict[str, Any]) -> bool:
     return {k: cur.get(k) for k in want} == want
 
 
-def cur_ours(status: dict[str, Any]) -> list[Any]:
-    """The operator's conditions in a stored status, in our order (Ready, then Degraded)."""
-    by_type = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, dict)}
-    return [by_type[t] for t in ("Ready", "Degraded") if t in by_type]
-
-
-def merge_conditions(current: Any, ours: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
-    """Our condition types replaced (lastTransitionTime kept while status is unchanged), others kept."""
-    existing = [c for c in current or [] if isinstance(c, dict)]
-    by_type = {c.get("type"): c for c in existing}
-    merged = [c for c in existing if c.get("type") not in OPERATOR_CONDITIONS]
+def ours_with_times(current: Any, ours: list[dict[str, Any]], now: str) -> list[dict[str, Any]]:
+    """Our conditions, each keeping its stored lastTransitionTime while its status is unchanged."""
+    by_type = {c.get("type"): c for c in current or [] if isinstance(c, dict)}
+    out = []
     for c in ours:
         old = by_type.get(c["type"])
         stamp = old.get("lastTransitionTime") if old and old.get("status") == c["status"] else None
-        merged.append({**c, "lastTransitionTime": stamp or now})
-    return merged
+        out.append({**c, "lastTransitionTime": stamp or now})
+    return out
 
 
-def status_patch(owned: dict[str, Any], current: Any, resource_version: str | None, now: str) -> dict[str, Any]:
-    """A merge patch for /status that leaves the sidecar's quic.pairs/dormantPairs and conditions alone, and
-    carries only the top-level fields that differ from `current` (the status the patch is computed against; the
-    resourceVersion precondition makes a stale `current` a 409, then re-read)."""
+def applied_status(owned: dict[str, Any], current: Any, now: str) -> dict[str, Any]:
+    """The status the operator applies (server-side apply, field manager `aether-operator`): every field it owns,
+    its conditions (Ready, Degraded) with their transition times kept. The sidecar's fields (quic.pairs and the
+    rest of SIDECAR_QUIC_FIELDS, its own condition types) are not in it, so the server keeps them: conditions are a
+    list-map keyed by type, and a field this manager stops sending is removed."""
     cur = current if isinstance(current, dict) else {}
-    have = current_owned(cur)
-    body = {k: v for k, v in owned.items() if k != "conditions" and have.get(k) != v}
-    if _timeless(cur_ours(cur)) != _timeless(owned.get("conditions")):
-        body["conditions"] = merge_conditions(cur.get("conditions"), owned.get("conditions", []), now)
-    patch: dict[str, Any] = {"status": body}
-    if resource_version:
-        patch["metadata"] = {"resourceVersion": resource_version}
-    return patch
+    body = {k: v for k, v in owned.items() if k != "conditions"}
+    body["conditions"] = ours_with_times(cur.get("conditions"), owned.get("conditions", []), now)
+    return body

@@ -1,5 +1,6 @@
 """One object's write, level-based (sync, run in a worker thread): compare what the API holds with what is
-computed, write the difference, re-read on a conflict. A refused body (422, or too large for the API: 413, or
+computed, write the difference (a MeshNode status by server-side apply, which needs no conflict retry; a slice or a
+route status against the resourceVersion read, re-read on a conflict). A refused body (422, or too large for the API: 413, or
 etcd's "request is too large" relayed as a 500) is remembered by the body's digest so the same body is not sent
 again (`Refusals`); any other error propagates to the loop, which retries with backoff."""
 
@@ -19,7 +20,7 @@ from aether.metrics import (
     OPERATOR_WRITE_REFUSALS,
 )
 from aether.operator.kubeapi import KubeWriter, slice_labels
-from aether.operator.nodestatus import digest, same_owned, status_patch
+from aether.operator.nodestatus import applied_status, digest, same_owned
 from aether.operator.reconcile.routes import Verdict
 from aether.operator.routestatus import comparable, parents_status, transition_events
 from aether.operator.slicewire import same_slice, slice_ops
@@ -72,10 +73,11 @@ def write_node(
     current: dict[str, Any] | None,
     node_uid: str | None,
 ) -> str:
-    """Make MeshNode `name`'s status hold `owned`. -> outcome: patched, unchanged, refused, gone (no Node)."""
+    """Make MeshNode `name`'s status hold `owned` (server-side apply: the sidecar's fields and a concurrent edit of
+    anything else need no re-read). -> outcome: patched, unchanged, refused, gone (no Node)."""
     what = ("meshnode", name)
     wanted = digest(owned)
-    for attempt in range(CONFLICT_RETRIES + 1):
+    for _ in range(2):  # a second pass only when the MeshNode vanished under the write: create it, apply again
         if current is None:
             if node_uid is None:
                 return "gone"
@@ -86,22 +88,20 @@ def write_node(
             return "unchanged"
         if refusals.already(what, wanted):
             return "refused"
-        rv = (current.get("metadata") or {}).get("resourceVersion")
         try:
-            writer.patch_meshnode_status(name, status_patch(owned, current.get("status"), rv, now()))
+            writer.apply_meshnode_status(name, applied_status(owned, current.get("status"), now()))
         except ApiException as exc:
             if refused(exc):
                 refusals.note(what, wanted, exc)
                 return "refused"
-            if exc.status not in (404, 409) or attempt == CONFLICT_RETRIES:
+            if exc.status != 404:
                 raise
-            OPERATOR_MESHNODE_WRITES.labels(outcome="conflict_retry").inc()
-            current = writer.get_meshnode(name)
+            current = None
             continue
         refusals.clear(what)
         OPERATOR_MESHNODE_WRITES.labels(outcome="patched").inc()
         return "patched"
-    raise AssertionError("unreachable")
+    return "gone"
 
 
 def write_slice(

@@ -16,7 +16,7 @@ import kmock
 import yaml
 
 from aether.testing.apitestbed.faults import Fault
-from aether.testing.apitestbed.patches import PatchError, json_patch, merge_patch, strip_directives
+from aether.testing.apitestbed.patches import PatchError, apply_patch, json_patch, merge_patch, strip_directives
 from aether.testing.apitestbed.resources import ALL_VERBS, ResourceType
 from aether.testing.apitestbed.selectors import Selector
 from aether.testing.apitestbed.sizes import body_refusal
@@ -94,6 +94,8 @@ class TestBedHandler(kmock.KubernetesEmulator):
     audit_path: Path | None = None
     faults: list[Fault] = attrs.field(factory=list)
     down: bool = False  # every resource request answers 503 (the API server is unreachable)
+    # server-side apply: the paths each (object, subresource, field manager) applied last (patches.apply_patch)
+    applied: dict[tuple[str, str | None, str, str | None, str], set[tuple[str, ...]]] = attrs.field(factory=dict)
     _stopping: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -277,6 +279,8 @@ class TestBedHandler(kmock.KubernetesEmulator):
                 new = merge_patch(current, body)
             elif ctype == "application/strategic-merge-patch+json":
                 new = merge_patch(current, strip_directives(body))
+            elif ctype == "application/apply-patch+yaml":
+                new = self._apply(raw, rt, t, current, body)
             else:
                 raise ApiError(415, "UnsupportedMediaType", f"the test bed does not serve patches of type {ctype!r}")
         except PatchError as exc:
@@ -286,6 +290,18 @@ class TestBedHandler(kmock.KubernetesEmulator):
         ):
             new.setdefault("metadata", {}).pop("resourceVersion", None)
         return self.store.replace(rt, t.namespace, t.name or "", new, t.subresource)
+
+    def _apply(self, raw: aiohttp.web.BaseRequest, rt: ResourceType, t: Target, current: Obj, body: Any) -> Obj:
+        """Server-side apply (patches.apply_patch): the field manager is required, as on a real server."""
+        manager = raw.query.get("fieldManager")
+        if not manager:
+            raise ApiError(422, "Invalid", "PatchOptions.meta.k8s.io is invalid: fieldManager is required for apply")
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "an apply body must be an object")
+        key = (rt.plural, t.namespace, t.name or "", t.subresource, manager)
+        new, self.applied[key] = apply_patch(current, body, self.applied.get(key, set()))
+        result: Obj = new
+        return result
 
     async def _watch(
         self,

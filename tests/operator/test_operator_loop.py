@@ -36,12 +36,12 @@ class RecordingWriter(KubeWriter):
         self.meshnodes[name] = {"metadata": {"name": name, "resourceVersion": "1"}, "status": {}}
         return self.meshnodes[name]
 
-    def patch_meshnode_status(self, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def apply_meshnode_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
         if self.fail_first:
             self.fail_first -= 1
             raise ApiException(status=500, reason="boom")
         self.patches.append(name)
-        self.meshnodes[name]["status"] = patch["status"]
+        self.meshnodes[name]["status"] = status
         return self.meshnodes[name]
 
     def delete_meshnode(self, name: str) -> None:

@@ -39,7 +39,7 @@ def setup(k: Cluster) -> tuple[str, str]:
     k.apply(o.namespace(ns))
     k.apply(o.node(node))
     k.apply(o.pod(ns, "web-0", node, "web"), status=o.pod_status("10.61.0.7"))
-    k.apply(o.service(ns, "web", "10.96.61.1", [("http", 8080, "TCP")]))
+    k.apply(o.service(ns, "web", None, [("http", 8080, "TCP")]))  # each test a new namespace: allocated
     k.apply(o.endpoint_slice(ns, "web", [("http", 8080, "TCP")], [("10.61.0.7", True, "web-0")]))
     wait_for(lambda: k.meshnode(node), what="the MeshNode", ignore=READ_ERRORS)
     return ns, node
@@ -68,7 +68,7 @@ def test_status_services_and_counts(cluster: Cluster, operator: InProcessOperato
     conds = wait_conditions(k, ns, "later", "True", "Accepted")
     assert (conds["ResolvedRefs"]["status"], conds["ResolvedRefs"]["reason"]) == ("False", "ServiceNotFound")
     assert f"Service {ns}/api does not exist" in conds["ResolvedRefs"]["message"]
-    k.apply(o.service(ns, "api", "10.96.61.2", [("http", 8080, "TCP")]))
+    k.apply(o.service(ns, "api", None, [("http", 8080, "TCP")]))
     wait_for(
         lambda: (c := conditions(k, ns, "later")) and c["ResolvedRefs"]["status"] == "True",
         what="resolved once the Service exists",

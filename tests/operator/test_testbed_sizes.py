@@ -101,7 +101,7 @@ def test_the_10000_service_mesh_old_layout_refused_new_layout_stored() -> None:
     MeshServiceSlice and every MeshNode of the new layout is stored, none over 512 KiB."""
     from aether.api.slices import SLICE_KIND, SLICE_PLURAL
     from aether.operator.kubeapi import slice_labels
-    from aether.operator.nodestatus import owned_wire, status_patch
+    from aether.operator.nodestatus import applied_status, owned_wire
     from aether.testing.apitestbed import mesh_crds
     from aether.testing.apitestbed.store import ApiError, Store
     from aether.testing.synthetic_cluster import build
@@ -129,7 +129,7 @@ def test_the_10000_service_mesh_old_layout_refused_new_layout_stored() -> None:
             largest = max(largest, stored_size("", created))
         for name, desired in out.desired.items():
             store.create(mn, None, meshnode(name))
-            status = status_patch(desired.owned, None, None, "2026-12-01T00:00:00Z")["status"]
+            status = applied_status(desired.owned, None, "2026-12-01T00:00:00Z")
             written = store.replace(mn, None, name, {**meshnode(name), "status": status}, "status")
             largest = max(largest, stored_size("", written))
         return refused, len(store.objects[ss.key]), largest

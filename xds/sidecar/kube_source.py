@@ -23,6 +23,7 @@ from aether.api.client import ApiException, api_client
 from aether.api.meshnode import (
     API_GROUP,
     API_VERSION,
+    KIND,
     PLURAL,
     Condition,
     MeshNodeFileError,
@@ -53,8 +54,16 @@ def desired_part(status: Any) -> Any:
     return out
 
 
-MERGE = "application/merge-patch+json"
+APPLY = "application/apply-patch+yaml"
 USER_AGENT = "aether-xds"
+# server-side apply: each of the sidecar's writers owns its fields of the MeshNode status under a field manager of its
+# own (an apply that omits a field its manager set before removes it): the pairs, and each condition type
+# (Programmed and PairsPersisted are written by different threads) as `aether-xds-<type>`
+PAIRS_MANAGER = "aether-xds-pairs"
+
+
+def condition_manager(types: list[str]) -> str:
+    return "aether-xds-" + "-".join(sorted(t.lower() for t in types))
 
 
 def kubeconfig_path(explicit: str | None) -> str | None:
@@ -247,45 +256,48 @@ class KubeSource:
 
 
 class KubeStatusSink:
-    """The sidecar's writes into MeshNode status."""
+    """The sidecar's writes into MeshNode status, by server-side apply: its condition types (conditions are a
+    list-map keyed by type, so the operator's Ready and Degraded are not touched) and the QUIC pair state. No
+    resourceVersion is sent, so a concurrent write of other fields (the operator's, a user's) is no conflict."""
 
     def __init__(self, node: str, kubeconfig: str | None = None) -> None:
         self.node = node
         self.api: Any = kubernetes.client.CustomObjectsApi(api_client(kubeconfig_path(kubeconfig), USER_AGENT))
 
+    def _apply(self, node_name: str, status: dict[str, Any], manager: str) -> None:
+        body = {"apiVersion": f"{API_GROUP}/{API_VERSION}", "kind": KIND, "metadata": {"name": node_name}}
+        self.api.patch_cluster_custom_object_status(
+            API_GROUP,
+            API_VERSION,
+            PLURAL,
+            node_name,
+            {**body, "status": status},
+            field_manager=manager,
+            force=True,
+            _content_type=APPLY,
+        )
+
     def publish(self, node_name: str, conditions: list[Condition]) -> None:
-        """Replace the condition types given (lastTransitionTime kept while status is unchanged), keep others."""
-        ours = [c.wire() for c in conditions]
-        types = {c["type"] for c in ours}
-        for attempt in range(6):
-            try:
-                current = self.api.get_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, node_name)
-            except ApiException as exc:
-                if exc.status == 404:
-                    log.warning("MeshNode %s does not exist: conditions not published", node_name)
-                    return
-                raise
-            existing = [c for c in (current.get("status") or {}).get("conditions") or [] if isinstance(c, dict)]
-            by_type = {c.get("type"): c for c in existing}
-            merged = [c for c in existing if c.get("type") not in types]
-            for c in ours:
-                old = by_type.get(c["type"])
-                keep = old.get("lastTransitionTime") if old and old.get("status") == c["status"] else None
-                merged.append({**c, "lastTransitionTime": c.get("lastTransitionTime") or keep or _now()})
-            if merged == existing:
+        """Apply the condition types given (lastTransitionTime kept while status is unchanged); nothing is sent when
+        the stored ones already say it."""
+        try:
+            current = self.api.get_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, node_name)
+        except ApiException as exc:
+            if exc.status == 404:
+                log.warning("MeshNode %s does not exist: conditions not published", node_name)
                 return
-            patch = {
-                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
-                "status": {"conditions": merged},
-            }
-            try:
-                self.api.patch_cluster_custom_object_status(
-                    API_GROUP, API_VERSION, PLURAL, node_name, patch, _content_type=MERGE
-                )
-                return
-            except ApiException as exc:
-                if exc.status != 409 or attempt == 5:
-                    raise
+            raise
+        existing = {
+            c.get("type"): c for c in (current.get("status") or {}).get("conditions") or [] if isinstance(c, dict)
+        }
+        ours = []
+        for c in (c.wire() for c in conditions):
+            old = existing.get(c["type"])
+            keep = old.get("lastTransitionTime") if old and old.get("status") == c["status"] else None
+            ours.append({**c, "lastTransitionTime": c.get("lastTransitionTime") or keep or _now()})
+        if all(existing.get(c["type"]) == c for c in ours):
+            return
+        self._apply(node_name, {"conditions": ours}, condition_manager([c["type"] for c in ours]))
 
     def publish_pairs(self, node_name: str, pairs: list[QuicPair], dormant: list[QuicPair]) -> None:
         """Persist the QUIC pair state (sidecar-owned) so it survives restarts of either side."""
@@ -295,9 +307,7 @@ class KubeStatusSink:
             "pairCount": len(pairs),
             "dormantPairCount": len(dormant),
         }
-        self.api.patch_cluster_custom_object_status(
-            API_GROUP, API_VERSION, PLURAL, node_name, {"status": {"quic": quic}}, _content_type=MERGE
-        )
+        self._apply(node_name, {"quic": quic}, PAIRS_MANAGER)
 
 
 def source(node: str, kubeconfig: str | None = None) -> KubeSource:
