@@ -12,7 +12,10 @@ import sys
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("aether.operator.cli", "run the kopf operator (--kubeconfig F, in-cluster config otherwise)"),
-    "dev-api": ("aether.testing.devapi", "a local API server (the real control plane or the test bed) and a kubeconfig"),
+    "dev-api": (
+        "aether.testing.devapi",
+        "a local API server (the real control plane or the test bed) and a kubeconfig",
+    ),
     "xds": ("aether.xds.sidecar.cli", "the node xDS sidecar; also `xds render` and `xds bootstrap`"),
     "capture": ("aether.netns.capture_cli", "install or check the capture in a netns, outside the CNI runtime"),
     "node-return": (
