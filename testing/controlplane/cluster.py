@@ -299,6 +299,10 @@ class ControlPlane:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # -- use ------------------------------------------------------------------------------------------------------
+    @property
+    def ca_path(self) -> Path:
+        return self._ca
+
     def admin_ssl_context(self) -> ssl.SSLContext:
         """TLS as the admin (system:masters), trusting this control plane's CA."""
         return self._context()

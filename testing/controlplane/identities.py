@@ -1,0 +1,34 @@
+"""Callers other than the admin on the test control plane: a kubeconfig carrying a ServiceAccount's token from the
+TokenRequest API (`kubectl create token`), optionally bound to a Pod (then the token carries the Pod's node as
+`authentication.kubernetes.io/node-name`, as the projected token of a DaemonSet pod does), so a component runs under
+exactly the RBAC and admission a cluster gives its ServiceAccount."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from aether.testing.controlplane.cluster import ControlPlane
+
+
+def token(cp: ControlPlane, namespace: str, account: str, bound_pod: tuple[str, str] | None = None) -> str:
+    """A token for ServiceAccount `namespace/account`; `bound_pod` (name, uid) binds it to that Pod."""
+    args = ["create", "token", account, "-n", namespace, "--duration", "2h"]
+    if bound_pod is not None:
+        args += ["--bound-object-kind", "Pod", "--bound-object-name", bound_pod[0], "--bound-object-uid", bound_pod[1]]
+    return cp.kubectl(*args).stdout.strip()
+
+
+def token_kubeconfig(cp: ControlPlane, path: Path, bearer: str, name: str = "aether-sa") -> Path:
+    """A kubeconfig for the control plane that authenticates with `bearer` (and trusts the cluster CA)."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": cp.url, "certificate-authority": str(cp.ca_path)}}],
+        "users": [{"name": name, "user": {"token": bearer}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
+        "current-context": name,
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
