@@ -155,13 +155,13 @@ def test_the_node_admission_policy_is_enforced_by_the_server(cp: controlplane.Co
         for n in (mine, other):
             admin.apply(o.node(n))
         for n in (mine, other):
-            wait_for(lambda n=n: (admin.meshnode(n) or {}).get("status"), timeout=60, what=f"MeshNode {n}")
+            wait_for(lambda n=n: has_status(admin, n), timeout=60, what=f"MeshNode {n}")
     kubeconfig = token_kubeconfig(cp, tmp_path / "node.kubeconfig", sidecar_token(cp, admin, mine))
     sink = KubeStatusSink(mine, str(kubeconfig))
     sink.publish(mine, [Condition(type="Programmed", status="True", reason="Accepted")])
     sink.publish_pairs(mine, [], [])
     assert "Programmed" in {c["type"] for c in (admin.meshnode(mine) or {})["status"]["conditions"]}
-    refusals = {
+    refusals: dict[str, tuple[str, dict[str, Any], str]] = {
         "another node's MeshNode": (other, {"quic": {"pairs": [], "pairCount": 0}}, f"may write only MeshNode {mine}"),
         "an operator-owned field": (mine, {"pods": [EVIL_POD]}, "may not change operator-owned"),
     }
@@ -175,6 +175,10 @@ def test_the_node_admission_policy_is_enforced_by_the_server(cp: controlplane.Co
         wait_for(lambda: _accepted(kubeconfig, other), timeout=30, what="the cross-node write without the binding")
     finally:
         assert kustomize(cp).returncode == 0
+
+
+def has_status(k: Cluster, node: str) -> bool:
+    return bool((k.meshnode(node) or {}).get("status"))
 
 
 def _accepted(kubeconfig: Path, node: str) -> bool:
