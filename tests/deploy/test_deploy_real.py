@@ -8,6 +8,7 @@ message, and the cross-node write is accepted once the policy's binding is gone 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import subprocess
 from collections.abc import Iterator
@@ -155,7 +156,7 @@ def test_the_node_admission_policy_is_enforced_by_the_server(cp: controlplane.Co
         for n in (mine, other):
             admin.apply(o.node(n))
         for n in (mine, other):
-            wait_for(lambda n=n: has_status(admin, n), timeout=60, what=f"MeshNode {n}")
+            wait_for(functools.partial(has_status, admin, n), timeout=60, what=f"MeshNode {n}")
     kubeconfig = token_kubeconfig(cp, tmp_path / "node.kubeconfig", sidecar_token(cp, admin, mine))
     sink = KubeStatusSink(mine, str(kubeconfig))
     sink.publish(mine, [Condition(type="Programmed", status="True", reason="Accepted")])
