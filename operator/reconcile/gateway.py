@@ -70,8 +70,11 @@ class RouteView:
     parents: tuple[ParentRef, ...]
     backends: tuple[BackendRef, ...]
     problems: tuple[str, ...] = ()
-    status_parents: tuple[Raw, ...] = field(default=(), compare=False, hash=False)
-    uid: str = field(default="", compare=False, hash=False)
+    # Compared (not hashed): kopf's index keeps its old value when the new one compares equal, and the reconciler
+    # compares the index's status.parents with what it computes. A view equal without them kept a stale copy, so
+    # after a restart (the index filled with the written status) a wipe of status.parents was never seen.
+    status_parents: tuple[Raw, ...] = field(default=(), hash=False)
+    uid: str = field(default="", hash=False)
     rules: int = 1  # len(spec.rules): v1 admits one, v1alpha2 up to 16 (their backendRefs are pooled)
 
     @property
