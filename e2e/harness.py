@@ -186,8 +186,7 @@ class Mesh:
     def _start_sidecar(self, node: MeshNodeProxy) -> None:
         argv = [*XDS_CLI, "--node", node.name, "--listen", f"unix:{node.ads_sock}"]
         argv += ["--kubeconfig", self.kubeconfig, "--records", str(node.records), "--areas", self.areas]
-        if self.shared_ca:
-            argv += ["--certs-dir", str(self.certs_dir)]
+        argv += ["--certs-dir", str(self.certs_dir)] if self.shared_ca else ["--dev-builtin-ca"]
         argv += self.sidecar_args
         log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115 (the child process owns it)
         node.sidecar = self.lab.spawn(None, argv, stdout=log, stderr=log)

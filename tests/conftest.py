@@ -21,6 +21,9 @@ from aether.testing.envoy import EnvoyNotFound, envoy_path
 from aether.testing.netlab import CREATED_TAGS, Lab, is_root, leftover_netns
 
 REQUIRE_PRIVILEGED = os.environ.get("AETHER_REQUIRE_PRIVILEGED") == "1"
+# every `aether xds` a test starts without --certs-dir may use the development CA (a production sidecar refuses to
+# start without certificates: tests/xds/test_xds_cli.py runs one without this)
+os.environ.setdefault("AETHER_XDS_DEV_BUILTIN_CA", "1")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -7,7 +7,12 @@ watch streams, or holds them off, with the API test bed's fault interface:
     proxy.cut_watches(); proxy.set_down(True)       # 503 to everything until set_down(False)
 
 The server behind it stays whole (a real outage is `ControlPlane.set_down`): tests write through the server's own
-kubeconfig while the client under test sees the faults. Each answered fault counts on its `Fault.hits`."""
+kubeconfig while the client under test sees the faults. Each answered fault counts on its `Fault.hits`.
+
+`FaultProxy.plain(url, kubeconfig_path)` fronts a plain-HTTP server instead (the API test bed run as `aether dev-api
+--control-plane emulated`), so a benchmark counts one client's traffic the same way on both. `traffic()`: what went
+through so far, per (verb, plural, subresource): requests, request body bytes, response body bytes (watch streams
+included)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +50,27 @@ def write_proxy_kubeconfig(path: Path, url: str) -> Path:
     return path
 
 
+@dataclass
+class Tally:
+    requests: int = 0
+    request_bytes: int = 0
+    response_bytes: int = 0
+
+
+TrafficKey = tuple[str, str, str]  # (verb, plural, subresource); "" where there is none
+
+
 class FaultProxy:
-    def __init__(self, cp: ControlPlane, kubeconfig_path: Path | None = None) -> None:
-        self.upstream = cp.url
-        self._ssl = cp.admin_ssl_context()
+    def __init__(
+        self, cp: ControlPlane | None, kubeconfig_path: Path | None = None, *, upstream: str | None = None
+    ) -> None:
+        """`cp`: the real server, as its admin; None with `upstream` (a plain-HTTP URL) and `kubeconfig_path`."""
+        if cp is None and (upstream is None or kubeconfig_path is None):
+            raise ValueError("a FaultProxy without a control plane needs upstream and kubeconfig_path")
+        self.upstream = cp.url if cp is not None else str(upstream)
+        self._ssl = cp.admin_ssl_context() if cp is not None else None
+        self._traffic: dict[TrafficKey, Tally] = {}
+        self._traffic_lock = threading.Lock()
         self.faults: list[Fault] = []
         self.down = False
         self.expired = 0  # watch streams that carried a 410 (the API server's "too old resource version")
@@ -58,9 +81,15 @@ class FaultProxy:
         self._thread.start()
         if not self._ready.wait(30):
             raise RuntimeError("the fault proxy did not start")
-        self.kubeconfig_path = write_proxy_kubeconfig(
-            kubeconfig_path or cp.workdir / "proxy.kubeconfig", f"http://127.0.0.1:{self.port}"
-        )
+        if kubeconfig_path is None and cp is not None:
+            kubeconfig_path = cp.workdir / "proxy.kubeconfig"
+        assert kubeconfig_path is not None
+        self.kubeconfig_path = write_proxy_kubeconfig(kubeconfig_path, f"http://127.0.0.1:{self.port}")
+
+    @classmethod
+    def plain(cls, upstream: str, kubeconfig_path: Path) -> FaultProxy:
+        """In front of a plain-HTTP API server (no TLS, no credentials forwarded)."""
+        return cls(None, kubeconfig_path, upstream=upstream)
 
     # -- the interface tests use (any thread) ---------------------------------------------------------------------
     def inject(self, fault: Fault) -> Fault:
@@ -78,6 +107,18 @@ class FaultProxy:
         if down:
             self.cut_watches()
 
+    def traffic(self) -> dict[TrafficKey, Tally]:
+        """A copy of the counts so far (any thread)."""
+        with self._traffic_lock:
+            return {k: Tally(t.requests, t.request_bytes, t.response_bytes) for k, t in self._traffic.items()}
+
+    def _count(self, key: TrafficKey, requests: int = 0, request_bytes: int = 0, response_bytes: int = 0) -> None:
+        with self._traffic_lock:
+            tally = self._traffic.setdefault(key, Tally())
+            tally.requests += requests
+            tally.request_bytes += request_bytes
+            tally.response_bytes += response_bytes
+
     def stop(self) -> None:
         if self._loop.is_running():
             asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
@@ -93,7 +134,8 @@ class FaultProxy:
 
     async def _start(self) -> None:
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(ssl=self._ssl, limit=0), timeout=aiohttp.ClientTimeout(total=None)
+            connector=aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else True, limit=0),
+            timeout=aiohttp.ClientTimeout(total=None),
         )
         app = aiohttp.web.Application(client_max_size=16 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -134,12 +176,21 @@ class FaultProxy:
             return status_response(fault.code, fault.reason, fault.message)
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS)
         body = await request.read()
+        key = traffic_key(request)
+        self._count(key, requests=1, request_bytes=len(body))
         if body and "Content-Type" not in headers:
             # the kubernetes client may send none (the API server reads JSON then); aiohttp would say octet-stream
             headers["Content-Type"] = "application/json"
-        upstream = await self._session.request(
-            request.method, self.upstream + request.path_qs, headers=headers, data=body or None, allow_redirects=False
-        )
+        try:
+            upstream = await self._session.request(
+                request.method,
+                self.upstream + request.path_qs,
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+            )
+        except aiohttp.ClientConnectionError as exc:  # the API server is down: what a load balancer in front says
+            return status_response(503, "ServiceUnavailable", f"the API server is unreachable: {exc}")
         out = aiohttp.web.StreamResponse(status=upstream.status)
         for k, v in upstream.headers.items():
             if k.lower() not in HOP_HEADERS:
@@ -152,6 +203,7 @@ class FaultProxy:
             async for chunk in upstream.content.iter_any():
                 if watching and b'"code":410' in chunk:
                     self.expired += 1
+                self._count(key, response_bytes=len(chunk))
                 await out.write(chunk)
         except (ConnectionResetError, aiohttp.ClientError, RuntimeError):
             pass  # cut, or the client went away
@@ -161,6 +213,14 @@ class FaultProxy:
         with contextlib.suppress(Exception):
             await out.write_eof()
         return out
+
+
+def traffic_key(request: aiohttp.web.Request) -> TrafficKey:
+    target = parse_target(request.path)
+    if target is None:
+        return (request.method.lower(), request.path, "")  # discovery and the like
+    verb = request_verb(request.method, target, dict(request.query))
+    return (verb, target.plural, target.subresource or "")
 
 
 def status_response(code: int, reason: str, message: str) -> aiohttp.web.Response:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from aether.testing.wait import wait_for
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -82,3 +85,31 @@ def test_render_from_a_list_of_meshnodes_and_slices_equals_the_inline_state(tmp_
     partial = _run("render", "--state", str(state), "--node", "node-a", "--records", records)
     assert partial.returncode == 0, partial.stderr
     assert "incomplete state, the rest is rendered: 1 MeshServiceSlices missing: default.1" in partial.stderr
+
+
+def _up(sock: Path, proc: subprocess.Popen[str]) -> bool:
+    return sock.exists() or proc.poll() is not None
+
+
+def test_a_sidecar_without_certificates_refuses_to_start(tmp_path: Path) -> None:
+    """Production: no --certs-dir and no development flag is a refusal naming --certs-dir (before it, the sidecar
+    came up with a built-in CA no other node shares); with --dev-builtin-ca or the east-west area off it starts."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "AETHER_XDS_DEV_BUILTIN_CA"}
+    state = tmp_path / "node.yaml"
+    state.write_text("apiVersion: mesh.aether.dev/v1alpha1\nkind: MeshNode\nmetadata: {name: n}\nstatus: {}\n")
+    argv = [sys.executable, "-m", "aether.cli", "xds", "--node", "n", "--state", str(state)]
+    out = subprocess.run(
+        [*argv, "--listen", f"unix:{tmp_path / 'a.sock'}"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 2 and "--certs-dir" in out.stderr, out.stderr
+    for i, extra in enumerate((["--dev-builtin-ca"], ["--areas", "udp,tcp-floor"])):
+        sock = tmp_path / f"b{i}.sock"
+        proc = subprocess.Popen([*argv, "--listen", f"unix:{sock}", *extra], stderr=subprocess.PIPE, text=True, env=env)
+        try:  # started: it listens (or it exited, which fails below)
+            wait_for(functools.partial(_up, sock, proc), timeout=30, what=f"aether xds {extra} listening")
+            assert proc.poll() is None, (extra, proc.stderr.read() if proc.stderr else "")
+        finally:
+            proc.kill()
+            proc.wait(10)

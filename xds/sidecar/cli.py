@@ -20,6 +20,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from aether.xds.sidecar.sources import StateSource, StatusSink
 
 log = logging.getLogger("aether.xds")
+# the environment form of --dev-builtin-ca (the test session and the demo set it: their sidecars run as child processes)
+DEV_CA_ENV = "AETHER_XDS_DEV_BUILTIN_CA"
 
 SDS_OVER_TCP_REFUSED = (
     "aether xds: refusing to serve SDS secrets (every local workload's private key) on TCP {listen}: any process "
@@ -220,8 +223,14 @@ def _udp_arguments(p: _Parser) -> None:
 def _eastwest_arguments(p: _Parser) -> None:
     p.add_argument(
         "--certs-dir",
-        help="east-west: a PEM directory per identity (docs/identity.md); without it a built-in CA "
-        "(tests and the demo only: nodes do not share it)",
+        help="east-west: a PEM directory per identity (docs/identity.md); required unless --dev-builtin-ca",
+    )
+    p.add_argument(
+        "--dev-builtin-ca",
+        action="store_true",
+        default=os.environ.get(DEV_CA_ENV) == "1",
+        help=f"development only: without --certs-dir, issue identities from a built-in CA that no other node shares "
+        f"(tests and the demo; also {DEV_CA_ENV}=1)",
     )
     p.add_argument(
         "--quic-pair-fetch-window",
@@ -291,7 +300,7 @@ def _secret_keeper(args: argparse.Namespace, options: TranslateOptions) -> Secre
     from aether.xds.sidecar.secrets import SecretKeeper, make_source
 
     if not args.certs_dir:
-        log.warning("east-west identities from a built-in CA: for tests and the demo only (use --certs-dir)")
+        log.warning("east-west identities from a built-in CA (--dev-builtin-ca): for tests and the demo only")
     return SecretKeeper(make_source(args.certs_dir, options))
 
 
@@ -328,6 +337,13 @@ def _serve(argv: list[str]) -> int:
     )
     serves_secrets = not areas or "eastwest" in areas
     if _sds_listen_refused(args, serves_secrets):
+        return 2
+    if serves_secrets and not args.certs_dir and not args.dev_builtin_ca:
+        print(
+            "aether xds: east-west needs the node's identities: give --certs-dir DIR (a PEM directory per identity,"
+            " docs/identity.md), or --dev-builtin-ca for a development CA no other node shares",
+            file=sys.stderr,
+        )
         return 2
     from aether.xds.ads.cache import SnapshotCache
     from aether.xds.pairs.values import PairConfig
