@@ -3,8 +3,8 @@ and the deprecated v1alpha2): the real operator, against a real control plane wi
 (`controlplane.start(channel=...)`; `AETHER_CONTROL_PLANE=emulated`: the API test bed with its test copies), watches
 the most preferred version served (v1 before v1alpha2) and writes status through it. A route applied through any
 served version gets its arm and its status (observedGeneration included), read back through the version the cluster
-serves. A cluster before Gateway API v1.6 (v1alpha2 only) is upstream v1.6.1's experimental UDPRoute CRD without its
-v1 version (the test bed: its default test CRD).
+serves. A cluster before Gateway API v1.6 (v1alpha2 only) is upstream v1.5.1's experimental UDPRoute CRD, unchanged
+(the test bed: its default test CRD).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from aether.api.client import ApiException
+from aether.api.crdgen import crds_dir
 from aether.operator.routestatus import CONTROLLER_NAME
 from aether.testing.apiserver import Kind, Server, api_server
 from aether.testing.apitestbed import AuditRecord
@@ -46,16 +46,11 @@ CASES = [
 ]
 
 
-def before_v1_6(path: Path) -> list[Path]:
-    """Upstream's experimental UDPRoute CRD with v1alpha2 as its only (and storage) version, beside its
-    ReferenceGrant CRD: what a cluster serves before Gateway API v1.6."""
-    upstream = gateway_api_crds("experimental")
-    (udproute,) = (p for p in upstream if p.name.endswith("_udproutes.yaml"))
-    others = [p for p in upstream if p != udproute]
-    crd = yaml.safe_load(udproute.read_text())
-    crd["spec"]["versions"] = [dict(v, storage=True) for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
-    path.write_text(yaml.safe_dump(crd))
-    return [path, *others]
+def before_v1_6() -> list[Path]:
+    """What a cluster serves before Gateway API v1.6: upstream v1.5.1's experimental UDPRoute CRD (v1alpha2 only,
+    vendored unchanged in crds/gateway-api/v1.5.1/), beside the current ReferenceGrant CRD."""
+    udproute = crds_dir() / "gateway-api" / "v1.5.1" / "experimental" / "gateway.networking.k8s.io_udproutes.yaml"
+    return [udproute, *(p for p in gateway_api_crds("experimental") if not p.name.endswith("_udproutes.yaml"))]
 
 
 @contextlib.contextmanager
@@ -63,7 +58,7 @@ def channel_server(kind: Kind, channel: str | None, workdir: Path) -> Iterator[S
     if kind == "real" and channel is None:
         with api_server("real", crds=False) as server:
             assert server.control_plane is not None
-            server.control_plane.install(mesh_crds() + before_v1_6(workdir / "udproutes-v1alpha2.yaml"))
+            server.control_plane.install(mesh_crds() + before_v1_6())
             yield server
         return
     with api_server(kind, channel=channel) as server:
