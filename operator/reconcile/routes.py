@@ -7,11 +7,13 @@ lists each backend with weight, share and reason; the sidecar builds the localit
 session, open ones finish); an invalid backendRef keeps its share and that share is dropped, with ResolvedRefs=False
 and the spec's reason. Every backendRef refused sends the arm to the blackhole with the refusal's reason. A backend
 always resolves to its own endpoints (routes are never chained), so route loops cannot form. Two routes on one
-parent: the older wins (creationTimestamp, then namespace/name); the loser is told Accepted=False Conflicted."""
+parent: the older carries the traffic (creationTimestamp, then namespace/name); both are Accepted (the spec defines no
+route reason for a conflict, and upstream's multiple-routes conformance test expects both Accepted), the newer's
+message saying it carries none."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aether.api.meshnode import ArmBackend, Endpoint, ServiceArm
 from aether.api.naming import BLACKHOLE_CLUSTER, ref, udp_cluster, udp_split_cluster
@@ -21,12 +23,8 @@ from aether.operator.reconcile.views import ServicePort, ServiceView
 from aether.operator.reconcile.world import World
 
 # Gateway API reasons (Accepted / ResolvedRefs) and ours for discarded backends.
-ACCEPTED, NO_MATCHING_PARENT, UNSUPPORTED_VALUE, CONFLICTED = (
-    "Accepted",
-    "NoMatchingParent",
-    "UnsupportedValue",
-    "Conflicted",
-)
+# Only reasons Gateway API v1.6.1 defines for routes (apis/v1/shared_types.go); it has none for a conflict.
+ACCEPTED, NO_MATCHING_PARENT, UNSUPPORTED_VALUE = "Accepted", "NoMatchingParent", "UnsupportedValue"
 RESOLVED, REF_NOT_PERMITTED, INVALID_KIND, BACKEND_NOT_FOUND = (
     "ResolvedRefs",
     "RefNotPermitted",
@@ -48,6 +46,7 @@ class Verdict:
     resolved_reason: str = RESOLVED
     resolved_message: str = "all backendRefs resolved"
     chosen: str | None = None
+    routing: bool = True  # False: Accepted, but an older route on the parent carries its traffic
 
 
 def rules_note(rules: int) -> str:
@@ -264,12 +263,20 @@ def attach_routes(
     for skey, claimants in claims.items():
         first = claimants[0][0]
         winners[skey] = first
+        svc = world.service(*skey)
         for route, i in claimants:
-            if route.key != first.key:
-                verdicts[(route.namespace, route.name, i)] = Verdict(
-                    route.parents[i],
-                    False,
-                    CONFLICTED,
-                    f"Service {skey[0]}/{skey[1]} is already routed by the older UDPRoute {first.namespace}/{first.name}",
-                )
+            if route.key != first.key and svc is not None:
+                verdicts[(route.namespace, route.name, i)] = _not_routing(world, route, route.parents[i], svc, first)
     return winners, verdicts
+
+
+def _not_routing(world: World, route: RouteView, parent: ParentRef, svc: ServiceView, first: RouteView) -> Verdict:
+    """A newer route on a parent the older `first` routes: Accepted (the Gateway API defines no route reason for a
+    conflict; upstream's UDPRouteMultipleRoutesAttachment expects both routes Accepted, only the oldest carrying
+    traffic), its backendRefs resolved as for any route, and the message saying it carries no traffic."""
+    _arm, v = resolve_route_on(world, route, parent, svc)
+    message = (
+        f"Service {svc.namespace}/{svc.name} is routed by the older UDPRoute {first.namespace}/{first.name} "
+        "(the oldest route on a parent wins): this route carries no traffic for it while that one is attached"
+    )
+    return replace(v, accepted_message=message + rules_note(route.rules), chosen=None, routing=False)

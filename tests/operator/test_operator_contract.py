@@ -162,21 +162,25 @@ def test_cross_namespace_backend_with_and_without_reference_grant(mesh: Mesh, cl
     )
 
 
-def test_older_route_wins_and_the_other_is_rejected_with_an_event(mesh: Mesh, cluster: Cluster) -> None:
+def test_older_route_wins_and_the_other_is_told_with_an_event(mesh: Mesh, cluster: Cluster) -> None:
     for i, name in enumerate("pqs"):
         mesh.service(name, f"10.96.2.{i + 1}", [(f"10.1.2.{i + 1}", True, None)])
     mesh.route("r-a-first", "p", [o.backend("q", 53)])
     mesh.wait_arm("p", f"udp:{mesh.ns}/q")
     mesh.route("r-b-second", "p", [o.backend("s", 53)])
-    acc = wait_for(lambda: mesh.condition("r-b-second", "Accepted"), what="second route rejected", ignore=READ_ERRORS)
-    assert (acc["status"], acc["reason"]) == ("False", "Conflicted") and "r-a-first" in acc["message"]
+    # both Accepted (Gateway API v1.6.1 defines no route reason for a conflict; upstream's multiple-routes test)
+    acc = wait_for(lambda: mesh.condition("r-b-second", "Accepted"), what="second route's status", ignore=READ_ERRORS)
+    assert (acc["status"], acc["reason"]) == ("True", "Accepted") and "r-a-first" in acc["message"]
     assert (mesh.arm("p") or {})["cluster"] == f"udp:{mesh.ns}/q"
 
     def warning() -> list[Any]:
         events = cluster.res("v1", "Event").get(namespace=mesh.ns).to_dict()["items"]
-        return [e for e in events if e["involvedObject"]["name"] == "r-b-second" and e["reason"] == "Conflicted"]
+        return [e for e in events if e["involvedObject"]["name"] == "r-b-second" and e["type"] == "Warning"]
 
-    assert wait_for(warning, what="a Warning event for the rejected route", ignore=READ_ERRORS)[0]["type"] == "Warning"
+    assert (
+        "carries no traffic"
+        in wait_for(warning, what="a Warning for the newer route", ignore=READ_ERRORS)[0]["message"]
+    )
 
 
 def test_other_controllers_parents_are_left_alone(mesh: Mesh, cluster: Cluster) -> None:

@@ -318,7 +318,7 @@ ROUTES: list[RouteCase] = [
     ("parent-port-mismatch", _own(_fresh(), port=99), NOMATCH),
     ("parent-section-mismatch", _own(_fresh(), sectionName="nope"), NOMATCH),
     ("parent-tcp-only", _r([parent("ctl-tcp")], [o.backend("front", 53)]), NOMATCH),
-    ("conflicted", _conflict, ("Accepted", "False", "Conflicted")),
+    ("conflicted", _conflict, ("Accepted", "True", "Accepted")),  # the older carries the traffic
     ("backend-pod", _own(_raw({"kind": "Pod", "name": "p", "port": 53})), ("ResolvedRefs", "False", "InvalidKind")),
     (
         "backend-other-group",

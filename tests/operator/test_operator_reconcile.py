@@ -93,7 +93,8 @@ def test_older_route_wins_a_parent_and_deleting_it_hands_over_then_restores() ->
     route(m, "old", "a", [o.backend("b", 53)], created="2026-01-01T00:00:00Z")
     out = m.reconcile(full=True)
     assert arms(out.nodes["n1"])["app/a"].cluster == "udp:app/b"
-    assert out.routes[("app", "young")][0].accepted_reason == "Conflicted"
+    young = out.routes[("app", "young")][0]
+    assert (young.accepted, young.accepted_reason, young.chosen) == (True, "Accepted", None)
     m.apply_raw("route", {"metadata": {"namespace": "app", "name": "old"}}, deleted=True)
     assert arms(node_status(m))["app/a"].cluster == "udp:app/c"
     m.apply_raw("route", {"metadata": {"namespace": "app", "name": "young"}}, deleted=True)
@@ -108,7 +109,7 @@ def test_a_tie_in_age_goes_to_the_first_name_and_the_loser_is_told() -> None:
     out = m.reconcile(full=True)
     assert arms(out.nodes["n1"])["app/a"].route == "app/a-route"
     loser = out.routes[("app", "b-route")][0]
-    assert (loser.accepted, loser.accepted_reason) == (False, "Conflicted")
+    assert (loser.accepted, loser.accepted_reason, loser.chosen) == (True, "Accepted", None)
     assert "app/a-route" in loser.accepted_message
 
 
@@ -233,7 +234,7 @@ def test_property_every_backend_ref_is_in_the_split_or_the_arm(routes: list[Any]
     assert not [x for x in status.udp.unsupported_shapes if x.route.split("/")[1].startswith("r")]
     by_service = arms(status)
     for key, verdicts in out.routes.items():
-        accepted = [v for v in verdicts if v.accepted]
+        accepted = [v for v in verdicts if v.accepted and v.routing]  # not a newer route an older one outranks
         if not accepted:
             continue
         arm = by_service[f"app/{accepted[0].parent.name}"]
