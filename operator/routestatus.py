@@ -73,14 +73,19 @@ def parents_status(
 
 
 def unnamed(v: Verdict) -> bool:
-    """A verdict for no nameable parent (no parentRefs, a parentRef without a name or not an object): the Gateway
-    API's status.parents entry needs parentRef.name, so the verdict is told in a Warning Event instead."""
-    return not v.parent.name
+    """A verdict told in a Warning Event, not in status.parents: one for no nameable parent (no parentRefs, a
+    parentRef without a name or not an object: the Gateway API's entry needs parentRef.name), or a hint about a
+    parent that is not ours (status under our controllerName is only for parents we are responsible for)."""
+    return not v.parent.name or v.hint
 
 
 def unnamed_events(verdicts: tuple[Verdict, ...]) -> list[RouteEvent]:
     return [
-        RouteEvent("Warning", v.accepted_reason, f"not attached to any parent: {v.accepted_message}")
+        RouteEvent(
+            "Warning",
+            v.accepted_reason,
+            v.accepted_message if v.hint else f"not attached to any parent: {v.accepted_message}",
+        )
         for v in verdicts
         if unnamed(v)
     ]

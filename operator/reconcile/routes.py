@@ -32,6 +32,30 @@ RESOLVED, REF_NOT_PERMITTED, INVALID_KIND, BACKEND_NOT_FOUND = (
     "BackendNotFound",
 )
 DRAINED, NO_HEALTHY_BACKEND = "Drained", "NoHealthyBackend"
+NOT_A_SERVICE_PARENT = "NotAServiceParent"  # the reason of the hint Event (an Event's, not a condition's)
+SERVICE_KINDS = ("service", "services", "svc")
+
+
+def near_miss(world: World, route: RouteView, parent: ParentRef, i: int) -> str | None:
+    """Why a parentRef that is not ours looks meant for a mesh Service, or None (a Gateway parent of another name
+    is another controller's business: silent). Told in a Warning Event on the route, never in status.parents:
+    status under our controllerName is only for parents we are responsible for."""
+    where, ns = f"spec.parentRefs[{i}]", parent.namespace or route.namespace
+    group = parent.group or '""'
+    if parent.kind == "Service":
+        return (
+            f"{where} names Service {ns}/{parent.name} in group {group} (the CRD's default when group is left out): "
+            'aether serves Service parents of the core group only; write group: "" to attach to the Service'
+        )
+    if parent.kind.lower() in SERVICE_KINDS:
+        return f'{where} names kind {parent.kind!r}: a Service parent is group: "", kind: Service'
+    svc = world.service(ns, parent.name)
+    if parent.kind == "Gateway" and svc is not None and mesh_member(world, ns):
+        return (
+            f"{where} names Gateway {ns}/{parent.name} (kind and group default to Gateway, gateway.networking.k8s.io) "
+            f'and mesh Service {ns}/{parent.name} exists: to attach to the Service, write group: "", kind: Service'
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +71,7 @@ class Verdict:
     resolved_message: str = "all backendRefs resolved"
     chosen: str | None = None
     routing: bool = True  # False: Accepted, but an older route on the parent carries its traffic
+    hint: bool = False  # a parent that is not ours but looks meant for the mesh: an Event only, never status
 
 
 def rules_note(rules: int) -> str:
@@ -241,9 +266,12 @@ def attach_routes(
             )
             continue
         for i, parent in enumerate(route.parents):
-            if not (parent.ours or parent.problem):
-                continue
             key = (route.namespace, route.name, i)
+            if not (parent.ours or parent.problem):
+                hint = near_miss(world, route, parent, i)
+                if hint is not None:
+                    verdicts[key] = Verdict(parent, False, NOT_A_SERVICE_PARENT, hint, hint=True)
+                continue
             if route.problems:
                 verdicts[key] = Verdict(parent, False, UNSUPPORTED_VALUE, "; ".join(route.problems))
                 continue
