@@ -83,9 +83,7 @@ def _plain_arm(world: World, svc: ServiceView, protocol: str) -> tuple[ServiceAr
     sref = ref(svc.namespace, svc.name)
     if svc.cluster_ip is None:
         if protocol == "UDP" and not svc.bad_vip:  # a bad one is reported as InvalidService
-            return None, [
-                UnsupportedShape(route=sref, reason=NO_CLUSTER_IP, message="headless Service: no VIP to match")
-            ]
+            return None, [UnsupportedShape(route=sref, reason=NO_CLUSTER_IP, message=svc.no_vip)]
         return None, []
     shapes = []
     if len(ports) > 1:

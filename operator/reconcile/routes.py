@@ -122,7 +122,7 @@ def _parent_mismatch(svc: ServiceView | None, parent: ParentRef, route: RouteVie
         return (
             f"{target} has no usable ClusterIP: {'; '.join(svc.problems)}"
             if svc.bad_vip
-            else f"{target} has no ClusterIP"
+            else f"{target} has no ClusterIP ({svc.no_vip})"
         )
     owner = world.vip_owner(svc.cluster_ip)
     if owner is not None and owner.key != svc.key:

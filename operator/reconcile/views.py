@@ -170,6 +170,14 @@ class ServiceView:
     bad_vip: bool = False  # spec.clusterIP is set but unusable (a problem says why): not headless
     udp_idle_timeout_s: float | None = None  # UDP_IDLE_TIMEOUT_ANNOTATION; None: the node's default
     idle_timeout_problem: str | None = None  # the annotation is set but refused (the arm keeps the default)
+    external_name: str | None = None  # spec.externalName of a type ExternalName Service (a DNS alias, no ClusterIP)
+
+    @property
+    def no_vip(self) -> str:
+        """Why a Service without a ClusterIP has none, in words: headless, or an ExternalName alias."""
+        if self.external_name is not None:
+            return f"ExternalName Service (a DNS alias of {self.external_name or '?'}): no ClusterIP, no VIP to match"
+        return "headless Service: no VIP to match"
 
     @property
     def order(self) -> tuple[str, str, str]:
@@ -223,6 +231,7 @@ def parse_service(obj: Raw) -> ServiceView:
         bad_vip,
         idle_s,
         idle_problem,
+        str(spec.get("externalName") or "") if spec.get("type") == "ExternalName" else None,
     )
 
 
