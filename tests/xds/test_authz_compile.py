@@ -17,9 +17,17 @@ from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_
 from aether.testing.golden import check_golden, golden_json
 from aether.xds.resources import LISTENER, ROUTE, Resources, TranslateOptions
 from aether.xds.translate.eastwest.build import build
-from aether.xds.translate.eastwest.rbac import RBAC_FILTER, RBAC_TYPE
+from aether.xds.translate.eastwest.rbac import (
+    ID_FILTER,
+    POLICY_DENY,
+    RBAC_FILTER,
+    RBAC_TYPE,
+    SERVICE_ACCOUNT_RE,
+    id_filter,
+)
 
 ROUTER_TYPE = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+URI_SAN = "type.googleapis.com/envoy.extensions.matching.common_inputs.ssl.v3.UriSanInput"
 
 TD = "cluster.local"
 CLIENT = f"spiffe://{TD}/ns/default/sa/client"
@@ -72,11 +80,25 @@ def filters(res: Resources, listener: str = "inbound-h3:default/web-0") -> dict[
 
 
 def rbac_of(res: Resources, chain: str, listener: str = "inbound-h3:default/web-0") -> dict[str, Any] | None:
-    """The RBAC rules the route of `chain` carries (RBACPerRoute), None without."""
+    """What the route of `chain` allows (RBACPerRoute): policy ref -> its URI SAN value matches; None without."""
     hcm = next(c for c in res[LISTENER][listener]["filterChains"] if c["name"] == chain)["filters"][0]["typedConfig"]
     route = res[ROUTE][hcm["rds"]["routeConfigName"]]["virtualHosts"][0]["routes"][0]
     per = route.get("typedPerFilterConfig", {}).get(RBAC_FILTER)
-    return None if per is None else per["rbac"]["rules"]
+    if per is None:
+        return None
+    matcher = per["rbac"]["matcher"]
+    assert matcher["onNoMatch"]["action"]["typedConfig"] == {
+        "@type": "type.googleapis.com/envoy.config.rbac.v3.Action",
+        "name": POLICY_DENY,
+        "action": "DENY",
+    }
+    out = {}
+    for m in matcher.get("matcherList", {}).get("matchers", []):
+        pred = m["predicate"]
+        preds = pred["orMatcher"]["predicate"] if "orMatcher" in pred else [pred]
+        assert {p["singlePredicate"]["input"]["typedConfig"]["@type"] for p in preds} == {URI_SAN}
+        out[m["onMatch"]["action"]["name"]] = [p["singlePredicate"]["valueMatch"] for p in preds]
+    return out
 
 
 def inbound_routes(res: Resources) -> dict[str, Any]:
@@ -146,11 +168,16 @@ def test_a_body_that_does_not_fit_the_schema_still_closes_its_services() -> None
 
 
 # -- compile ----------------------------------------------------------------------------------------------------
-def test_every_inbound_hcm_runs_the_rule_less_rbac_filter_then_the_router_over_rds() -> None:
+def test_every_inbound_hcm_runs_the_identity_check_the_rule_less_rbac_filter_then_the_router_over_rds() -> None:
+    ident = translate()[LISTENER]["inbound-h2:default/web-0"]["filterChains"][0]["filters"][0]["typedConfig"]
+    ident = ident["httpFilters"][0]
+    assert ident["name"] == ID_FILTER and ident["typedConfig"]["rulesStatPrefix"] == "spiffe_id_"
+    assert ident["typedConfig"]["matcher"]["onNoMatch"]["action"]["name"] == "aether:not-one-spiffe-id"
     for res in (translate(), translate(policy())):
         for listener in ("inbound-h2:default/web-0", "inbound-h3:default/web-0"):
             for fs in filters(res, listener).values():
                 assert fs == [
+                    ident,
                     {"name": RBAC_FILTER, "typedConfig": {"@type": RBAC_TYPE}},
                     {"name": "envoy.filters.http.router", "typedConfig": {"@type": ROUTER_TYPE}},
                 ]
@@ -173,18 +200,10 @@ def test_policy_guards_the_ports_of_its_service_on_both_listeners() -> None:
     res = translate(policy())
     for listener in ("inbound-h2:default/web-0", "inbound-h3:default/web-0"):
         assert rbac_of(res, "primary", listener) == rbac_of(res, "port-8080", listener)
-    rules = rbac_of(res, "port-8080")
-    assert rules == {
-        "action": "ALLOW",
-        "policies": {
-            "default/web-callers": {
-                "permissions": [{"any": True}],
-                "principals": [{"authenticated": {"principalName": {"exact": CLIENT}}}],
-            }
-        },
-    }
+    # the one URI SAN (all URI SANs joined by ",") equal to the source: never a DNS SAN or the subject
+    assert rbac_of(res, "port-8080") == {"default/web-callers": [{"exact": CLIENT}]}
     # the rule names port 8080 only: on 9090 the policy guards and allows nothing (deny by default)
-    assert rbac_of(res, "port-9090") == {"action": "ALLOW", "policies": {}}
+    assert rbac_of(res, "port-9090") == {}
 
 
 def test_rules_merge_per_policy_and_a_namespace_wildcard_is_a_prefix() -> None:
@@ -194,14 +213,10 @@ def test_rules_merge_per_policy_and_a_namespace_wildcard_is_a_prefix() -> None:
     )
     rules = rbac_of(res, "port-9090")
     assert rules is not None
-    assert list(rules["policies"]) == ["default/admin", "default/web-callers"]
-    assert rules["policies"]["default/web-callers"]["principals"] == [
-        {"authenticated": {"principalName": {"exact": CLIENT}}},
-        {"authenticated": {"principalName": {"prefix": f"spiffe://{TD}/ns/team-b/sa/"}}},
-    ]
-    assert list(rbac_of(res, "port-8080") or {}) and list((rbac_of(res, "port-8080") or {})["policies"]) == [
-        "default/web-callers"
-    ]
+    assert list(rules) == ["default/admin", "default/web-callers"]
+    team_b = r"spiffe://cluster\.local/ns/team\-b/sa/" + SERVICE_ACCOUNT_RE  # one name: no "," nor "/"
+    assert rules["default/web-callers"] == [{"exact": CLIENT}, {"safeRegex": {"googleRe2": {}, "regex": team_b}}]
+    assert list(rbac_of(res, "port-8080") or {}) == ["default/web-callers"]
 
 
 def test_a_policy_only_on_another_service_of_the_pod_guards_only_that_services_ports() -> None:
@@ -212,9 +227,9 @@ def test_a_policy_only_on_another_service_of_the_pod_guards_only_that_services_p
 
 def test_invalid_policy_fails_closed_on_its_service_and_nothing_else() -> None:
     res = translate(policy(rules=[{"from": ["*"]}]), policy("ok", targets=["web-admin"], rules=[{"from": [OTHER]}]))
-    assert rbac_of(res, "port-8080") == {"action": "ALLOW", "policies": {}}
+    assert rbac_of(res, "port-8080") == {}
     nine = rbac_of(res, "port-9090")
-    assert nine is not None and list(nine["policies"]) == ["default/ok"]
+    assert nine is not None and list(nine) == ["default/ok"]
 
 
 def test_policies_of_other_namespaces_or_missing_services_do_nothing() -> None:
@@ -229,6 +244,21 @@ def test_golden_guarded_inbound_http_filters() -> None:
         policy("admin", targets=["web-admin"], rules=[{"from": [OTHER]}]),
     )
     check_golden(GOLDEN / "inbound_rbac.json", golden_json(inbound_routes(res)))
+
+
+def test_the_identity_check_accepts_one_spiffe_id_of_the_trust_domain_only() -> None:
+    """The identity filter's pattern, read as RE2 reads it (a full match of the URI SANs joined by ",")."""
+    import re
+
+    pattern = id_filter(TD)["typed_config"]["matcher"]["matcher_list"]["matchers"][0]["predicate"]
+    regex = re.compile(pattern["single_predicate"]["value_match"]["safe_regex"]["regex"])
+    for ok in (CLIENT, OTHER, f"spiffe://{TD}/ns/a/sa/b.c-d"):
+        assert regex.fullmatch(ok), ok
+    bad = [f"{CLIENT},{OTHER}", f"{CLIENT},https://evil.example/", f"spiffe://{TD}/ns/default/sa/client/extra"]
+    bad += ["spiffe://evil.example/ns/default/sa/client", f"spiffe://{TD}/ns/Default/sa/client", "", CLIENT + "/"]
+    bad += [f"spiffe://{TD}/ns/default/sa/..", f"spiffe://{TD}/ns/default/sa/a%2Fb", f"spiffe://{TD}xns/a/sa/b"]
+    for no in bad:
+        assert not regex.fullmatch(no), no
 
 
 # -- the rbac-enforced gate (its data-path negative control: tests/xds/test_inbound_authz.py) ------------------------
@@ -286,4 +316,4 @@ def test_a_pod_that_takes_no_traffic_is_still_guarded(where: str) -> None:
     if where == "absent":
         assert got is None
     else:
-        assert got is not None and list(got["policies"]) == ["default/web-callers"], got
+        assert got is not None and list(got) == ["default/web-callers"], got

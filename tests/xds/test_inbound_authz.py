@@ -30,6 +30,7 @@ from aether.testing.wait import wait_for
 from aether.xds.gates.authz import rbac_enforced
 from aether.xds.resources import CLUSTER, LISTENER, ROUTE, Resources
 from aether.xds.sidecar.bootstrap import static_bootstrap
+from aether.xds.translate.eastwest.rbac import POLICY_DENY
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 TD = "cluster.local"
@@ -110,8 +111,8 @@ def check_allowed_and_denied(mesh: Mesh, protocol: str) -> None:
     assert (allowed["source"], allowed["protocol"], allowed["status"]) == (CLIENT, protocol, 200), allowed
     assert (allowed["rbac"], allowed["rbacPolicy"]) == ("allowed", "default/web-callers"), allowed
     assert (denied["source"], denied["protocol"], denied["status"]) == (OTHER, protocol, 403), denied
-    assert denied["rbac"] == "denied", denied
-    assert denied["responseCodeDetails"] == "rbac_access_denied_matched_policy[none]", denied
+    assert (denied["rbac"], denied["rbacPolicy"], denied["identity"]) == ("denied", POLICY_DENY, "allowed"), denied
+    assert denied["responseCodeDetails"] == f"rbac_access_denied_matched_policy[{POLICY_DENY}]", denied
 
 
 def test_allowed_200_denied_403_over_http3_and_h2(mesh: Mesh) -> None:
@@ -140,6 +141,7 @@ def test_no_policy_admits_the_trust_domain_and_an_invalid_one_fails_closed(mesh:
     line = wait_for(others_line, 10, "other-0's line in node B's stdout")
     assert line["status"] == 200, line
     assert line["rbac"] is None and line["rbacPolicy"] is None, line  # no policy guards the port: no verdict
+    assert line["identity"] == "allowed", line  # but the one-SPIFFE-ID check ran
     serve_b_synced(mesh, [policy("open-to-all", ["*"])])  # not Accepted: allows nothing, still closes web
     assert mesh.get(mesh.client)[0][0] == 403
     assert mesh.get(mesh.other)[0][0] == 403
@@ -214,6 +216,7 @@ def test_envoy_validates_the_rbac_it_is_given(mesh: Mesh, tmp_path: Path) -> Non
     assert out.returncode == 0, out.stdout + out.stderr
     broken = copy.deepcopy(res)
     route = broken[ROUTE]["inbound:default/web-0:8080"]["virtualHosts"][0]["routes"][0]
-    route["typedPerFilterConfig"]["envoy.filters.http.rbac"]["rbac"]["rules"]["action"] = "PERMIT"
+    no_match = route["typedPerFilterConfig"]["envoy.filters.http.rbac"]["rbac"]["matcher"]["onNoMatch"]
+    no_match["action"]["typedConfig"]["action"] = "PERMIT"
     out = validate(inline_tcp_inbound(broken))
     assert out.returncode != 0 and "PERMIT" in out.stdout + out.stderr  # validation is not silently green

@@ -56,10 +56,14 @@ def state_list(*policies: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "List", "items": [node.wire(), *policies]}
 
 
-def rules_in(resources: dict[str, Any]) -> Any:
+def rules_in(resources: dict[str, Any]) -> list[str] | None:
+    """The policies the 8080 route's RBAC allows by (its matchers' action names); None: no policy guards it."""
     route = resources[ROUTE][ROUTE_8080]["virtualHosts"][0]["routes"][0]
     per = route.get("typedPerFilterConfig", {}).get("envoy.filters.http.rbac")
-    return None if per is None else per["rbac"]["rules"]
+    if per is None:
+        return None
+    matchers = per["rbac"]["matcher"].get("matcherList", {}).get("matchers", [])
+    return [m["onMatch"]["action"]["name"] for m in matchers]
 
 
 # -- the state file ---------------------------------------------------------------------------------------------
@@ -102,7 +106,7 @@ def test_render_compiles_the_lists_policies(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     rendered = {"type.googleapis.com/envoy.config.route.v3.RouteConfiguration": json.loads(out.stdout)[ROUTE]}
     rules = rules_in({ROUTE: rendered[ROUTE]})
-    assert list(rules["policies"]) == ["default/web-callers"]  # the broken one adds nothing (it fails closed)
+    assert rules == ["default/web-callers"]  # the broken one adds nothing (it fails closed)
     assert "MeshAuthorizationPolicy default/broken is not accepted: it allows nothing on web" in out.stderr
 
 
@@ -128,7 +132,7 @@ def test_the_sidecar_serves_a_policy_change_as_a_route_change() -> None:
     sc.on_policies([policy()])
     after = cache.get("node-b")
     assert after is not None and after.version != before.version
-    assert list(rules_in(after.resources)["policies"]) == ["default/web-callers"]
+    assert rules_in(after.resources) == ["default/web-callers"]
     sc.on_policies([policy()])  # the same policies again: nothing new
     assert cache.get("node-b") is after
 

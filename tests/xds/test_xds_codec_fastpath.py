@@ -71,11 +71,14 @@ LISTENER_KINDS: Final = {
     "UDP listener: DestinationIPInput Route UdpGsoBatchWriterFactory UdpProxyConfig",  # with --udp-gso
     "UDP listener: Route UdpProxyConfig",  # UDP capture, no service: the blackhole only
     # inbound h2 and h3, with their JSON access log on stdout (and the tests' text file)
-    # (each HCM runs the rule-less RBAC filter: a policy's rules ride on the inbound routes, RBACPerRoute)
-    "TCP listener: DownstreamTlsContext HttpConnectionManager RBAC Router StdoutAccessLog TlsInspector",
-    "TCP listener: DownstreamTlsContext FileAccessLog HttpConnectionManager RBAC Router StdoutAccessLog TlsInspector",
-    "UDP listener: HttpConnectionManager QuicDownstreamTransport RBAC Router StdoutAccessLog",
-    "UDP listener: FileAccessLog HttpConnectionManager QuicDownstreamTransport RBAC Router StdoutAccessLog",
+    # (each HCM runs the one-SPIFFE-ID check, an RBAC matcher on UriSanInput, then the rule-less RBAC filter: a
+    # policy's rules ride on the inbound routes, RBACPerRoute)
+    "TCP listener: Action DownstreamTlsContext HttpConnectionManager RBAC Router StdoutAccessLog TlsInspector UriSanInput",
+    "TCP listener: Action DownstreamTlsContext FileAccessLog HttpConnectionManager RBAC Router StdoutAccessLog"
+    " TlsInspector UriSanInput",
+    "UDP listener: Action HttpConnectionManager QuicDownstreamTransport RBAC Router StdoutAccessLog UriSanInput",
+    "UDP listener: Action FileAccessLog HttpConnectionManager QuicDownstreamTransport RBAC Router StdoutAccessLog"
+    " UriSanInput",
     "TCP listener: HttpConnectionManager OnDemand Router set_filter_state.Config",  # HTTP outbound
     "TCP listener: FileAccessLog HttpConnectionManager OnDemand Router set_filter_state.Config",
     "TCP listener: QuicDownstreamTransport",  # hand-written: enable_resumption true

@@ -115,18 +115,27 @@ class BuiltinCA:
             self._cache.pop(spiffe_id, None)
         return self.svid(spiffe_id)
 
-    def issue(self, uri: str | None, *, dns_names: Sequence[str] = ()) -> Svid:
-        """A leaf signed by this CA with exactly these SANs (no checks): also how tests build bad certificates,
-        e.g. a URI-only SVID or one outside the trust domain."""
+    def issue(
+        self,
+        uri: str | None,
+        *,
+        dns_names: Sequence[str] = (),
+        more_uris: Sequence[str] = (),
+        common_name: str | None = None,
+    ) -> Svid:
+        """A leaf signed by this CA with exactly these SANs, `uri` then `more_uris` (no checks): also how tests build
+        bad certificates, e.g. a URI-only SVID, one outside the trust domain, one with two URI SANs or with a
+        SPIFFE ID as its DNS SAN or subject common name."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = _now()
-        sans: list[x509.GeneralName] = []
-        if uri:
-            sans.append(x509.UniformResourceIdentifier(uri))
+        sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(u) for u in [uri or "", *more_uris] if u]
         sans += [x509.DNSName(n) for n in dns_names]
+        subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "aether")]
+        if common_name is not None:
+            subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
         builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "aether")]))
+            .subject_name(x509.Name(subject))
             .issuer_name(self._ca_cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

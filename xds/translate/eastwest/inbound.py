@@ -19,7 +19,7 @@ from aether.netns.contract import INBOUND_PORT
 from aether.xds.identity.sds import ADS
 from aether.xds.resources import seconds
 from aether.xds.translate.eastwest.plan import EastWestOptions, LocalPod
-from aether.xds.translate.eastwest.rbac import BASE_FILTER, RBAC_METADATA, per_route
+from aether.xds.translate.eastwest.rbac import ID_PREFIX, RBAC_METADATA, http_filters, per_route
 from aether.xds.translate.eastwest.tls import downstream_tls, quic_downstream_socket, tcp_downstream_socket
 
 HCM_NAME: Final = "envoy.filters.network.http_connection_manager"
@@ -76,6 +76,9 @@ def json_log_format(pod: LocalPod, port: int) -> dict[str, Any]:
         # the RBAC verdict where a policy guards the port (null where none does: any SPIFFE ID of the trust domain)
         "rbac": f"%DYNAMIC_METADATA({RBAC_METADATA}:enforced_engine_result)%",
         "rbacPolicy": f"%DYNAMIC_METADATA({RBAC_METADATA}:enforced_effective_policy_id)%",
+        # the identity check every request meets first (rbac.ID_FILTER): "allowed", or "denied" for a certificate
+        # without exactly one SPIFFE ID of the trust domain
+        "identity": f"%DYNAMIC_METADATA({RBAC_METADATA}:{ID_PREFIX}enforced_engine_result)%",
         "responseCodeDetails": "%RESPONSE_CODE_DETAILS%",
     }
 
@@ -130,7 +133,7 @@ def route_configs(pod: LocalPod, rbac: Mapping[tuple[str, int], dict[str, Any]])
     return out
 
 
-def _hcm(pod: LocalPod, port: int, codec: str, options: EastWestOptions) -> dict[str, Any]:
+def _hcm(pod: LocalPod, port: int, codec: str, trust_domain: str, options: EastWestOptions) -> dict[str, Any]:
     return {
         "name": HCM_NAME,
         "typed_config": {
@@ -140,7 +143,7 @@ def _hcm(pod: LocalPod, port: int, codec: str, options: EastWestOptions) -> dict
             "forward_client_cert_details": "SANITIZE_SET",
             "set_current_client_cert_details": {"uri": True},
             "rds": {"route_config_name": route_name(pod, port), "config_source": _rds(options)},
-            "http_filters": [BASE_FILTER, ROUTER],
+            "http_filters": [*http_filters(trust_domain), ROUTER],
             "access_log": access_logs(pod, port, options),
         },
     }
@@ -150,20 +153,25 @@ def _chains(
     pod: LocalPod,
     codec: str,
     socket: dict[str, Any],
-    mesh_domain: str,
+    domains: tuple[str, str],
     options: EastWestOptions,
 ) -> list[dict[str, Any]]:
+    trust_domain, mesh_domain = domains
     chains = [
         {
             "name": f"port-{port}",
             "filter_chain_match": {"server_names": [quic_sni(port, pod.service_account, pod.namespace, mesh_domain)]},
-            "filters": [_hcm(pod, port, codec, options)],
+            "filters": [_hcm(pod, port, codec, trust_domain, options)],
             "transport_socket": socket,
         }
         for port in pod.app_ports
     ]
     chains.append(
-        {"name": "primary", "filters": [_hcm(pod, pod.app_ports[0], codec, options)], "transport_socket": socket}
+        {
+            "name": "primary",
+            "filters": [_hcm(pod, pod.app_ports[0], codec, trust_domain, options)],
+            "transport_socket": socket,
+        }
     )
     return chains
 
@@ -191,7 +199,7 @@ def listeners(
         "name": tcp_listener_name(pod),
         "address": _address(pod, "TCP"),
         "listener_filters": [TLS_INSPECTOR],
-        "filter_chains": _chains(pod, "HTTP2", tcp_downstream_socket(ctx), mesh_domain, options),
+        "filter_chains": _chains(pod, "HTTP2", tcp_downstream_socket(ctx), (trust_domain, mesh_domain), options),
     }
     quic: dict[str, Any] = {
         "name": quic_listener_name(pod),
@@ -200,7 +208,7 @@ def listeners(
             "quic_options": {},
             "downstream_socket_config": {"prefer_gro": options.prefer_gro},
         },
-        "filter_chains": _chains(pod, "HTTP3", quic_downstream_socket(ctx), mesh_domain, options),
+        "filter_chains": _chains(pod, "HTTP3", quic_downstream_socket(ctx), (trust_domain, mesh_domain), options),
     }
     return {tcp["name"]: tcp, quic["name"]: quic}
 
