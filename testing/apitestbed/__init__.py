@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import kmock
 import yaml
 
+from aether.testing import kubeconfig
 from aether.testing.apitestbed.faults import Fault
 from aether.testing.apitestbed.server import AuditRecord, TestBedHandler
 from aether.testing.apitestbed.store import ApiError, Store
@@ -32,17 +33,7 @@ T = TypeVar("T")
 
 
 def write_kubeconfig(path: Path, url: str, name: str = "aether-testbed") -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": url}}],
-        "users": [{"name": name, "user": {"token": "testbed"}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}],
-        "current-context": name,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    return kubeconfig.write_kubeconfig(path, url, {"token": "testbed"}, name)
 
 
 class TestBed:

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from aether.api.crdgen import crds_dir
+from aether.testing import kubeconfig
 from aether.testing.apitestbed.server import AuditRecord
 from aether.testing.controlplane import pki
 from aether.testing.controlplane.binaries import tool
@@ -67,16 +68,9 @@ def mesh_crds() -> list[Path]:
 
 
 def write_kubeconfig(path: Path, url: str, ca: Path, user: pki.Pair, name: str = "aether-control-plane") -> Path:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": url, "certificate-authority": str(ca)}}],
-        "users": [{"name": name, "user": {"client-certificate": str(user.cert), "client-key": str(user.key)}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}],
-        "current-context": name,
-    }
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    return kubeconfig.write_kubeconfig(
+        path, url, {"client-certificate": str(user.cert), "client-key": str(user.key)}, name, ca
+    )
 
 
 @dataclass

@@ -26,9 +26,9 @@ from typing import Any
 
 import aiohttp
 import aiohttp.web
-import yaml
 from multidict import CIMultiDict
 
+from aether.testing import kubeconfig
 from aether.testing.apitestbed.faults import Fault
 from aether.testing.apitestbed.server import parse_target, request_verb
 from aether.testing.controlplane.cluster import ControlPlane
@@ -37,17 +37,7 @@ HOP_HEADERS = {"host", "connection", "keep-alive", "transfer-encoding", "content
 
 
 def write_proxy_kubeconfig(path: Path, url: str) -> Path:
-    name = "aether-fault-proxy"
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": url}}],
-        "users": [{"name": name, "user": {}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name, "namespace": "default"}}],
-        "current-context": name,
-    }
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    return kubeconfig.write_kubeconfig(path, url, {}, "aether-fault-proxy")
 
 
 @dataclass

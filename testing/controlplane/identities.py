@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
+from aether.testing import kubeconfig
 from aether.testing.controlplane.cluster import ControlPlane
 
 
@@ -22,13 +21,4 @@ def token(cp: ControlPlane, namespace: str, account: str, bound_pod: tuple[str, 
 
 def token_kubeconfig(cp: ControlPlane, path: Path, bearer: str, name: str = "aether-sa") -> Path:
     """A kubeconfig for the control plane that authenticates with `bearer` (and trusts the cluster CA)."""
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {"server": cp.url, "certificate-authority": str(cp.ca_path)}}],
-        "users": [{"name": name, "user": {"token": bearer}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
-        "current-context": name,
-    }
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    return kubeconfig.write_kubeconfig(path, cp.url, {"token": bearer}, name, cp.ca_path)
