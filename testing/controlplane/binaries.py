@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aether.api.crdgen import crds_dir
 
-TOOLS = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl")
+TOOLS = ("etcd", "helm", "kube-apiserver", "kube-controller-manager", "kubectl")
 
 
 class ControlPlaneMissing(RuntimeError):
