@@ -183,7 +183,8 @@ class FaultProxy:
             return status_response(503, "ServiceUnavailable", f"the API server is unreachable: {exc}")
         out = aiohttp.web.StreamResponse(status=upstream.status)
         for k, v in upstream.headers.items():
-            if k.lower() not in HOP_HEADERS:
+            # the client session decompresses what it reads (a list over 128 KiB comes gzipped): say nothing of it
+            if k.lower() not in HOP_HEADERS and k.lower() != "content-encoding":
                 out.headers[k] = v
         watching = request.query.get("watch") in ("true", "1")
         if watching:
