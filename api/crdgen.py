@@ -75,14 +75,26 @@ def _list_map(array: dict[str, Any], key: str) -> None:
         array["x-kubernetes-list-map-keys"] = [key]
 
 
-def _schema(model: type[BaseModel]) -> dict[str, Any]:
+def _schema(model: type[BaseModel], defaults: bool = True) -> dict[str, Any]:
+    """`defaults=False` for what the operator and the sidecar write: the server would fill a schema default into
+    every stored object (`draining: false` on each endpoint, say), so what is stored would never equal what was
+    written, and a level-based writer comparing the two would write again on every pass. Readers parse through
+    the models, which apply the same defaults."""
     raw = model.model_json_schema(by_alias=True, mode="serialization")
     result: dict[str, Any] = _structural(raw, raw.get("$defs", {}))
-    return result
+    return result if defaults else _without_defaults(result)
+
+
+def _without_defaults(schema: Any) -> Any:
+    if isinstance(schema, list):
+        return [_without_defaults(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    return {k: _without_defaults(v) for k, v in schema.items() if k != "default"}
 
 
 def status_schema() -> dict[str, Any]:
-    return _schema(MeshNodeStatus)
+    return _schema(MeshNodeStatus, defaults=False)
 
 
 def _crd(
@@ -141,7 +153,7 @@ def policy_crd() -> dict[str, Any]:
         columns,
         "Which source identities (SPIFFE IDs) may call the target Services, on "
         "which ports; a targeted Service denies everything else (docs/identity.md).",
-        {"spec": _schema(authz.PolicySpec), "status": _schema(authz.PolicyStatus)},
+        {"spec": _schema(authz.PolicySpec), "status": _schema(authz.PolicyStatus, defaults=False)},
     )
 
 
@@ -161,7 +173,7 @@ def slice_crd() -> dict[str, Any]:
         columns,
         "Part of one namespace's shared service tables (arms, shapes, QUIC "
         "destinations), written by the operator and read by every node that depends on it.",
-        {"spec": _schema(SliceSpec)},
+        {"spec": _schema(SliceSpec, defaults=False)},
     )
 
 
