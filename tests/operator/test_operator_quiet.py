@@ -31,7 +31,10 @@ def test_resyncs_over_a_converged_cluster_write_nothing(cluster: Cluster, operat
     k.apply(o.pod(ns, "client", node, "client"), status=o.pod_status("10.81.0.2"))
     for i, name in enumerate(("a", "b")):
         k.apply(o.service(ns, name, None, [("dns", 53, "UDP")]))
-        eps = [(f"10.81.1.{i + 1}", True, None), (f"10.81.2.{i + 1}", o.SERVING_TERMINATING, None)]
+        eps: list[tuple[str, o.EndpointState, str | None]] = [
+            (f"10.81.1.{i + 1}", True, None),
+            (f"10.81.2.{i + 1}", o.SERVING_TERMINATING, None),
+        ]
         k.apply(o.endpoint_slice(ns, name, [("dns", 5353, "UDP")], eps))
     k.apply(o.udproute(ns, "r", "a", [o.backend("b", 53)]))
     wait_for(
