@@ -169,14 +169,40 @@ def test_without_a_policy_a_certificate_must_carry_exactly_one_spiffe_id(open_po
         assert line["responseCodeDetails"] == "rbac_access_denied_matched_policy[aether:not-one-spiffe-id]", line
 
 
+def handshake_lines(mesh: Mesh) -> list[dict[str, Any]]:
+    text = mesh.b.log_path.read_text(errors="replace")
+    return [json.loads(ln) for ln in text.splitlines() if ln.startswith("{") and '"aether-inbound-handshake"' in ln]
+
+
 @pytest.mark.parametrize("proto", ["h2", "h3"])
 def test_no_uri_san_of_the_trust_domain_is_refused_at_the_handshake(open_port: Mesh, proto: str) -> None:
+    """Refused before any request, counted by reason (`ssl.fail_verify_san`; QUIC also by its close code) and, over
+    TCP, logged with Envoy's reason (the SAN matcher and the SANs the certificate had); Envoy logs no QUIC
+    connection, so HTTP/3 has the counters only."""
     mesh = open_port
+    listener = f"listener.{mesh.web.ip}_18008"
+    quic_close = f"{listener}.http3.downstream.tx.quic_connection_close_error_code_QUIC_TLS_CERTIFICATE_UNKNOWN"
+    before = (mesh.b.stat(f"{listener}.ssl.fail_verify_san"), mesh.b.stat(quic_close), len(handshake_lines(mesh)))
     for name, sans in AT_HANDSHAKE.items():
         hits = mesh.app_hits()
         out = call(mesh, proto, pems(mesh, name, sans))
         assert "error" in out and "status" not in out, (proto, name, out)
         assert mesh.app_hits() == hits, (proto, name)
+    n = len(AT_HANDSHAKE)
+    wait_for(lambda: mesh.b.stat(f"{listener}.ssl.fail_verify_san") == before[0] + n, 10, "fail_verify_san")
+    if proto == "h3":
+        wait_for(lambda: mesh.b.stat(quic_close) == before[1] + n, 10, "the QUIC close code counted")
+        return
+
+    def lines() -> list[dict[str, Any]] | None:
+        found = handshake_lines(mesh)[before[2] :]
+        return found if len(found) >= n else None
+
+    found = wait_for(lines, 10, "a handshake line per refused TCP connection")
+    assert {(ln["transport"], ln["destinationPod"], ln["sni"]) for ln in found} == {("TCP", "default/web-0", SNI)}
+    reasons = [ln["reason"] for ln in found]
+    assert all("CERTIFICATE_VERIFY_FAILED" in r and "SAN_matcher" in r for r in reasons), reasons
+    assert any("spiffe://evil.example/ns/default/sa/client" in r for r in reasons), reasons
 
 
 def test_xfcc_of_an_admitted_request_names_one_uri(open_port: Mesh) -> None:

@@ -73,14 +73,17 @@ LISTENER_KINDS: Final = {
     # inbound h2 and h3, with their JSON access log on stdout (and the tests' text file)
     # (each HCM runs the one-SPIFFE-ID check, an RBAC matcher on UriSanInput, then the rule-less RBAC filter: a
     # policy's rules ride on the inbound routes, RBACPerRoute)
-    "TCP listener: Action DownstreamTlsContext HttpConnectionManager RBAC Router StdoutAccessLog TlsInspector UriSanInput",
-    "TCP listener: Action DownstreamTlsContext FileAccessLog HttpConnectionManager RBAC Router StdoutAccessLog"
+    # (the TCP inbound also logs refused handshakes: a CEL ExpressionFilter on its listener access log)
+    "TCP listener: Action DownstreamTlsContext ExpressionFilter HttpConnectionManager RBAC Router StdoutAccessLog"
     " TlsInspector UriSanInput",
+    "TCP listener: Action DownstreamTlsContext ExpressionFilter FileAccessLog HttpConnectionManager RBAC Router"
+    " StdoutAccessLog TlsInspector UriSanInput",
     "UDP listener: Action HttpConnectionManager QuicDownstreamTransport RBAC Router StdoutAccessLog UriSanInput",
     "UDP listener: Action FileAccessLog HttpConnectionManager QuicDownstreamTransport RBAC Router StdoutAccessLog"
     " UriSanInput",
-    "TCP listener: HttpConnectionManager OnDemand Router set_filter_state.Config",  # HTTP outbound
-    "TCP listener: FileAccessLog HttpConnectionManager OnDemand Router set_filter_state.Config",
+    # HTTP outbound: the pod's own traffic, and a default chain refusing any other source (deny-all RBAC, JSON log)
+    "TCP listener: HttpConnectionManager OnDemand RBAC Router StdoutAccessLog set_filter_state.Config",
+    "TCP listener: FileAccessLog HttpConnectionManager OnDemand RBAC Router StdoutAccessLog set_filter_state.Config",
     "TCP listener: QuicDownstreamTransport",  # hand-written: enable_resumption true
 }
 CLUSTER_KINDS: Final = {

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from envoy.extensions.access_loggers.filters.cel.v3 import cel_pb2  # noqa: F401  (registers ExpressionFilter)
+
 from aether.api.naming import quic_sni
 from aether.netns.contract import INBOUND_PORT
 from aether.xds.identity.sds import ADS
@@ -110,6 +112,32 @@ def file_access_logs(path: str | None) -> list[dict[str, Any]]:
     ]
 
 
+CEL_FILTER_TYPE: Final = "type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter"
+
+
+def handshake_log(pod: LocalPod, transport: str) -> dict[str, Any]:
+    """The TCP listener's access log: one JSON line per connection refused at the TLS handshake (a CEL filter on
+    the transport failure reason), with that reason (`%DOWNSTREAM_TRANSPORT_FAILURE_REASON%`, e.g. the SAN
+    mismatch and the SANs). Envoy 1.40 emits no listener access log for a QUIC connection (seen here: not even for
+    one that succeeded), so a refused QUIC handshake is only counted: `listener.<pod IP>_18008.ssl.fail_verify_*`
+    (shared with TCP) and `...http3.downstream.tx.quic_connection_close_error_code_<QUIC code>`."""
+    fmt = {
+        "log": "aether-inbound-handshake",
+        "time": "%START_TIME%",
+        "destinationPod": f"{pod.namespace}/{pod.name}",
+        "transport": transport,
+        "peer": "%DOWNSTREAM_REMOTE_ADDRESS%",
+        "sni": "%REQUESTED_SERVER_NAME%",
+        "reason": "%DOWNSTREAM_TRANSPORT_FAILURE_REASON%",
+    }
+    cel = {"@type": CEL_FILTER_TYPE, "expression": "connection.transport_failure_reason != ''"}
+    return {
+        "name": "envoy.access_loggers.stdout",
+        "filter": {"extension_filter": {"name": "envoy.access_loggers.extension_filters.cel", "typed_config": cel}},
+        "typed_config": {"@type": STDOUT_LOG_TYPE, "log_format": {"json_format": fmt}},
+    }
+
+
 def _rds(options: EastWestOptions) -> dict[str, Any]:
     return dict(options.config_source) if options.config_source else dict(ADS)
 
@@ -199,6 +227,7 @@ def listeners(
         "name": tcp_listener_name(pod),
         "address": _address(pod, "TCP"),
         "listener_filters": [TLS_INSPECTOR],
+        "access_log": [handshake_log(pod, "TCP")] if options.access_log_json else [],
         "filter_chains": _chains(pod, "HTTP2", tcp_downstream_socket(ctx), (trust_domain, mesh_domain), options),
     }
     quic: dict[str, Any] = {

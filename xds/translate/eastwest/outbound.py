@@ -2,6 +2,14 @@
 the pod's identity; one node-wide route table picking, per destination Host, the source's QUIC twin or the h2
 cluster; the h2 clusters, the twins and their load assignments.
 
+The listener takes only the pod's own traffic: its one filter chain matches connections whose direct source is the
+pod's IP or loopback (what the pod's diverted egress and its own `127.0.0.1:18080` carry; a packet from outside the
+netns with either source is a martian the kernel drops). Anything else, such as a process in the node's netns or on
+another node (a mesh source STRICT admits) dialling `<pod IP>:18080`, meets the default chain: a deny-all RBAC filter
+answers 403, counted in `http.http_outbound_foreign_source.rbac.denied` and logged as one JSON line
+(`aether-outbound-refused`: the pod, the peer, the address dialled). Before this, such a caller was served as the
+pod, its SPIFFE ID stamped on the request: a confused deputy.
+
 Twin selection: the route's `MatcherClusterSpecifier` reads the stamped identity (`FilterStateInput`) and maps
 each local SPIFFE ID to its twin `quic:<ns>/<svc>@<sa>` (`@<sa-ns>/<sa>` for a source in another namespace); no
 match (or QUIC off) goes to `h2:<ns>/<svc>`. The identity is stamped by a *network* filter on the new connection, so it exists before the route is resolved
@@ -17,8 +25,9 @@ from aether.netns.contract import HTTP_OUTBOUND_PORT
 from aether.xds.identity.sds import ADS
 from aether.xds.identity.svid import parse_spiffe_id
 from aether.xds.resources import seconds
-from aether.xds.translate.eastwest.inbound import HCM_NAME, HCM_TYPE, ROUTER, file_access_logs
+from aether.xds.translate.eastwest.inbound import HCM_NAME, HCM_TYPE, ROUTER, STDOUT_LOG_TYPE, file_access_logs
 from aether.xds.translate.eastwest.plan import Destination, EastWestOptions, LocalPod
+from aether.xds.translate.eastwest.rbac import RBAC_TYPE
 from aether.xds.translate.eastwest.tls import IDENTITY_KEY, h2_upstream_socket, quic_upstream_socket
 
 _T: Final = "type.googleapis.com/"
@@ -30,6 +39,10 @@ MATCHER_SPECIFIER_TYPE: Final = _T + "envoy.extensions.router.cluster_specifiers
 CLUSTER_ACTION_TYPE: Final = _T + "envoy.extensions.router.cluster_specifiers.matcher.v3.ClusterAction"
 FILTER_STATE_INPUT_TYPE: Final = _T + "envoy.extensions.matching.common_inputs.network.v3.FilterStateInput"
 HTTP_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+FOREIGN_CHAIN: Final = "foreign-source"
+FOREIGN_STATS: Final = "http_outbound_foreign_source"  # -> http.http_outbound_foreign_source.rbac.denied
+FOREIGN_POLICY: Final = "aether:not-this-pods-traffic"
+LOOPBACK: Final = ({"address_prefix": "127.0.0.0", "prefix_len": 8}, {"address_prefix": "::1", "prefix_len": 128})
 
 
 def listener_name(pod: LocalPod) -> str:
@@ -70,6 +83,51 @@ def on_demand_filter(options: EastWestOptions) -> dict[str, Any]:
     return {"name": "envoy.filters.http.on_demand", "typed_config": on_demand}
 
 
+def own_traffic(pod: LocalPod) -> dict[str, Any]:
+    """The filter chain match of the pod's own connections: direct source the pod's IP or loopback."""
+    family_len = 128 if ":" in pod.ip else 32
+    return {"direct_source_prefix_ranges": [{"address_prefix": pod.ip, "prefix_len": family_len}, *LOOPBACK]}
+
+
+def foreign_source_chain(pod: LocalPod) -> dict[str, Any]:
+    """The listener's default chain: whatever is not the pod's own traffic meets a deny-all RBAC filter (403
+    `rbac_access_denied_matched_policy[aether:not-this-pods-traffic]`), counted in
+    `http.http_outbound_foreign_source.rbac.denied` and logged; nothing is forwarded, no identity stamped."""
+    deny = {"permissions": [{"any": True}], "principals": [{"any": True}]}
+    rbac = {"@type": RBAC_TYPE, "rules": {"action": "DENY", "policies": {FOREIGN_POLICY: deny}}}
+    refuse = {"match": {"prefix": "/"}, "direct_response": {"status": 403}}
+    hcm = {
+        "@type": HCM_TYPE,
+        "stat_prefix": FOREIGN_STATS,
+        "codec_type": "AUTO",
+        "route_config": {
+            "name": FOREIGN_CHAIN,
+            "virtual_hosts": [{"name": "refuse", "domains": ["*"], "routes": [refuse]}],
+        },
+        "http_filters": [{"name": "envoy.filters.http.rbac", "typed_config": rbac}, ROUTER],
+        "access_log": [refused_log(pod)],
+    }
+    return {"name": FOREIGN_CHAIN, "filters": [{"name": HCM_NAME, "typed_config": hcm}]}
+
+
+def refused_log(pod: LocalPod) -> dict[str, Any]:
+    """One JSON line on Envoy's stdout per refused request: the pod whose listener it reached, the peer."""
+    fmt = {
+        "log": "aether-outbound-refused",
+        "time": "%START_TIME%",
+        "pod": f"{pod.namespace}/{pod.name}",
+        "peer": "%DOWNSTREAM_DIRECT_REMOTE_ADDRESS%",
+        "local": "%DOWNSTREAM_LOCAL_ADDRESS%",
+        "authority": "%REQ(:AUTHORITY)%",
+        "status": "%RESPONSE_CODE%",
+        "responseCodeDetails": "%RESPONSE_CODE_DETAILS%",
+    }
+    return {
+        "name": "envoy.access_loggers.stdout",
+        "typed_config": {"@type": STDOUT_LOG_TYPE, "log_format": {"json_format": fmt}},
+    }
+
+
 def listener(pod: LocalPod, options: EastWestOptions) -> dict[str, Any]:
     hcm = {
         "@type": HCM_TYPE,
@@ -90,9 +148,11 @@ def listener(pod: LocalPod, options: EastWestOptions) -> dict[str, Any]:
             }
         },
         "transparent": True,
+        "default_filter_chain": foreign_source_chain(pod),
         "filter_chains": [
             {
                 "name": "http-outbound",
+                "filter_chain_match": own_traffic(pod),
                 "filters": [
                     stamp_identity(pod.identity, options.identity_factory),
                     {"name": HCM_NAME, "typed_config": hcm},
