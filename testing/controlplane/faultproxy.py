@@ -63,6 +63,8 @@ class FaultProxy:
         self._traffic_lock = threading.Lock()
         self.faults: list[Fault] = []
         self.down = False
+        self._watches_held: asyncio.Event | None = None  # set: new watch requests wait (hold_watches)
+        self._held_agent = ""
         self.expired = 0  # watch streams that carried a 410 (the API server's "too old resource version")
         self._watches: set[aiohttp.ClientResponse] = set()  # the open watch streams' upstream halves
         self._loop = asyncio.new_event_loop()
@@ -91,6 +93,20 @@ class FaultProxy:
 
     def cut_watches(self) -> None:
         asyncio.run_coroutine_threadsafe(self._cut(), self._loop).result(10)
+
+    def hold_watches(self, held: bool, user_agent: str = "") -> None:
+        """While held, a new watch request (of a client whose User-Agent starts with `user_agent`) waits at the
+        proxy (a slow path, not an error), then goes on as sent, with the resourceVersion its client asked for."""
+        self._held_agent = user_agent
+
+        def flip() -> None:
+            if held and self._watches_held is None:
+                self._watches_held = asyncio.Event()
+            elif not held and self._watches_held is not None:
+                self._watches_held.set()
+                self._watches_held = None
+
+        self._loop.call_soon_threadsafe(flip)
 
     def set_down(self, down: bool) -> None:
         self.down = down
@@ -159,6 +175,10 @@ class FaultProxy:
         return None
 
     async def _handle(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        held = self._watches_held
+        watch = request.query.get("watch") in ("true", "1")
+        if held is not None and watch and request.headers.get("User-Agent", "").startswith(self._held_agent):
+            await held.wait()
         if self.down:
             return status_response(503, "ServiceUnavailable", "the API is down (injected by the fault proxy)")
         fault = self._fault_for(request)

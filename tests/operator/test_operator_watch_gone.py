@@ -11,6 +11,7 @@ resourceVersion on watches: it can show neither.)"""
 from __future__ import annotations
 
 import base64
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -96,3 +97,44 @@ def test_a_watch_resumed_after_compaction_gets_410_and_the_operator_relists(worl
     else:
         assert proxy.expired == expired
     assert world.op.alive()
+
+
+def test_the_sidecar_relists_after_a_410(world: World) -> None:
+    """The node sidecar's own list+watch (aether.xds.sidecar.kube_source) through the same proxy: its watches cut
+    and their resumption held at the proxy while the operator writes a new arm into a slice and
+    etcd is compacted; let through, the resumed stream carries the 410, the sidecar lists again and its next state
+    has the arm. (A watch that fails outright, a 503 say, makes the sidecar list again at once: no 410 to see.)"""
+    from aether.xds.sidecar.kube_source import USER_AGENT, KubeSource
+
+    k, proxy = world.direct, world.proxy
+    ns, node = unique("gone-sc"), unique("gone-sc-node")
+    k.apply(o.namespace(ns))
+    k.apply(o.node(node))
+    k.apply(o.pod(ns, "client", node, "client"), status=o.pod_status("10.66.2.2"))
+    service(k, ns, "before", "10.66.3.1")
+    wait_for(lambda: arm(k, node, f"{ns}/before"), what="the first arm", ignore=READ_ERRORS)
+    seen: list[set[str]] = []
+    stop = threading.Event()
+
+    def follow() -> None:
+        for update in KubeSource(node, str(proxy.kubeconfig_path), watch_timeout=30).updates(stop):
+            if update.node is not None:
+                seen.append({a.service for a in update.node.status.udp.services})
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: seen and f"{ns}/before" in seen[-1], what="the sidecar's first state")
+        expired = proxy.expired
+        proxy.hold_watches(True, USER_AGENT)  # the sidecar's resumed watch waits with its old resourceVersion
+        proxy.cut_watches()
+        service(k, ns, "behind", "10.66.3.2")
+        wait_for(lambda: arm(k, node, f"{ns}/behind"), what="the operator's new arm", ignore=READ_ERRORS)
+        assert f"{ns}/behind" not in seen[-1], "the sidecar saw the change while its watches were held"
+        world.cp.etcd("/v3/kv/compaction", {"revision": world.revision(), "physical": True})
+        proxy.hold_watches(False)
+        wait_for(lambda: f"{ns}/behind" in seen[-1], timeout=60, what="the sidecar's state with the new arm")
+        assert proxy.expired > expired, "no watch carried a 410"
+    finally:
+        stop.set()
+        thread.join(40)

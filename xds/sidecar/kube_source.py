@@ -3,8 +3,9 @@ their union as the node's state (`source`), and
 write the sidecar's parts of its status back (`status_sink`): its condition types and quic.pairs/dormantPairs.
 
 The API is reached through a kubeconfig (`kubeconfig=`, else $AETHER_KUBECONFIG, else $KUBECONFIG) or the
-in-cluster service account. Writes never touch the operator's fields: conditions are merged by type under a
-resourceVersion precondition, pairs go in with a merge patch on status.quic only."""
+in-cluster service account. Writes never touch the operator's fields: the sidecar's condition types and its pair
+state go in by server-side apply under field managers of their own (docs/operator.md#writes). A watch that ends
+with an ERROR event (410 Gone: its resourceVersion was compacted) or fails lists again."""
 
 from __future__ import annotations
 
