@@ -40,6 +40,27 @@ k8s:
 	@command -v go >/dev/null || { echo "k8s: needs the Go toolchain (1.26) to build the control plane"; exit 1; }
 	k8s/build.sh
 
+# The operator and node images, localhost/aether-operator:<version> and localhost/aether-node:<version>, with podman
+# from Debian packages (debootstrap) and PyPI wheels, no registry (deploy/README.md#images). Debian packages for it:
+# podman, runc (Debian's default crun fails on a hybrid cgroup layout), debootstrap.
+.PHONY: images image-packages
+IMAGE_PACKAGES := podman runc debootstrap
+
+image-packages:
+	@missing=""; for c in $(IMAGE_PACKAGES); do command -v $$c >/dev/null || [ -x /usr/sbin/$$c ] || missing="$$missing $$c"; done; \
+	if [ -z "$$missing" ]; then \
+	  echo "images: Debian packages present ($(IMAGE_PACKAGES))"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "images: apt-get install$$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(IMAGE_PACKAGES) >/dev/null; \
+	else \
+	  echo "images: need$$missing: run as root on Debian 12 to install $(IMAGE_PACKAGES)"; exit 1; \
+	fi
+
+images: image-packages setup
+	PYTHON=$(BIN)/python deploy/image/build.sh
+
 demo: setup
 	$(BIN)/aether demo
 
