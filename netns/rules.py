@@ -17,6 +17,14 @@ Inbound enforcement (`inbound=InboundPolicy(STRICT, sources)`, the CNI plugin's 
 to the inbound port 18008, and each mesh source (`ip saddr <prefix>`, counted) are accepted; every other TCP and UDP packet is
 counted and dropped (other protocols, ICMP among them, pass). `PERMISSIVE` (or no policy) builds no such chain.
 
+Any inbound policy (the CNI plugin's meshed pod, STRICT or PERMISSIVE) also adds an `egress_out` chain on hook
+`output`, priority filter, policy accept: a TCP or UDP packet leaving on anything but loopback with a source that is
+not one of the netns' own addresses (`fib saddr type != local`) is counted and dropped. STRICT trusts the mesh
+sources by address, so a meshed pod must not be able to send as one (a raw socket needs only CAP_NET_RAW, which
+container runtimes grant by default), whatever the pod network's own anti-spoofing does. Nothing the mesh sends
+leaves a pod with another source: the capture's transparent replies (from a VIP) go to the pod itself over
+loopback, and the inbound listeners answer from the pod's address.
+
 `redirect` is terminal: nft rejects any statement after it and, `-f` being atomic, then loads nothing at all. The
 builder checks its own output with `check_statement_order`, and the installer reads back what loaded.
 """
@@ -45,6 +53,7 @@ if TYPE_CHECKING:
 DIVERT_CHAIN: Final = "divert_out"
 REDIRECT_CHAIN: Final = "redirect_out"
 INBOUND_CHAIN: Final = "inbound_in"
+EGRESS_CHAIN: Final = "egress_out"
 PRIO_MANGLE: Final = -150
 PRIO_DSTNAT: Final = -100
 PRIO_FILTER: Final = 0
@@ -185,13 +194,32 @@ def _inbound_rules(policy: InboundPolicy) -> list[list[Json]]:
     return out
 
 
+def _egress_rules() -> list[list[Json]]:
+    not_lo = {"match": {"op": "!=", "left": {"meta": {"key": "oifname"}}, "right": "lo"}}
+    foreign = {"match": {"op": "!=", "left": {"fib": {"result": "type", "flags": ["saddr"]}}, "right": "local"}}
+    out: list[list[Json]] = []
+    for transport in (Transport.TCP, Transport.UDP):
+        l4 = {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": transport.value}}
+        out.append([not_lo, l4, foreign, _counter(), {"drop": None}])
+    return out
+
+
+def _chain_commands(name: str, hook: str, rules: list[list[Json]]) -> list[Json]:
+    fam, table = NFT_TABLE_FAMILY, NFT_TABLE_NAME
+    chain: Json = {"family": fam, "table": table, "name": name, "type": "filter", "hook": hook}
+    chain |= {"prio": PRIO_FILTER, "policy": "accept"}
+    out: list[Json] = [{"add": {"chain": chain}}]
+    out += [{"add": {"rule": {"family": fam, "table": table, "chain": name, "expr": expr}}} for expr in rules]
+    return out
+
+
 def build_ruleset(
     mode: CaptureMode,
     ports: Mapping[Transport, Sequence[int]] = CAPTURED_PORTS,
     inbound: InboundPolicy | None = None,
 ) -> Json:
     """The nftables JSON that creates table `inet aether` for `mode` (pure; same input, same output), with the
-    inbound enforcement chain when `inbound` is STRICT."""
+    inbound enforcement chain when `inbound` is STRICT and the egress source check whenever `inbound` is given."""
     mode = CaptureMode(mode)
     pairs = _validated_ports(ports)
     fam, table = NFT_TABLE_FAMILY, NFT_TABLE_NAME
@@ -207,11 +235,9 @@ def build_ruleset(
         expr = [_port_match(transport, port), _non_local_daddr(), _counter(), terminal]
         commands.append({"add": {"rule": {"family": fam, "table": table, "chain": chain["name"], "expr": expr}}})
     if inbound is not None and InboundMode(inbound.mode) is InboundMode.STRICT:
-        filt: Json = {"family": fam, "table": table, "name": INBOUND_CHAIN, "type": "filter", "hook": "input"}
-        filt |= {"prio": PRIO_FILTER, "policy": "accept"}
-        commands.append({"add": {"chain": filt}})
-        for expr in _inbound_rules(inbound):
-            commands.append({"add": {"rule": {"family": fam, "table": table, "chain": INBOUND_CHAIN, "expr": expr}}})
+        commands += _chain_commands(INBOUND_CHAIN, "input", _inbound_rules(inbound))
+    if inbound is not None:
+        commands += _chain_commands(EGRESS_CHAIN, "output", _egress_rules())
     ruleset = {"nftables": commands}
     check_statement_order(ruleset)
     return ruleset

@@ -338,7 +338,8 @@ def test_an_unknown_inbound_value_fails_the_add(pod: Pod, tmp_path: Path) -> Non
 def test_add_permissive_installs_no_inbound_chain(pod: Pod, tmp_path: Path) -> None:
     stdin = json.dumps(conf(inbound="permissive")).encode()
     assert run_cni(env(pod.path), stdin, tmp_path)[0] == 0
-    check_capture(pod.path)  # exactly today's capture: no inbound_in chain
+    # the capture and the egress source check, no inbound_in chain
+    check_capture(pod.path, inbound=InboundPolicy(InboundMode.PERMISSIVE))
     assert run_cni(env(pod.path, "CHECK"), stdin, tmp_path) == (0, "")
     # CHECK with the STRICT default sees the missing enforcement as drift
     err = assert_cni_error(*run_cni(env(pod.path, "CHECK"), json.dumps(conf()).encode(), tmp_path), 101, "drifted")

@@ -20,6 +20,7 @@ from aether.netns.contract import (
 )
 from aether.netns.rules import (
     DIVERT_CHAIN,
+    EGRESS_CHAIN,
     INBOUND_CHAIN,
     REDIRECT_CHAIN,
     RulesetError,
@@ -46,11 +47,36 @@ STRICT = InboundPolicy(InboundMode.STRICT, ("169.254.1.1", "10.199.0.0/24", "fd0
 @pytest.mark.parametrize("inbound", list(InboundMode))
 def test_golden_inbound_ruleset(inbound: InboundMode) -> None:
     """The CNI plugin's ruleset in both inbound modes (tproxy capture, the gateway and a node range as mesh
-    sources); PERMISSIVE is exactly today's capture."""
+    sources); PERMISSIVE is the capture plus the egress source check (no inbound chain)."""
     rs = build_ruleset(CaptureMode.TPROXY, inbound=STRICT._replace(mode=inbound))
     check_golden(GOLDEN / f"ruleset_tproxy_inbound_{inbound.value}.json", golden_json(rs))
     if inbound is InboundMode.PERMISSIVE:
-        assert rs == build_ruleset(CaptureMode.TPROXY)
+        bare = build_ruleset(CaptureMode.TPROXY)["nftables"]
+        assert rs["nftables"][: len(bare)] == bare
+        assert {c["add"]["chain"]["name"] for c in rs["nftables"] if "chain" in c["add"]} == {
+            "divert_out",
+            EGRESS_CHAIN,
+        }
+
+
+def test_every_meshed_pod_drops_tcp_and_udp_leaving_with_a_foreign_source() -> None:
+    """STRICT trusts mesh sources by address: a meshed pod never sends as one (tests/netns/test_netns_spoofed_sources.py
+    shows it on the kernel, red on main)."""
+    for mode in InboundMode:
+        rs = build_ruleset(CaptureMode.TPROXY, inbound=STRICT._replace(mode=mode))
+        chain = next(c["add"]["chain"] for c in rs["nftables"] if c["add"].get("chain", {}).get("name") == EGRESS_CHAIN)
+        assert (chain["type"], chain["hook"], chain["prio"], chain["policy"]) == ("filter", "output", 0, "accept")
+        rules = [r["expr"] for r in _rules(rs) if r["chain"] == EGRESS_CHAIN]
+        assert [r[1]["match"]["right"] for r in rules] == ["tcp", "udp"]
+        for r in rules:
+            assert r[0]["match"] == {"op": "!=", "left": {"meta": {"key": "oifname"}}, "right": "lo"}
+            assert r[2]["match"] == {
+                "op": "!=",
+                "left": {"fib": {"result": "type", "flags": ["saddr"]}},
+                "right": "local",
+            }
+            assert r[3:] == [{"counter": {"packets": 0, "bytes": 0}}, {"drop": None}]
+    assert EGRESS_CHAIN not in str(build_ruleset(CaptureMode.TPROXY))  # the bare capture (tests, `aether capture`)
 
 
 def test_strict_shape_accepts_the_mesh_then_counts_and_drops() -> None:
