@@ -290,9 +290,6 @@ def test_udp_and_certificate_values_are_flags_the_sidecar_takes(
     assert volume["hostPath"] == {"path": "/var/lib/spire/svids", "type": "Directory"}
 
 
-@pytest.mark.xfail(
-    strict=True, reason="aether xds has no --mesh-domain yet: the chart writes it, the sidecar refuses it"
-)
 def test_the_mesh_domain_is_a_flag_the_sidecar_takes(helm_env: dict[str, str]) -> None:
     objs = render(helm_env, {"meshDomain": "mesh.example.org"})
     assert container(objs, "xds")["args"][-2:] == ["--mesh-domain", "mesh.example.org"]

@@ -113,3 +113,24 @@ def test_a_sidecar_without_certificates_refuses_to_start(tmp_path: Path) -> None
         finally:
             proc.kill()
             proc.wait(10)
+
+
+def test_the_mesh_domain_reaches_the_routes_and_the_sni(tmp_path: Path) -> None:
+    """`--mesh-domain`: the outbound routes answer <svc>.<ns>.<domain> and a twin's SNI ends in it; a name that is
+    not a domain is a usage error."""
+    from aether.netns.records import write_record
+    from aether.testing.eastwest_sample import two_sources_one_destination
+
+    node, records = two_sources_one_destination()
+    state = tmp_path / "node.json"
+    state.write_text(json.dumps(node.wire()))
+    for record in records.values():
+        write_record(record, tmp_path / "records")
+    out = _run(
+        "render", "--state", str(state), "--records", str(tmp_path / "records"), "--mesh-domain", "mesh.example.org"
+    )
+    assert out.returncode == 0, out.stderr
+    assert ".mesh.example.org" in out.stdout and "mesh.aether.internal" not in out.stdout
+    assert "quic." in out.stdout  # the twins are there: the SNI check is not vacuous
+    bad = _run("render", "--state", str(state), "--mesh-domain", "Not_A_Domain")
+    assert bad.returncode != 0 and "is not a DNS domain" in bad.stderr

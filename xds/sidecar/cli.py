@@ -21,6 +21,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -31,6 +32,7 @@ from aether.api.addresses import AddressError, parse_addr, parse_hostport
 from aether.api.authz import KIND as POLICY_KIND
 from aether.api.authz import compile_bodies
 from aether.api.meshnode import MeshNodeFileError
+from aether.api.naming import DEFAULT_MESH_DOMAIN
 from aether.api.slices import load_state_file
 from aether.netns.records import load_records, state_dir
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
@@ -47,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("aether.xds")
 # the environment form of --dev-builtin-ca (the test session and the demo set it: their sidecars run as child processes)
 DEV_CA_ENV = "AETHER_XDS_DEV_BUILTIN_CA"
+MESH_DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")
 
 SDS_OVER_TCP_REFUSED = (
     "aether xds: refusing to serve SDS secrets (every local workload's private key) on TCP {listen}: any process "
@@ -119,6 +122,7 @@ def _render(argv: list[str]) -> int:
     )
     p.add_argument("--node", help="the MeshNode to render when the List holds several (kubectl get mn,mss -o yaml)")
     p.add_argument("--records", help=f"pod records directory (default ${'{'}AETHER_STATE_DIR{'}'} or {state_dir()})")
+    _mesh_domain_argument(p)
     args = p.parse_args(argv)
     from aether.xds.resources import TranslateOptions
     from aether.xds.sidecar.pipeline import gated_snapshot
@@ -132,7 +136,9 @@ def _render(argv: list[str]) -> int:
     for problem in state.problems():
         print(f"aether xds render: incomplete state, the rest is rendered: {problem}", file=sys.stderr)
     td = TranslateOptions().trust_domain
-    options = TranslateOptions(authorization=compile_bodies(others.get(POLICY_KIND, ()), td))
+    options = TranslateOptions(
+        authorization=compile_bodies(others.get(POLICY_KIND, ()), td), mesh_domain=args.mesh_domain
+    )
     for policy in options.authorization:
         if not policy.accepted:
             print(
@@ -220,7 +226,24 @@ def _udp_arguments(p: _Parser) -> None:
     )
 
 
+def _mesh_domain_argument(p: _Parser) -> None:
+    p.add_argument(
+        "--mesh-domain",
+        type=_mesh_domain,
+        default=DEFAULT_MESH_DOMAIN,
+        help=f"the domain pods dial Services under (<svc>.<ns>.<domain>), which the QUIC SNI and the SVIDs' DNS names "
+        f"end in (default {DEFAULT_MESH_DOMAIN}; every node and the certificates must agree)",
+    )
+
+
+def _mesh_domain(value: str) -> str:
+    if not MESH_DOMAIN.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a DNS domain of two or more lowercase labels")
+    return value
+
+
 def _eastwest_arguments(p: _Parser) -> None:
+    _mesh_domain_argument(p)
     p.add_argument(
         "--certs-dir",
         help="east-west: a PEM directory per identity (docs/identity.md); required unless --dev-builtin-ca",
@@ -290,6 +313,7 @@ def _translate_options(args: argparse.Namespace, areas: tuple[str, ...]) -> Tran
         udp_gso_writer=args.udp_gso == "on",
         udp_max_sessions=args.udp_max_sessions,
         udp_preserve_source=args.udp_preserve_source,
+        mesh_domain=args.mesh_domain,
     )
     if options.udp_gso_writer:
         log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")
