@@ -21,7 +21,6 @@ import importlib
 import json
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -32,9 +31,10 @@ from aether.api.addresses import AddressError, parse_addr, parse_hostport
 from aether.api.authz import KIND as POLICY_KIND
 from aether.api.authz import compile_bodies
 from aether.api.meshnode import MeshNodeFileError
-from aether.api.naming import DEFAULT_MESH_DOMAIN
 from aether.api.slices import load_state_file
 from aether.netns.records import load_records, state_dir
+from aether.xds.sidecar.arguments import duration as _duration
+from aether.xds.sidecar.arguments import mesh_domain_argument as _mesh_domain_argument
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
 
 if TYPE_CHECKING:
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("aether.xds")
 # the environment form of --dev-builtin-ca (the test session and the demo set it: their sidecars run as child processes)
 DEV_CA_ENV = "AETHER_XDS_DEV_BUILTIN_CA"
-MESH_DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")
 
 SDS_OVER_TCP_REFUSED = (
     "aether xds: refusing to serve SDS secrets (every local workload's private key) on TCP {listen}: any process "
@@ -95,22 +94,6 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], Any]:
         return number
 
     return parse
-
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def _duration(value: str) -> float:
-    """`90`, `90s`, `30m`, `1h` (seconds, minutes, hours): greater than 0."""
-    text = value.strip().lower()
-    unit = _UNITS.get(text[-1:])
-    try:
-        number = float(text[:-1] if unit else text) * (unit or 1.0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: not a duration (e.g. 3600, 90s, 30m, 1h)") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r}: must be greater than 0")
-    return number
 
 
 def _render(argv: list[str]) -> int:
@@ -224,22 +207,6 @@ def _udp_arguments(p: _Parser) -> None:
         help="UDP backends see the client pod's address instead of the node's; needs `aether node-return install` "
         "where Envoy runs",
     )
-
-
-def _mesh_domain_argument(p: _Parser) -> None:
-    p.add_argument(
-        "--mesh-domain",
-        type=_mesh_domain,
-        default=DEFAULT_MESH_DOMAIN,
-        help=f"the domain pods dial Services under (<svc>.<ns>.<domain>), which the QUIC SNI and the SVIDs' DNS names "
-        f"end in (default {DEFAULT_MESH_DOMAIN}; every node and the certificates must agree)",
-    )
-
-
-def _mesh_domain(value: str) -> str:
-    if not MESH_DOMAIN.fullmatch(value):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a DNS domain of two or more lowercase labels")
-    return value
 
 
 def _eastwest_arguments(p: _Parser) -> None:
