@@ -67,15 +67,21 @@ def arm(k: Cluster, node: str, svc: str) -> dict[str, Any] | None:
     return k.arm(node, svc)
 
 
+def converged_world(k: Cluster, prefix: str, net: str) -> tuple[str, str]:
+    """A namespace, a node with a client pod, and Service `before` whose arm the operator has written."""
+    ns, node = unique(prefix), unique(f"{prefix}-node")
+    k.apply(o.namespace(ns))
+    k.apply(o.node(node))
+    k.apply(o.pod(ns, "client", node, "client"), status=o.pod_status(f"{net}.2"))
+    service(k, ns, "before", f"{net}.10")
+    wait_for(lambda: arm(k, node, f"{ns}/before"), what="the first arm", ignore=READ_ERRORS)
+    return ns, node
+
+
 @pytest.mark.parametrize("compact", [True, False], ids=["compacted", "negative-control"])
 def test_a_watch_resumed_after_compaction_gets_410_and_the_operator_relists(world: World, compact: bool) -> None:
     k, proxy = world.direct, world.proxy
-    ns, node = unique("gone"), unique("gone-node")
-    k.apply(o.namespace(ns))
-    k.apply(o.node(node))
-    k.apply(o.pod(ns, "client", node, "client"), status=o.pod_status("10.66.0.2"))
-    service(k, ns, "before", "10.66.1.1")
-    wait_for(lambda: arm(k, node, f"{ns}/before"), what="the first arm", ignore=READ_ERRORS)
+    ns, node = converged_world(k, "gone", "10.66.0")
     expired = proxy.expired
     held = proxy.inject(Fault(503, verb="watch", times=0, message="watches held off by the test"))
     proxy.cut_watches()
@@ -107,12 +113,7 @@ def test_the_sidecar_relists_after_a_410(world: World) -> None:
     from aether.xds.sidecar.kube_source import USER_AGENT, KubeSource
 
     k, proxy = world.direct, world.proxy
-    ns, node = unique("gone-sc"), unique("gone-sc-node")
-    k.apply(o.namespace(ns))
-    k.apply(o.node(node))
-    k.apply(o.pod(ns, "client", node, "client"), status=o.pod_status("10.66.2.2"))
-    service(k, ns, "before", "10.66.3.1")
-    wait_for(lambda: arm(k, node, f"{ns}/before"), what="the first arm", ignore=READ_ERRORS)
+    ns, node = converged_world(k, "gone-sc", "10.66.2")
     seen: list[set[str]] = []
     stop = threading.Event()
 
