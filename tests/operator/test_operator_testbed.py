@@ -1,4 +1,4 @@
-"""The API test bed fixes what plain kmock 0.8 gets wrong (docs/limits.md, "The API test bed is an emulator"), seen
+"""The API test bed fixes what plain kmock 0.8 gets wrong (docs/limits.md, "The API servers the tests run on"), seen
 through real clients."""
 
 from __future__ import annotations
