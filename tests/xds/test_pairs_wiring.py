@@ -319,9 +319,9 @@ def test_file_mode_keeps_pairs_in_the_status_file_and_a_restart_carries_them(tmp
 
 
 def test_the_fetch_window_flag() -> None:
-    from aether.xds.sidecar.cli import _duration
+    from aether.xds.sidecar.arguments import duration
 
-    assert [_duration(v) for v in ("3600", "90s", "30m", "1h", "0.5h")] == [3600, 90, 1800, 3600, 1800]
+    assert [duration(v) for v in ("3600", "90s", "30m", "1h", "0.5h")] == [3600, 90, 1800, 3600, 1800]
     for bad in ("0", "-1h", "soon", "h"):
         with pytest.raises(argparse.ArgumentTypeError):
-            _duration(bad)
+            duration(bad)

@@ -33,7 +33,7 @@ from aether.api.authz import compile_bodies
 from aether.api.meshnode import MeshNodeFileError
 from aether.api.slices import load_state_file
 from aether.netns.records import load_records, state_dir
-from aether.xds.sidecar.arguments import duration as _duration
+from aether.xds.sidecar.arguments import duration
 from aether.xds.sidecar.arguments import mesh_domain_argument as _mesh_domain_argument
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
 
@@ -224,7 +224,7 @@ def _eastwest_arguments(p: _Parser) -> None:
     )
     p.add_argument(
         "--quic-pair-fetch-window",
-        type=_duration,
+        type=duration,
         default="1h",
         help="a stored QUIC pair with no evidence of use (fetch, re-subscription, held) this long after the sidecar "
         "starts is pruned with its twin; never a dormant one (default 1h; docs/pairs.md)",
