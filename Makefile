@@ -34,8 +34,8 @@ $(STAMP): pyproject.toml | system-packages
 setup: system-packages $(STAMP)
 
 # The pinned Kubernetes control plane the API-facing tests run against (kube-apiserver, kube-controller-manager,
-# kubectl, etcd), built from the Go module proxy into a cache outside the repository keyed by version
-# (k8s/go.mod, k8s/etcd/go.mod): a no-op once built. `k8s/build.sh --where` prints the directory.
+# kubectl, etcd) and helm, built from the Go module proxy into a cache outside the repository keyed by version
+# (k8s/go.mod, k8s/etcd/go.mod, k8s/helm/go.mod): a no-op once built. `k8s/build.sh --where` prints the directory.
 k8s:
 	@command -v go >/dev/null || { echo "k8s: needs the Go toolchain (1.26) to build the control plane"; exit 1; }
 	k8s/build.sh

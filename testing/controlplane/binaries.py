@@ -1,5 +1,5 @@
 """Where the pinned control plane's binaries are: `k8s/build.sh --where` names the cache directory for the versions
-`k8s/go.mod` and `k8s/etcd/go.mod` pin (the script is the one owner of that key); `AETHER_K8S_BIN` overrides it.
+`k8s/go.mod`, `k8s/etcd/go.mod` and `k8s/helm/go.mod` pin (the script is the one owner of that key); `AETHER_K8S_BIN` overrides it.
 Nothing here builds: `make k8s` does, and a missing build is an error that says so."""
 
 from __future__ import annotations
