@@ -11,6 +11,7 @@ Our CRDs and the upstream Gateway API CRDs (crds/gateway-api/, one channel) are 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import shutil
 import signal
@@ -73,6 +74,14 @@ def write_kubeconfig(path: Path, url: str, ca: Path, user: pki.Pair, name: str =
     )
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that started it dies, however it dies (a test run killed
+    with SIGKILL runs no finalizer, and the server is in a session of its own). The kernel ties this to the thread
+    that started the child: start a control plane from a thread that outlives it (the main thread, as tests do)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
 @dataclass
 class Process:
     name: str
@@ -82,7 +91,9 @@ class Process:
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+            )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
