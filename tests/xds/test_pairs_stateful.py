@@ -292,3 +292,25 @@ def test_a_broken_rule_is_caught(
                 suppress_health_check=[HealthCheck.too_slow],
             ),
         )
+
+
+def test_a_pair_delisted_past_the_fetch_window_stays_dormant() -> None:
+    """The sequence hypothesis found (CI, 2026-12-02): a pair carried over restarts, its destination delisted, the
+    fetch window passed, the destination listed again (republished) and delisted again. The window ran before the
+    event with the old environment and pruned the pair the event was making dormant. Red before machine.advance
+    took the event's environment."""
+    s = PairLifecycle()
+    s.request(pair=Pair(source="shop/client", destination="shop/web"))
+    s.sidecar_restart()
+    s.legacy_twins(names={"quic:shop/web@client"})
+    s.reconnect()
+    s.destination(destination="shop/web", how="delisted")
+    s.sidecar_restart()
+    s.reconnect()
+    s.sidecar_restart()
+    s.clock(seconds=3600.0)
+    s.destination(destination="shop/web", how="listed")
+    s.destination(destination="shop/web", how="delisted")
+    s.snapshot_is_the_live_admitted_pairs()
+    s.persisted_is_the_state()
+    assert Pair(source="shop/client", destination="shop/web") in s.pairs

@@ -251,14 +251,17 @@ def admit_refused_now_valid(w: _Work) -> None:
             w.admit(verdict, w.refused[name])
 
 
-def advance(w: _Work, at: float) -> None:
-    """The clock (never backwards); past the fetch window, `window_may_prune` decides for each carried pair."""
+def advance(w: _Work, at: float, coming: Environment | None = None) -> None:
+    """The clock (never backwards); past the fetch window, `window_may_prune` decides for each carried pair. A pair
+    the event being stepped makes dormant (`coming`: its new environment) counts as dormant already: the window
+    never prunes a pair in the step that takes its destination or source away."""
     w.now = max(w.now, at)
     if w.now < w.base.started_at + w.base.config.fetch_window_s:
         return
     for twin in sorted(w.records):
         record = w.records[twin]
-        if window_may_prune(record, not w.valid(record.pair)):
+        dormant = not w.valid(record.pair) or (coming is not None and not coming.valid(record.pair))
+        if window_may_prune(record, dormant):
             w.prune(twin, PruneCause.FETCH_WINDOW)
 
 
@@ -314,7 +317,7 @@ def start(event: SidecarStarted) -> Step:
 
 def step(state: PairState, event: Event) -> Step:
     w = _Work(state)
-    advance(w, event.at)
+    advance(w, event.at, event.env if isinstance(event, EnvironmentChanged) else None)
     match event:
         case Fetched(names=names):
             if w.subscribed is not None:
