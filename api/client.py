@@ -14,7 +14,9 @@ ApiException = kubernetes.client.exceptions.ApiException
 OPERATOR_USER_AGENT = "aether-operator"  # kopf's own requests say "kopf/<version>"
 
 
-def api_client(kubeconfig: str | None, user_agent: str | None = None) -> kubernetes.client.ApiClient:
+def api_client(
+    kubeconfig: str | None, user_agent: str | None = None, pool: int | None = None
+) -> kubernetes.client.ApiClient:
     """A client for the kubeconfig file, or the in-cluster service account when None. The user agent names
     the component in the API test bed's audit (what an RBAC test filters on)."""
     cfg = kubernetes.client.Configuration()
@@ -22,6 +24,8 @@ def api_client(kubeconfig: str | None, user_agent: str | None = None) -> kuberne
         kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)  # type: ignore[no-untyped-call]
     else:
         kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    if pool is not None:  # connections kept per host (urllib3's pool, made with the client)
+        cfg.connection_pool_maxsize = pool
     client = kubernetes.client.ApiClient(cfg)
     if user_agent:
         client.user_agent = user_agent

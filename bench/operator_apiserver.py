@@ -30,6 +30,7 @@ from typing import Any
 import kubernetes
 import yaml
 
+from aether.api.client import api_client
 from aether.testing import controlplane
 from aether.testing.apiserver import api_server
 from aether.testing.apitestbed import objects as o
@@ -126,10 +127,7 @@ def writes(before: dict[Any, Tally], after: dict[Any, Tally]) -> dict[str, list[
 
 # -- processes ------------------------------------------------------------------------------------------------------
 def client_for(kubeconfig: Path, pool: int) -> kubernetes.client.ApiClient:
-    cfg = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)  # type: ignore[no-untyped-call]
-    cfg.connection_pool_maxsize = pool
-    return kubernetes.client.ApiClient(cfg)
+    return api_client(str(kubeconfig), pool=pool)
 
 
 def call(client: Any, method: str, path: str, body: Any = None, accept: str = JSON) -> tuple[int, bytes]:
