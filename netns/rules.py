@@ -25,6 +25,12 @@ container runtimes grant by default), whatever the pod network's own anti-spoofi
 leaves a pod with another source: the capture's transparent replies (from a VIP) go to the pod itself over
 loopback, and the inbound listeners answer from the pod's address.
 
+Any inbound policy also adds a `capture_in` chain on hook `input`, priority filter, policy accept: the capture's L4
+listeners (TCP and UDP 18082, bound in the pod's netns by the node's Envoy) take only the pod's own diverted traffic,
+which arrives over loopback; a packet to one of those ports on any other interface (the node, another node, another
+pod dialling `<pod IP>:18082`) is counted and dropped. The HTTP port 18080 is left to its listener, which answers
+such a caller 403 and logs it (aether.xds.translate.eastwest.outbound).
+
 `redirect` is terminal: nft rejects any statement after it and, `-f` being atomic, then loads nothing at all. The
 builder checks its own output with `check_statement_order`, and the installer reads back what loaded.
 """
@@ -34,6 +40,7 @@ from __future__ import annotations
 from aether.netns.contract import (
     CAPTURE_DIVERT_FWMARK,
     CAPTURED_PORTS,
+    HTTP_OUTBOUND_PORT,
     INBOUND_PORT,
     NFT_TABLE_FAMILY,
     NFT_TABLE_NAME,
@@ -54,6 +61,7 @@ DIVERT_CHAIN: Final = "divert_out"
 REDIRECT_CHAIN: Final = "redirect_out"
 INBOUND_CHAIN: Final = "inbound_in"
 EGRESS_CHAIN: Final = "egress_out"
+CAPTURE_IN_CHAIN: Final = "capture_in"
 PRIO_MANGLE: Final = -150
 PRIO_DSTNAT: Final = -100
 PRIO_FILTER: Final = 0
@@ -204,6 +212,11 @@ def _egress_rules() -> list[list[Json]]:
     return out
 
 
+def _capture_in_rules(pairs: Sequence[tuple[Transport, int]]) -> list[list[Json]]:
+    not_lo = {"match": {"op": "!=", "left": {"meta": {"key": "iifname"}}, "right": "lo"}}
+    return [[not_lo, _port_match(t, p), _counter(), {"drop": None}] for t, p in pairs if p != HTTP_OUTBOUND_PORT]
+
+
 def _chain_commands(name: str, hook: str, rules: list[list[Json]]) -> list[Json]:
     fam, table = NFT_TABLE_FAMILY, NFT_TABLE_NAME
     chain: Json = {"family": fam, "table": table, "name": name, "type": "filter", "hook": hook}
@@ -219,7 +232,8 @@ def build_ruleset(
     inbound: InboundPolicy | None = None,
 ) -> Json:
     """The nftables JSON that creates table `inet aether` for `mode` (pure; same input, same output), with the
-    inbound enforcement chain when `inbound` is STRICT and the egress source check whenever `inbound` is given."""
+    inbound enforcement chain when `inbound` is STRICT, and the egress source check and the capture listeners'
+    loopback-only check whenever `inbound` is given."""
     mode = CaptureMode(mode)
     pairs = _validated_ports(ports)
     fam, table = NFT_TABLE_FAMILY, NFT_TABLE_NAME
@@ -238,6 +252,8 @@ def build_ruleset(
         commands += _chain_commands(INBOUND_CHAIN, "input", _inbound_rules(inbound))
     if inbound is not None:
         commands += _chain_commands(EGRESS_CHAIN, "output", _egress_rules())
+        if capture_in := _capture_in_rules(pairs):
+            commands += _chain_commands(CAPTURE_IN_CHAIN, "input", capture_in)
     ruleset = {"nftables": commands}
     check_statement_order(ruleset)
     return ruleset

@@ -19,6 +19,7 @@ from aether.netns.contract import (
     Transport,
 )
 from aether.netns.rules import (
+    CAPTURE_IN_CHAIN,
     DIVERT_CHAIN,
     EGRESS_CHAIN,
     INBOUND_CHAIN,
@@ -47,7 +48,8 @@ STRICT = InboundPolicy(InboundMode.STRICT, ("169.254.1.1", "10.199.0.0/24", "fd0
 @pytest.mark.parametrize("inbound", list(InboundMode))
 def test_golden_inbound_ruleset(inbound: InboundMode) -> None:
     """The CNI plugin's ruleset in both inbound modes (tproxy capture, the gateway and a node range as mesh
-    sources); PERMISSIVE is the capture plus the egress source check (no inbound chain)."""
+    sources); PERMISSIVE is the capture plus the egress source check and the capture listeners' check (no inbound
+    chain)."""
     rs = build_ruleset(CaptureMode.TPROXY, inbound=STRICT._replace(mode=inbound))
     check_golden(GOLDEN / f"ruleset_tproxy_inbound_{inbound.value}.json", golden_json(rs))
     if inbound is InboundMode.PERMISSIVE:
@@ -56,6 +58,7 @@ def test_golden_inbound_ruleset(inbound: InboundMode) -> None:
         assert {c["add"]["chain"]["name"] for c in rs["nftables"] if "chain" in c["add"]} == {
             "divert_out",
             EGRESS_CHAIN,
+            CAPTURE_IN_CHAIN,
         }
 
 
@@ -77,6 +80,29 @@ def test_every_meshed_pod_drops_tcp_and_udp_leaving_with_a_foreign_source() -> N
             }
             assert r[3:] == [{"counter": {"packets": 0, "bytes": 0}}, {"drop": None}]
     assert EGRESS_CHAIN not in str(build_ruleset(CaptureMode.TPROXY))  # the bare capture (tests, `aether capture`)
+
+
+def test_the_capture_listeners_take_only_loopback_arrivals() -> None:
+    """The capture's L4 listeners (18082, TCP and UDP) in a meshed pod's netns see only the pod's own diverted
+    traffic: anything to those ports on another interface is counted and dropped (tests/e2e/test_e2e_confused_deputy.py
+    shows it from the node and another node, red on main). 18080 is left to its listener (403 and a log line)."""
+    for mode in CaptureMode:
+        rs = build_ruleset(mode, inbound=STRICT._replace(mode=InboundMode.PERMISSIVE))
+        chain = next(
+            c["add"]["chain"] for c in rs["nftables"] if c["add"].get("chain", {}).get("name") == CAPTURE_IN_CHAIN
+        )
+        assert (chain["type"], chain["hook"], chain["prio"], chain["policy"]) == ("filter", "input", 0, "accept")
+        rules = [r["expr"] for r in _rules(rs) if r["chain"] == CAPTURE_IN_CHAIN]
+        assert [(r[1]["match"]["left"]["payload"]["protocol"], r[1]["match"]["right"]) for r in rules] == [
+            ("tcp", 18082),
+            ("udp", 18082),
+        ]
+        for r in rules:
+            assert r[0]["match"] == {"op": "!=", "left": {"meta": {"key": "iifname"}}, "right": "lo"}
+            assert r[2:] == [{"counter": {"packets": 0, "bytes": 0}}, {"drop": None}]
+    assert CAPTURE_IN_CHAIN not in str(build_ruleset(CaptureMode.TPROXY))
+    only_http = build_ruleset(CaptureMode.TPROXY, {Transport.TCP: (18080,)}, STRICT)
+    assert CAPTURE_IN_CHAIN not in str(only_http)  # no empty chain
 
 
 def test_strict_shape_accepts_the_mesh_then_counts_and_drops() -> None:
