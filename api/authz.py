@@ -16,6 +16,12 @@ A Service no policy targets admits any SPIFFE ID of the trust domain (the inboun
 more policies target admits only what their rules allow (deny by default). A policy that is not Accepted allows
 nothing but still closes its Services (it fails closed, as Istio does for an ALLOW rule it cannot honour).
 
+Default-deny (Istio's allow-nothing policy; Gateway API policy attachment, GEP-713, with the Namespace as target):
+a policy whose targetRefs name its own Namespace (`{kind: Namespace, name: <its namespace>}`) applies to every
+meshed pod of the namespace on every port; with no rules it denies everything no other policy allows. Such a policy
+in `ROOT_NAMESPACE` (Istio's root namespace) applies to every pod of the mesh. Policies add up (ALLOW semantics):
+a caller gets through if any policy that applies to the pod and port allows it.
+
 This *is* the CRD schema (crds/ is generated from it, `aether.api.crdgen`). `check` is the one validation, used by the
 operator (the policy's status) and the sidecar (what it compiles); `compiled` gives the sidecar's hashable input.
 """
@@ -33,6 +39,8 @@ from pydantic.alias_generators import to_camel
 from aether.api.meshnode import API_GROUP, API_VERSION, Condition
 
 KIND: Final = "MeshAuthorizationPolicy"
+# the mesh's root namespace (deploy/ installs the operator there): a Namespace-wide policy in it is mesh-wide
+ROOT_NAMESPACE: Final = "aether-system"
 PLURAL: Final = "meshauthorizationpolicies"
 SHORT_NAMES: Final = ["mauthz"]
 MAX_TARGETS: Final = 16
@@ -66,9 +74,13 @@ class _Model(BaseModel):
 
 
 class TargetRef(_Model):
-    group: str = Field(default="", description='"" (the core API group): only Services are targets')
-    kind: str = Field(default="Service", description="Service")
-    name: str = Field(min_length=1, description="a Service in the policy's namespace")
+    group: str = Field(default="", description='"" (the core API group): Services and Namespaces are targets')
+    kind: str = Field(
+        default="Service",
+        description="Service, or Namespace: every pod of the namespace (the policy's own; in the mesh's root "
+        "namespace, every pod of the mesh)",
+    )
+    name: str = Field(min_length=1, description="a Service in the policy's namespace, or that namespace's name")
 
 
 class Rule(_Model):
@@ -82,7 +94,9 @@ class Rule(_Model):
 
 
 class PolicySpec(_Model):
-    target_refs: list[TargetRef] = Field(default_factory=list, description="the Services this policy protects")
+    target_refs: list[TargetRef] = Field(
+        default_factory=list, description="the Services this policy protects, or its own Namespace (all its pods)"
+    )
     rules: list[Rule] = Field(default_factory=list, description="what is allowed (ALLOW); none: every caller denied")
 
 
@@ -117,11 +131,13 @@ class MeshAuthorizationPolicy(BaseModel):
 @dataclass(frozen=True)
 class Verdict:
     """What `check` found: `errors` (each names its field) make the policy not Accepted; `reason` is the Accepted
-    condition's reason; `services` are the Service names it targets (also when it is invalid: it closes them)."""
+    condition's reason; `services` are the Service names it targets (also when it is invalid: it closes them);
+    `namespace_wide`: it targets its own Namespace (every pod of it; of the mesh in `ROOT_NAMESPACE`)."""
 
     reason: str
     errors: tuple[str, ...]
     services: tuple[str, ...]
+    namespace_wide: bool = False
 
     @property
     def accepted(self) -> bool:
@@ -154,9 +170,18 @@ def check(policy: MeshAuthorizationPolicy, trust_domain: str) -> Verdict:
     errors: list[str] = []
     reason = ACCEPTED
     services: list[str] = []
+    ns, wide = policy.metadata.namespace, False
     for i, t in enumerate(spec.target_refs[:MAX_TARGETS]):
-        if (t.group, t.kind) != ("", "Service"):
-            errors.append(f"targetRefs[{i}]: only Services are targets (group '', kind Service), not {t.kind!r}")
+        if (t.group, t.kind) == ("", "Namespace"):
+            if t.name == ns:
+                wide = True
+            else:
+                errors.append(f"targetRefs[{i}]: a policy targets only its own Namespace ({ns!r}), not {t.name!r}")
+                reason = INVALID_SPEC
+        elif (t.group, t.kind) != ("", "Service"):
+            errors.append(
+                f"targetRefs[{i}]: only Services and the policy's own Namespace are targets (group ''), not {t.kind!r}"
+            )
         elif t.name not in services:
             services.append(t.name)
     if not spec.target_refs:
@@ -189,7 +214,7 @@ def check(policy: MeshAuthorizationPolicy, trust_domain: str) -> Verdict:
                 reason = reason if reason != ACCEPTED else INVALID_SPEC
     if not errors and not spec.rules:
         reason = DENY_ALL
-    return Verdict(reason, tuple(errors), tuple(services))
+    return Verdict(reason, tuple(errors), tuple(services), wide)
 
 
 @dataclass(frozen=True)
@@ -207,35 +232,57 @@ class CompiledPolicy:
     services: tuple[str, ...]
     rules: tuple[CompiledRule, ...]
     accepted: bool
+    namespace_wide: bool = False  # targets its own Namespace: every pod of it (of the mesh: `mesh_wide`)
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+    @property
+    def mesh_wide(self) -> bool:
+        return self.namespace_wide and self.namespace == ROOT_NAMESPACE
+
+    def covers_namespace(self, namespace: str) -> bool:
+        """Whether it applies to every pod of `namespace` (its own Namespace, or every one from the root)."""
+        return self.namespace_wide and (self.namespace == namespace or self.mesh_wide)
 
 
 def compiled(policy: MeshAuthorizationPolicy, trust_domain: str) -> CompiledPolicy:
     v = check(policy, trust_domain)
     rules = tuple(CompiledRule(tuple(r.sources), tuple(sorted(set(r.ports)))) for r in policy.spec.rules)
     meta = policy.metadata
-    return CompiledPolicy(meta.namespace, meta.name, v.services, rules if v.accepted else (), v.accepted)
+    return CompiledPolicy(
+        meta.namespace, meta.name, v.services, rules if v.accepted else (), v.accepted, v.namespace_wide
+    )
 
 
 class PolicyParseError(ValueError):
-    """A policy object that does not fit the schema; `targets` are the Service names still readable in it."""
+    """A policy object that does not fit the schema; `targets` are the Service names still readable in it,
+    `namespace_wide` whether it still reads as targeting its own Namespace (then it closes the namespace)."""
 
-    def __init__(self, message: str, namespace: str | None, name: str | None, targets: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        message: str,
+        namespace: str | None,
+        name: str | None,
+        targets: tuple[str, ...],
+        namespace_wide: bool = False,
+    ) -> None:
         super().__init__(message)
-        self.namespace, self.name, self.targets = namespace, name, targets
+        self.namespace, self.name, self.targets, self.namespace_wide = namespace, name, targets, namespace_wide
 
 
-def _lenient_targets(body: Mapping[str, Any]) -> tuple[str, ...]:
+def _lenient_targets(body: Mapping[str, Any], namespace: Any) -> tuple[tuple[str, ...], bool]:
     spec = body.get("spec")
     refs = spec.get("targetRefs") if isinstance(spec, Mapping) else None
     out: list[str] = []
+    wide = False
     for r in refs if isinstance(refs, list) else []:
         if isinstance(r, Mapping) and isinstance(r.get("name"), str) and r.get("kind", "Service") == "Service":
             out.append(r["name"])
-    return tuple(dict.fromkeys(out))
+        elif isinstance(r, Mapping) and r.get("kind") == "Namespace" and r.get("name") == namespace:
+            wide = True
+    return tuple(dict.fromkeys(out)), wide
 
 
 def parse_policy(body: Any, source: str = "<input>") -> MeshAuthorizationPolicy:
@@ -248,9 +295,9 @@ def parse_policy(body: Any, source: str = "<input>") -> MeshAuthorizationPolicy:
             problems.append(f"{loc}: {err['msg']}")
         meta = body.get("metadata") if isinstance(body, Mapping) else None
         meta = meta if isinstance(meta, Mapping) else {}
-        targets = _lenient_targets(body) if isinstance(body, Mapping) else ()
+        targets, wide = _lenient_targets(body, meta.get("namespace")) if isinstance(body, Mapping) else ((), False)
         raise PolicyParseError(
-            f"{source}: " + "; ".join(problems), meta.get("namespace"), meta.get("name"), targets
+            f"{source}: " + "; ".join(problems), meta.get("namespace"), meta.get("name"), targets, wide
         ) from exc
 
 
@@ -263,7 +310,7 @@ def compile_bodies(bodies: Iterable[Any], trust_domain: str) -> tuple[CompiledPo
             out.append(compiled(parse_policy(body), trust_domain))
         except PolicyParseError as exc:
             if exc.namespace and exc.name:
-                out.append(CompiledPolicy(exc.namespace, exc.name, exc.targets, (), False))
+                out.append(CompiledPolicy(exc.namespace, exc.name, exc.targets, (), False, exc.namespace_wide))
     return tuple(sorted(out, key=lambda p: (p.namespace, p.name)))
 
 
@@ -272,6 +319,7 @@ __all__ = [
     "API_VERSION",
     "KIND",
     "PLURAL",
+    "ROOT_NAMESPACE",
     "CompiledPolicy",
     "CompiledRule",
     "MeshAuthorizationPolicy",

@@ -127,8 +127,8 @@ class QuicDestination(_Model):
     unready_ips: list[str] = Field(
         default_factory=list,
         exclude_if=lambda v: not v,
-        description="IPs of the Service's other endpoints (not ready, or terminating): no traffic goes to them; "
-        + _GUARD_NOTE,
+        description="IPs of the Service's other endpoints (not ready, or terminating) and of the pods its selector "
+        "selects that no EndpointSlice lists: no traffic goes to them; " + _GUARD_NOTE,
     )
 
 
@@ -139,7 +139,8 @@ class IneligibleDestination(_Model):
     endpoint_ips: list[str] = Field(
         default_factory=list,
         exclude_if=lambda v: not v,
-        description="IPs of every endpoint of the Service, whatever its conditions: " + _GUARD_NOTE,
+        description="IPs of every endpoint of the Service, whatever its conditions, and of every pod its selector "
+        "selects: " + _GUARD_NOTE,
     )
 
 

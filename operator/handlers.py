@@ -281,6 +281,7 @@ def _start_policies(
         lambda: _values(meshnodes),
         config.trust_domain,
         debounce=config.debounce,
+        post_event=writer.post_policy_event,
     )
     state["policies"] = policy_ctl
     state["policy_task"] = asyncio.create_task(policy_ctl.run(), name="aether-policies")

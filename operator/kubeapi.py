@@ -158,6 +158,18 @@ class KubeWriter:
         }
         self._event(str(meta.get("namespace")), f"{meta.get('name', 'udproute')}.", type_, reason, message, involved)
 
+    def post_policy_event(self, policy: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = policy.get("metadata") or {}
+        involved = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "MeshAuthorizationPolicy",
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        }
+        self._event(str(meta.get("namespace")), f"{meta.get('name', 'policy')}.", type_, reason, message, involved)
+
     def _event(
         self, namespace: str, prefix: str, type_: str, reason: str, message: str, involved: dict[str, Any]
     ) -> None:

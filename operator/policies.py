@@ -7,9 +7,11 @@ what a policy's status says is what the sidecars enforce.
 - `policy_status`: conditions `Accepted` (True: Accepted or DenyAll; False: NoTargets, InvalidSource, TooManyRules,
   InvalidSpec) and `ResolvedRefs` (False: ServiceNotFound, PortNotFound), `services` (the existing Services it
   selects, `<ns>/<name>`), `errors` (every problem, each naming its field), `observedGeneration`.
-- `node_counts`: per node, `status.authorization` of its MeshNode: `guardedServices` (Services with an endpoint, ready
-  or not, on a pod of the node that a policy targets), `policies` (the policies targeting them), `notAccepted` (of those,
-  the ones failing closed).
+- `node_counts`: per node, `status.authorization` of its MeshNode: `guardedServices` (Services a policy applies to
+  that are bound to a pod of the node: an endpoint of their EndpointSlices, ready or not, or a pod their selector
+  selects, `bound_nodes`), `policies` (the policies applying to them: naming them, or their Namespace), `notAccepted`
+  (of those, the ones failing closed).
+- `unresolved`: the policies whose targets do not exist, with the message of their Warning Event.
 """
 
 from __future__ import annotations
@@ -61,9 +63,10 @@ def policy_status(body: Mapping[str, Any], services: Mapping[str, ServiceView], 
     absent = [p for p in ports if p not in have] if found else []
     if absent:
         resolution.append(f"port(s) {', '.join(map(str, absent))} are ports of no selected Service")
+    scope = _scope(policy.metadata.namespace, verdict)
     if verdict.accepted:
         if verdict.reason == authz.DENY_ALL:
-            message = f"no rules: every caller of {', '.join(verdict.services)} is denied"
+            message = f"no rules: every caller of {scope} is denied"
         else:
             sources = sum(len(r.sources) for r in policy.spec.rules)
             message = f"{len(policy.spec.rules)} rule(s), {sources} source(s); everything else is denied"
@@ -75,6 +78,8 @@ def policy_status(body: Mapping[str, Any], services: Mapping[str, ServiceView], 
         resolved = _condition("ResolvedRefs", False, authz.PORT_NOT_FOUND, "; ".join(resolution), generation)
     else:
         selected = ", ".join(ref(ns, n) for n in found) or "nothing"
+        if verdict.namespace_wide:
+            selected = _scope(ns, verdict)
         resolved = _condition("ResolvedRefs", True, authz.RESOLVED, f"selects {selected}", generation)
     return {
         "observedGeneration": generation,
@@ -85,6 +90,23 @@ def policy_status(body: Mapping[str, Any], services: Mapping[str, ServiceView], 
         "services": [ref(ns, n) for n in found],
         "errors": [*errors, *resolution],
     }
+
+
+def _scope(ns: str, verdict: authz.Verdict) -> str:
+    """What a policy applies to, in words."""
+    parts = list(verdict.services)
+    if verdict.namespace_wide:
+        wide = "every pod of the mesh" if ns == authz.ROOT_NAMESPACE else f"every pod of namespace {ns}"
+        parts.insert(0, wide)
+    return ", ".join(parts) or "nothing"
+
+
+def unresolved(status: Mapping[str, Any]) -> str | None:
+    """The Warning Event's message for a policy status whose ResolvedRefs is ServiceNotFound, else None."""
+    for c in status.get("conditions", []):
+        if c["type"] == "ResolvedRefs" and c["reason"] == authz.SERVICE_NOT_FOUND:
+            return f"{c['message']}; until then it opens nothing (a default-deny policy still denies)"
+    return None
 
 
 def same_status(current: Any, want: Mapping[str, Any]) -> bool:
@@ -110,26 +132,50 @@ def with_times(want: Mapping[str, Any], current: Any, now: str) -> dict[str, Any
     return out
 
 
+def bound_nodes(
+    services: Iterable[ServiceView], pods: Iterable[PodView], slices: Iterable[SliceView]
+) -> dict[tuple[str, str], set[str]]:
+    """(namespace, Service) -> the nodes of the pods bound to it: every endpoint of its EndpointSlices (ready or
+    not) and every pod its selector selects (docs/identity.md, "which pods a policy guards")."""
+    where: dict[tuple[str, str], str] = {}
+    by_ns: dict[str, list[PodView]] = defaultdict(list)
+    for p in pods:
+        if p.node:
+            where[p.key] = p.node
+            by_ns[p.namespace].append(p)
+    out: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for sl in slices:
+        for ep in sl.endpoints:
+            node = where.get((sl.namespace, ep.pod or ""))
+            if node and sl.service:
+                out[(sl.namespace, sl.service)].add(node)
+    for svc in services:
+        for p in by_ns.get(svc.namespace, ()) if svc.selector else ():
+            if p.ip and p.placed and svc.selects(p) and p.node:
+                out[svc.key].add(p.node)
+    return out
+
+
 def node_counts(
     policies: Iterable[authz.CompiledPolicy],
     pods: Iterable[PodView],
     slices: Iterable[SliceView],
     nodes: Iterable[str],
+    services: Iterable[ServiceView] = (),
 ) -> dict[str, dict[str, int]]:
     """`status.authorization` for each of `nodes`."""
+    compiled = list(policies)
     targeted: dict[tuple[str, str], list[authz.CompiledPolicy]] = defaultdict(list)
-    for p in policies:
+    for p in compiled:
         for svc in p.services:
             targeted[(p.namespace, svc)].append(p)
-    where = {(p.namespace, p.name): p.node for p in pods if p.node}
+    wide = [p for p in compiled if p.namespace_wide]
     guarded: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for sl in slices:
-        key = (sl.namespace, sl.service or "")
-        if key not in targeted:
-            continue
-        for ep in sl.endpoints:
-            node = where.get((sl.namespace, ep.pod or ""))
-            if node:  # ready or not: a policy guards every pod of the Service
+    for key, at in bound_nodes(services, pods, slices).items():
+        applying = targeted.get(key, []) + [p for p in wide if p.covers_namespace(key[0])]
+        if applying:
+            targeted[key] = list(dict.fromkeys(applying))
+            for node in at:
                 guarded[node].add(key)
     out = {}
     for node in nodes:

@@ -3,7 +3,8 @@
 A policy, Service, EndpointSlice, Pod or MeshNode event wakes it (`touch`); after `debounce` seconds one pass
 recomputes every policy's status and every node's counts from the kopf indexes (`aether.operator.policies`, pure) and
 writes only what differs from the stored copy (merge patches on /status; a MeshNode not yet created is left to the
-main reconciler and counted on its next event). A failed write is logged and retried on the next pass; every
+main reconciler and counted on its next event). A status write that makes a policy's ResolvedRefs ServiceNotFound
+(a target that does not exist: a typo) also posts a Warning Event `ServiceNotFound` on the policy. A failed write is logged and retried on the next pass; every
 `resync` seconds a pass runs anyway. It shares nothing with the MeshNode reconciler but the indexes: the MeshNode
 field it writes (`status.authorization`) is one the reconciler never patches."""
 
@@ -20,12 +21,13 @@ from aether.api.client import ApiException, now
 from aether.api.meshnode import API_GROUP, API_VERSION
 from aether.api.meshnode import PLURAL as MESHNODES
 from aether.operator.kubeapi import MERGE
-from aether.operator.policies import node_counts, policy_status, same_status, with_times
+from aether.operator.policies import node_counts, policy_status, same_status, unresolved, with_times
 from aether.operator.reconcile.views import PodView, ServiceView, SliceView
 
 log = logging.getLogger("aether.operator.policies")
 Bodies = Callable[[], Iterable[dict[str, Any]]]
 Views = Callable[[], Iterable[Any]]
+PostEvent = Callable[[dict[str, Any], str, str, str], None]  # (policy body, type, reason, message)
 
 
 class PolicyController:
@@ -40,8 +42,9 @@ class PolicyController:
         trust_domain: str,
         debounce: float = 0.1,
         resync: float = 30.0,
+        post_event: PostEvent | None = None,
     ) -> None:
-        self.custom, self.trust_domain = custom, trust_domain
+        self.custom, self.trust_domain, self.post_event = custom, trust_domain, post_event
         self.policies, self.services, self.slices, self.pods, self.meshnodes = (
             policies,
             services,
@@ -95,13 +98,30 @@ class PolicyController:
             except ApiException as exc:
                 if exc.status != 404:  # gone meanwhile: nothing to say
                     log.warning("MeshAuthorizationPolicy %s/%s: status write failed: %s", ns, name, exc.reason)
+                continue
+            self._warn_unresolved(body, want, ns, name)
         self._counts(authz.compile_bodies(bodies, self.trust_domain))
+
+    def _warn_unresolved(self, body: dict[str, Any], want: dict[str, Any], ns: str, name: str) -> None:
+        """A Warning Event when this write says a target does not exist (once per status change, not per pass)."""
+        message = unresolved(want)
+        if message is None:
+            return
+        log.warning("MeshAuthorizationPolicy %s/%s: %s", ns, name, message)
+        if self.post_event is None:
+            return
+        try:
+            self.post_event(body, "Warning", authz.SERVICE_NOT_FOUND, message)
+            self.writes.append(("event", f"{ns}/{name}"))
+        except ApiException as exc:
+            log.warning("MeshAuthorizationPolicy %s/%s: event not posted: %s", ns, name, exc.reason)
 
     def _counts(self, compiled: tuple[authz.CompiledPolicy, ...]) -> None:
         stored = {str((m.get("metadata") or {}).get("name", "")): m for m in self.meshnodes()}
         pods = [p for p in self.pods() if isinstance(p, PodView)]
         slices = [s for s in self.slices() if isinstance(s, SliceView)]
-        for node, counts in node_counts(compiled, pods, slices, stored).items():
+        services = [s for s in self.services() if isinstance(s, ServiceView)]
+        for node, counts in node_counts(compiled, pods, slices, stored, services).items():
             current = (stored[node].get("status") or {}).get("authorization")
             if current == counts or (current is None and not any(counts.values())):
                 continue

@@ -97,6 +97,10 @@ class _Reader:
         self.read.add(namespace)
         return self.m.pods.get((namespace, name))
 
+    def pods_in(self, namespace: str) -> Iterable[PodView]:
+        self.read.add(namespace)
+        return [self.m.pods[(namespace, n)] for n in sorted(self.m.pods_by_ns.get(namespace, ()))]
+
     def vip_owner(self, vip: str) -> ServiceView | None:
         claims = [self.m.services[ns][n] for ns, n in sorted(self.m.vip_claims.get(vip, ()))]
         self.read.update(s.namespace for s in claims)
@@ -110,6 +114,7 @@ class ClusterModel:
         self.nodes: dict[str, NodeView] = {}
         self.pods: dict[tuple[str, str], PodView] = {}
         self.pods_by_node: dict[str, set[tuple[str, str]]] = defaultdict(set)
+        self.pods_by_ns: dict[str, set[str]] = defaultdict(set)  # namespace -> pod names (Service selectors)
         self.services: dict[str, dict[str, ServiceView]] = defaultdict(dict)
         self.slices: dict[str, dict[str, SliceView]] = defaultdict(dict)
         self.slices_by_service: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -145,11 +150,13 @@ class ClusterModel:
             self.dirty_nodes.add(name)
         elif kind == "pod":
             old_pod = self.pods.pop(key, None)
+            self.pods_by_ns[ns].discard(name)
             if old_pod is not None and old_pod.node:
                 self.pods_by_node[old_pod.node].discard(key)
                 self.dirty_nodes.add(old_pod.node)
             if isinstance(view, PodView):
                 self.pods[key] = view
+                self.pods_by_ns[ns].add(name)
                 if view.node:
                     self.pods_by_node[view.node].add(key)
                     self.dirty_nodes.add(view.node)

@@ -19,6 +19,7 @@ from aether.api.meshnode import (
 )
 from aether.api.naming import ref, tcp_cluster, udp_cluster
 from aether.netns.contract import INBOUND_PORT
+from aether.operator.reconcile.gateway import RouteView
 from aether.operator.reconcile.routes import (
     Verdict,
     attach_routes,
@@ -119,6 +120,14 @@ def duplicate_vip(svc: ServiceView, owner: ServiceView) -> UnsupportedShape:
     )
 
 
+def selected_ips(world: World, svc: ServiceView) -> set[str]:
+    """The IPs of the running or pending pods (in their own netns, with an IP) the Service's selector selects: the
+    pods a policy on the Service guards besides every endpoint of its EndpointSlices (docs/identity.md)."""
+    if not svc.selector:
+        return set()
+    return {p.ip for p in world.pods_in(svc.namespace) if p.ip and p.placed and svc.selects(p)}
+
+
 def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestination | None:
     tcp = svc.ports_of("TCP")
     if not tcp:
@@ -128,6 +137,7 @@ def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestina
     every: set[str] = set()  # whatever their conditions: the pods a policy on the Service guards
     accounts: set[str] = set()
     unknown: list[str] = []
+    every.update(selected_ips(world, svc))  # a pod the selector selects is guarded whatever the slices say
     for sl in world.slices_of(svc.namespace, svc.name):
         for ep in sl.endpoints:
             every.add(ep.ip)
@@ -182,7 +192,11 @@ def compute_namespace(world: World, namespace: str) -> NamespaceResult:
 
 
 def _one_service(
-    world: World, svc: ServiceView, meshed: bool, winners: Any, verdicts: dict[tuple[str, str, int], Verdict]
+    world: World,
+    svc: ServiceView,
+    meshed: bool,
+    winners: dict[tuple[str, str], tuple[RouteView, tuple[int, ...]]],
+    verdicts: dict[tuple[str, str, int], Verdict],
 ) -> Contribution:
     """What one Service adds to the namespace's tables; the verdicts of a route attached to it go into `verdicts`."""
     sref = ref(svc.namespace, svc.name)
@@ -192,17 +206,17 @@ def _one_service(
     tcp_shapes: list[UnsupportedShape] = []
     owner = world.vip_owner(svc.cluster_ip) if svc.cluster_ip else None
     lost = owner is not None and owner.key != svc.key
-    route = None if lost else winners.get(svc.key)
+    winner = None if lost else winners.get(svc.key)
     if lost and owner is not None:
         if meshed:
             udp_shapes.append(duplicate_vip(svc, owner))
-    elif route is not None:
+    elif winner is not None:
+        route, indexes = winner
         found: tuple[ServiceArm, Verdict] | None = None
-        for i, parent in enumerate(route.parents):
-            if (parent.namespace or route.namespace, parent.name) == svc.key and parent.ours:
-                arm, verdict = resolve_route_on(world, route, parent, svc)
-                verdicts[(route.namespace, route.name, i)] = verdict
-                found = found or (arm, verdict)
+        for i in indexes:  # the route's parentRefs on the port the mesh carries
+            arm, verdict = resolve_route_on(world, route, route.parents[i], svc)
+            verdicts[(route.namespace, route.name, i)] = verdict
+            found = found or (arm, verdict)
         if found is not None:
             udp_arms.append(found[0])
     elif meshed:

@@ -97,6 +97,7 @@ class PodView:
     service_account: str
     phase: str
     host_network: bool
+    labels: frozenset[tuple[str, str]] = frozenset()  # metadata.labels: what Service selectors match
 
     @property
     def key(self) -> tuple[str, str]:
@@ -124,7 +125,13 @@ def parse_pod(obj: Raw) -> PodView:
         service_account=sa,
         phase=str(status.get("phase") or "Pending"),
         host_network=spec.get("hostNetwork") is True,
+        labels=_labels(meta.get("labels")),
     )
+
+
+def _labels(value: Any) -> frozenset[tuple[str, str]]:
+    """A label map (or a Service's `spec.selector`) as a set of pairs; entries that are not strings are dropped."""
+    return frozenset((k, v) for k, v in _d(value).items() if isinstance(k, str) and isinstance(v, str))
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -171,6 +178,12 @@ class ServiceView:
     udp_idle_timeout_s: float | None = None  # UDP_IDLE_TIMEOUT_ANNOTATION; None: the node's default
     idle_timeout_problem: str | None = None  # the annotation is set but refused (the arm keeps the default)
     external_name: str | None = None  # spec.externalName of a type ExternalName Service (a DNS alias, no ClusterIP)
+    # spec.selector: empty means selector-less (its EndpointSlices are written by someone else), as the API says
+    selector: frozenset[tuple[str, str]] = frozenset()
+
+    def selects(self, pod: PodView) -> bool:
+        """Whether the Service's selector matches `pod` (same namespace, every selector label on the pod)."""
+        return bool(self.selector) and pod.namespace == self.namespace and self.selector <= pod.labels
 
     @property
     def no_vip(self) -> str:
@@ -232,6 +245,7 @@ def parse_service(obj: Raw) -> ServiceView:
         idle_s,
         idle_problem,
         str(spec.get("externalName") or "") if spec.get("type") == "ExternalName" else None,
+        _labels(spec.get("selector")) if spec.get("type") != "ExternalName" else frozenset(),
     )
 
 

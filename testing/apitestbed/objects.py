@@ -39,11 +39,16 @@ def pod_status(ip: str, phase: str = "Running", ready: bool = True) -> Obj:
     return {"status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "conditions": conditions}}
 
 
-def service(ns: str, name: str, cluster_ip: str | None, ports: Sequence[Port]) -> Obj:
-    """A selector-less Service; `cluster_ip` None leaves the ClusterIP to the server's allocator."""
+def service(
+    ns: str, name: str, cluster_ip: str | None, ports: Sequence[Port], selector: dict[str, str] | None = None
+) -> Obj:
+    """A selector-less Service unless `selector` (pod labels); `cluster_ip` None leaves the ClusterIP to the server's
+    allocator."""
     spec: Obj = {"ports": [{"name": n, "port": p, "protocol": proto} for n, p, proto in ports]}
     if cluster_ip is not None:
         spec = {"clusterIP": cluster_ip, **spec}
+    if selector:
+        spec["selector"] = dict(selector)
     return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": ns}, "spec": spec}
 
 

@@ -317,3 +317,57 @@ def test_a_pod_that_takes_no_traffic_is_still_guarded(where: str) -> None:
         assert got is None
     else:
         assert got is not None and list(got) == ["default/web-callers"], got
+
+
+# -- default-deny: a policy on its own Namespace (issue 22, item 4) --------------------------------------------------
+def namespace_wide(name: str, ns: str = "default", rules: Any = ()) -> dict[str, Any]:
+    body = policy(name, rules=list(rules))
+    body["metadata"]["namespace"] = ns
+    body["spec"]["targetRefs"] = [{"kind": "Namespace", "name": ns}]
+    return body
+
+
+def test_a_namespace_wide_policy_without_rules_denies_every_port_of_every_pod() -> None:
+    res = translate(namespace_wide("deny-all"))
+    for chain in ("primary", "port-8080", "port-9090"):
+        for listener in ("inbound-h2:default/web-0", "inbound-h3:default/web-0"):
+            assert rbac_of(res, chain, listener) == {}, (chain, listener)
+
+
+def test_under_default_deny_another_policy_opens_only_what_it_allows() -> None:
+    res = translate(namespace_wide("deny-all"), policy())
+    assert rbac_of(res, "port-8080") == {"default/web-callers": [{"exact": CLIENT}]}
+    assert rbac_of(res, "port-9090") == {}  # web-callers names 8080 only
+    # a typo'd target (Web, no such Service) binds to nothing: it never opens web
+    typo = translate(namespace_wide("deny-all"), policy("typo", targets=["Web"]))
+    assert rbac_of(typo, "port-8080") == {} and rbac_of(typo, "port-9090") == {}
+
+
+def test_namespace_wide_rules_and_the_mesh_wide_form() -> None:
+    res = translate(namespace_wide("team-b-in", rules=[{"from": [OTHER], "ports": [9090]}]))
+    assert rbac_of(res, "port-9090") == {"default/team-b-in": [{"exact": OTHER}]}
+    assert rbac_of(res, "port-8080") == {}
+    mesh = translate(namespace_wide("mesh-deny", ns=authz.ROOT_NAMESPACE))
+    assert rbac_of(mesh, "port-8080") == {} and rbac_of(mesh, "port-9090") == {}
+    # another namespace's Namespace-wide policy does nothing here; naming another Namespace is refused, opens nothing
+    assert translate(namespace_wide("deny-all", ns="team-b")) == translate()
+    foreign = namespace_wide("foreign")
+    foreign["spec"]["targetRefs"] = [{"kind": "Namespace", "name": "team-b"}]
+    assert not verdict(foreign).accepted and translate(foreign) == translate()
+
+
+def test_a_namespace_wide_policy_guards_a_pod_that_backs_no_service() -> None:
+    node, records = sample_node("node-b", [SamplePod("u-lone", "lone-0", "10.200.2.9", "lone", "/run/netns/l")], [])
+    opts = TranslateOptions(trust_domain=TD, authorization=compile_bodies([namespace_wide("deny-all")], TD))
+    assert rbac_of(build(node, records, opts), "primary", "inbound-h2:default/lone-0") == {}
+    assert (
+        rbac_of(build(node, records, TranslateOptions(trust_domain=TD)), "primary", "inbound-h2:default/lone-0") is None
+    )
+
+
+def test_a_namespace_wide_body_that_does_not_fit_the_schema_closes_the_namespace() -> None:
+    broken = namespace_wide("broken")
+    broken["spec"]["rules"] = "not a list"
+    (compiled,) = compile_bodies([broken], TD)
+    assert (compiled.accepted, compiled.namespace_wide, compiled.rules) == (False, True, ())
+    assert rbac_of(translate(broken), "port-8080") == {}

@@ -23,6 +23,9 @@ reads DNS SANs or the subject, which `authenticated.principal_name` falls back t
   policy id), matching the union of the rules' sources that cover the port: the joined URI SANs equal to the ID, or
   for `.../ns/<ns>/sa/*` any one ServiceAccount name of that namespace (a regular expression without ",", so a second
   URI SAN never rides along).
+- A policy that targets its own Namespace (`CompiledPolicy.namespace_wide`; from `ROOT_NAMESPACE`, the whole mesh)
+  guards every local pod of the namespace on every app port, whether or not a Service names the pod; with no rules
+  it is the default-deny (Istio's allow-nothing policy): only what another policy on the pod and port allows passes.
 - A policy that is not Accepted has no rules: it allows nothing and still guards its Services (fails closed).
 """
 
@@ -161,10 +164,11 @@ def inbound_rbac(
         return out
     for pod in pods:
         mine = local_services(pod, services)
-        if not mine:
+        wide = [p for p in policies if p.covers_namespace(pod.namespace)]
+        if not mine and not wide:
             continue
         for port in pod.app_ports:
-            chosen = guarding(policies, mine, port)
+            chosen = wide + [p for p in (guarding(policies, mine, port) if mine else []) if p not in wide]
             if chosen:
                 out[(pod.uid, port)] = rbac_config(chosen, port)
     return out
