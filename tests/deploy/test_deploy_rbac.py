@@ -1,8 +1,10 @@
 """RBAC: no wildcards, and every API call the code makes is allowed by the ClusterRole bound to its account.
 
-The calls come from two places: the API test bed's audit log of a real run of the operator (and of the node
-sidecar in cluster mode) against it, when those exist; and a fixed list derived by reading the code, which
-also pins the shape of the roles (tests/deploy/README is the rule: extend the list when the code grows a call).
+The answers are the real API server's: deploy/'s ClusterRoles and bindings are applied to the test control plane
+(kube-apiserver 1.35.4) and each call is a SubjectAccessReview for the account's ServiceAccount. The calls come
+from two places: the API test bed's audit log of a real run of the operator (and of the node sidecar in cluster
+mode) against it; and a fixed list derived by reading the code, which also pins the shape of the roles
+(extend it when the code grows a call).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+import yaml
 
+from aether.testing import controlplane
+from aether.testing.controlplane.manifests import Authorizer, Request, dry_run, grant, service_account
 from aether.testing.wait import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,47 +73,73 @@ OPERATOR_FORBIDDEN = [
 ]
 
 
-def _roles(rendered: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """ServiceAccount name -> the rules of every ClusterRole bound to it."""
-    roles = {o["metadata"]["name"]: o.get("rules", []) for o in rendered if o["kind"] == "ClusterRole"}
-    out: dict[str, list[dict[str, Any]]] = {}
-    for b in (o for o in rendered if o["kind"] == "ClusterRoleBinding"):
-        for s in b["subjects"]:
-            assert s["kind"] == "ServiceAccount" and s["namespace"] == "aether-system"
-            out.setdefault(s["name"], []).extend(roles[b["roleRef"]["name"]])
-    return out
+SA_NS = "aether-system"
+WILDCARD = "*"
 
 
-def test_no_wildcards_and_no_namespaced_roles(rendered: list[dict[str, Any]], rbac_check: ModuleType) -> None:
+def _wildcards(rules: list[dict[str, Any]]) -> list[str]:
+    """Every wildcard in verbs, apiGroups, resources (`*/sub` and `res/*` too) or nonResourceURLs."""
+    return [
+        f"rule {i}: {field} contains {value!r}"
+        for i, rule in enumerate(rules)
+        for field in ("verbs", "apiGroups", "resources", "nonResourceURLs")
+        for value in rule.get(field) or []
+        if WILDCARD in str(value)
+    ]
+
+
+def test_no_wildcards_and_no_namespaced_roles(rendered: list[dict[str, Any]]) -> None:
     assert not [o for o in rendered if o["kind"] in ("Role", "RoleBinding")]
     for role in (o for o in rendered if o["kind"] == "ClusterRole"):
-        assert rbac_check.wildcards(role["rules"]) == [], role["metadata"]["name"]
+        assert _wildcards(role["rules"]) == [], role["metadata"]["name"]
         assert "aggregationRule" not in role
 
 
-def test_wildcard_gate_sees_red(rendered: list[dict[str, Any]], rbac_check: ModuleType) -> None:
+def test_wildcard_gate_sees_red(rendered: list[dict[str, Any]]) -> None:
     """Negative control: a `*` verb, resource, group or subresource is found."""
     for field, value in (("verbs", "*"), ("resources", "*"), ("apiGroups", "*"), ("resources", "meshnodes/*")):
         role = copy.deepcopy(next(o for o in rendered if o["kind"] == "ClusterRole"))
         role["rules"][0][field] = [*role["rules"][0][field], value]
-        assert rbac_check.wildcards(role["rules"]), (field, value)
+        assert _wildcards(role["rules"]), (field, value)
 
 
-def test_rule_matching(rbac_check: ModuleType) -> None:
-    R = rbac_check.Request
+# -- what the server's RBAC authorizer answers (SubjectAccessReview on the test control plane) --------------------
+
+
+@pytest.fixture(scope="module")
+def authz(plane: controlplane.ControlPlane, rendered: list[dict[str, Any]]) -> Authorizer:
+    """The control plane with deploy/'s ClusterRoles and their bindings applied as rendered."""
+    rbac = [o for o in rendered if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+    assert dry_run(plane, rbac) == ""
+    plane.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(rbac))
+    for b in (o for o in rbac if o["kind"] == "ClusterRoleBinding"):
+        assert all(s["kind"] == "ServiceAccount" and s["namespace"] == SA_NS for s in b["subjects"]), b
+    return Authorizer(plane)
+
+
+def test_rule_matching(plane: controlplane.ControlPlane, authz: Authorizer) -> None:
+    """The rule semantics the roles rely on, as the server has them: a subresource is its own resource, a group
+    must match, resourceNames never cover a list, `*/sub` covers that subresource of any resource."""
+    R = Request
     rules = [
         {"apiGroups": ["mesh.aether.dev"], "resources": ["meshnodes/status"], "verbs": ["patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"], "resourceNames": ["p1"]},
         {"apiGroups": ["apps"], "resources": ["*/scale"], "verbs": ["*"]},
     ]
-    assert rbac_check.allows(rules, R("patch", "mesh.aether.dev", "meshnodes", "status"))
-    assert not rbac_check.allows(rules, R("patch", "mesh.aether.dev", "meshnodes"))  # status is not the object
-    assert not rbac_check.allows(rules, R("patch", "", "meshnodes", "status"))  # wrong group
-    assert rbac_check.allows(rules, R("get", "", "pods", "", "p1"))
-    assert not rbac_check.allows(rules, R("get", "", "pods", "", "p2"))
-    assert not rbac_check.allows(rules, R("list", "", "pods"))  # resourceNames never cover a list
-    assert rbac_check.allows(rules, R("update", "apps", "deployments", "scale"))
-    assert not rbac_check.allows(rules, R("update", "apps", "deployments"))
+    user = grant(plane, SA_NS, "aether-rbac-matching", rules)
+    allowed = [
+        R("patch", "mesh.aether.dev", "meshnodes", "status"),
+        R("get", "", "pods", "", "p1"),
+        R("update", "apps", "deployments", "scale"),
+    ]
+    refused = [
+        R("patch", "mesh.aether.dev", "meshnodes"),  # status is not the object
+        R("patch", "", "meshnodes", "status"),  # wrong group
+        R("get", "", "pods", "", "p2"),
+        R("list", "", "pods"),  # resourceNames never cover a list
+        R("update", "apps", "deployments"),
+    ]
+    assert authz.settled(user, allowed + refused, sorted(refused)) == sorted(refused)
 
 
 @pytest.mark.parametrize(
@@ -117,22 +147,25 @@ def test_rule_matching(rbac_check: ModuleType) -> None:
     [("aether-operator", OPERATOR_CALLS, OPERATOR_FORBIDDEN), ("aether-node", NODE_CALLS, NODE_FORBIDDEN)],
 )
 def test_code_calls_are_allowed_and_nothing_more(
-    rendered: list[dict[str, Any]],
-    rbac_check: ModuleType,
+    authz: Authorizer,
     account: str,
     calls: list[tuple[str, str, str, str]],
     forbidden: list[tuple[str, str, str, str]],
 ) -> None:
-    rules = _roles(rendered)[account]
-    assert rbac_check.denied(rules, [rbac_check.Request(*c) for c in calls]) == []
-    assert [c for c in forbidden if rbac_check.allows(rules, rbac_check.Request(*c))] == []
+    user = service_account(SA_NS, account)
+    assert authz.settled(user, [Request(*c) for c in calls], []) == []
+    assert [c for c in forbidden if authz.allows(user, Request(*c))] == []
 
 
-def test_rbac_gate_sees_red(rendered: list[dict[str, Any]], rbac_check: ModuleType) -> None:
-    """Negative control: drop the MeshNode status rule and the status patch is reported denied."""
-    rules = [r for r in _roles(rendered)["aether-node"] if "meshnodes/status" not in r["resources"]]
-    denied = rbac_check.denied(rules, [rbac_check.Request(*c) for c in NODE_CALLS])
-    assert denied == [rbac_check.Request("patch", "mesh.aether.dev", "meshnodes", "status")]
+def test_rbac_gate_sees_red(
+    plane: controlplane.ControlPlane, rendered: list[dict[str, Any]], authz: Authorizer
+) -> None:
+    """Negative control: the node's role without its MeshNode status rule, and the status patch is denied."""
+    node_role = next(o for o in rendered if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "aether-node")
+    rules = [r for r in node_role["rules"] if "meshnodes/status" not in r["resources"]]
+    user = grant(plane, SA_NS, "aether-node-without-status", rules)
+    status_patch = [Request("patch", "mesh.aether.dev", "meshnodes", "status")]
+    assert authz.settled(user, [Request(*c) for c in NODE_CALLS], status_patch) == status_patch
 
 
 # -- the operator, run against the API test bed: its audit log is the list of calls --------------------------
@@ -261,9 +294,7 @@ def _reconciled(store: Any) -> list[str]:
 
 
 @pytest.mark.slow
-def test_operator_calls_in_the_audit_log_are_allowed(
-    rendered: list[dict[str, Any]], rbac_check: ModuleType, tmp_path: Path
-) -> None:
+def test_operator_calls_in_the_audit_log_are_allowed(authz: Authorizer, tmp_path: Path) -> None:
     from aether.testing import apitestbed
 
     audit = tmp_path / "audit.jsonl"
@@ -278,20 +309,20 @@ def test_operator_calls_in_the_audit_log_are_allowed(
             stdout=subprocess.DEVNULL,
             stderr=open(tmp_path / "operator.log", "w"),  # noqa: SIM115 (closed with the process)
         )
-        expected = {rbac_check.Request(*c) for c in OPERATOR_RUN_CALLS}
+        expected = {Request(*c) for c in OPERATOR_RUN_CALLS}
 
         def done() -> bool:
-            return not bed.call(_reconciled) and expected <= _requests(rbac_check, bed.audit)
+            return not bed.call(_reconciled) and expected <= _requests(bed.audit)
 
         _run_until(proc, done, timeout=90)
         missing = bed.call(_reconciled)
         records = bed.audit
     log = (tmp_path / "operator.log").read_text()[-3000:]
     assert missing == [], f"the operator did not finish reconciling; its log ends:\n{log}"
-    calls = _requests(rbac_check, records)
+    calls = _requests(records)
     assert sorted(expected - calls) == [], f"calls the run should have made; operator log:\n{log}"
-    rules = _roles(rendered)["aether-operator"]
-    assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; operator log:\n{log}"
+    denied = authz.denied(service_account(SA_NS, "aether-operator"), sorted(calls))
+    assert denied == [], f"calls the ClusterRole does not allow; operator log:\n{log}"
 
 
 def _run_until(proc: subprocess.Popen[bytes], done: Callable[[], bool], timeout: float) -> None:
@@ -308,12 +339,10 @@ def _run_until(proc: subprocess.Popen[bytes], done: Callable[[], bool], timeout:
             proc.wait(10)
 
 
-def _requests(rbac_check: ModuleType, records: Iterable[Any]) -> set[Any]:
+def _requests(records: Iterable[Any]) -> set[Request]:
     """The audit log as RBAC requests (verb, group, resource, subresource); non-resource URLs left out."""
     return {
-        rbac_check.Request(r.verb, r.api_group or "", r.resource, r.subresource or "")
-        for r in records
-        if r.resource is not None
+        Request(r.verb, r.api_group or "", r.resource, r.subresource or "") for r in records if r.resource is not None
     }
 
 
@@ -325,9 +354,7 @@ def _programmed(store: Any) -> bool:
 
 
 @pytest.mark.slow
-def test_node_sidecar_calls_in_the_audit_log_are_allowed(
-    rendered: list[dict[str, Any]], rbac_check: ModuleType, tmp_path: Path
-) -> None:
+def test_node_sidecar_calls_in_the_audit_log_are_allowed(authz: Authorizer, tmp_path: Path) -> None:
     from aether.testing import apitestbed
 
     def seed(store: Any) -> None:
@@ -346,17 +373,17 @@ def test_node_sidecar_calls_in_the_audit_log_are_allowed(
             stdout=subprocess.DEVNULL,
             stderr=open(tmp_path / "xds.log", "w"),  # noqa: SIM115 (closed with the process)
         )
-        expected = {rbac_check.Request(*c) for c in NODE_CALLS}  # the sidecar makes each of them on its own
+        expected = {Request(*c) for c in NODE_CALLS}  # the sidecar makes each of them on its own
 
         def done() -> bool:
-            return bool(bed.call(_programmed)) and expected <= _requests(rbac_check, bed.audit)
+            return bool(bed.call(_programmed)) and expected <= _requests(bed.audit)
 
         _run_until(proc, done, timeout=60)
         programmed = bed.call(_programmed)
         records = bed.audit
     log = (tmp_path / "xds.log").read_text()[-3000:]
     assert programmed, f"the sidecar wrote no Programmed condition; its log ends:\n{log}"
-    calls = _requests(rbac_check, records)
+    calls = _requests(records)
     assert sorted(expected - calls) == [], f"calls the sidecar should have made; its log:\n{log}"
-    rules = _roles(rendered)["aether-node"]
-    assert rbac_check.denied(rules, calls) == [], f"calls the ClusterRole does not allow; sidecar log:\n{log}"
+    denied = authz.denied(service_account(SA_NS, "aether-node"), sorted(calls))
+    assert denied == [], f"calls the ClusterRole does not allow; sidecar log:\n{log}"
