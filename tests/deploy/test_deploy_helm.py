@@ -380,14 +380,14 @@ def test_the_documented_install_commands_run(cp: controlplane.ControlPlane, helm
         assert out.returncode == 0, f"{command}\n{out.stderr}{out.stdout}"
         if verb == "install":
             ds = json.loads(cp.kubectl("get", "daemonset", "aether-node", "-n", NS, "-o", "json").stdout)
-            assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/aether:0.1.0"
+            assert ds["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/aether-node:0.1.0"
             namespace = json.loads(cp.kubectl("get", "namespace", NS, "-o", "json").stdout)
             assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
         if verb == "upgrade":
             ds = json.loads(cp.kubectl("get", "daemonset", "aether-node", "-n", NS, "-o", "json").stdout)
             cni = ds["spec"]["template"]["spec"]["initContainers"][0]
             assert {"name": "AETHER_MESH_SOURCES", "value": "10.0.0.0/16"} in cni["env"]
-            assert cni["image"] == "registry.example/aether:0.1.0"  # --reuse-values kept the images
+            assert cni["image"] == "registry.example/aether-node:0.1.0"  # --reuse-values kept the images
     assert json.loads(helm(env, "list", "--all-namespaces", "--output", "json").stdout) == []
     kept = cp.kubectl("get", "crd", "-o", "name").stdout.split()
     assert {f"customresourcedefinition.apiextensions.k8s.io/{n}.mesh.aether.dev" for n in MESH_CRDS} <= set(kept)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import textwrap
 import tomllib
@@ -20,37 +19,19 @@ from typing import Any
 import pytest
 import yaml
 
+from aether.testing import images as built
+
 REPO = Path(__file__).resolve().parents[2]
-IMAGE_DIR = REPO / "deploy" / "image"
-PODMAN = IMAGE_DIR / "podman.sh"
-VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-OPERATOR = f"localhost/aether-operator:{VERSION}"
-NODE = f"localhost/aether-node:{VERSION}"
+OPERATOR = built.names()["operator"]
+NODE = built.names()["node"]
 SITE = "/opt/aether/python/lib/python3.11/site-packages"
-REQUIRE = os.environ.get("AETHER_REQUIRE_IMAGES") == "1"
 
 pytestmark = pytest.mark.slow
 
 
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "the images live in root's podman store: run as root"
-    if shutil.which("podman") is None or shutil.which("runc") is None:
-        return "podman/runc missing: make image-packages"
-    for image in (OPERATOR, NODE):
-        if subprocess.run([str(PODMAN), "image", "exists", image], capture_output=True).returncode != 0:
-            return f"{image} not built: make images"
-    return None
-
-
 @pytest.fixture(scope="module", autouse=True)
 def images() -> None:
-    reason = _unavailable()
-    if reason is None:
-        return
-    if REQUIRE:
-        pytest.fail(f"{reason} (AETHER_REQUIRE_IMAGES=1)")
-    pytest.skip(reason)
+    built.needed()
 
 
 def podman_run(
@@ -62,7 +43,7 @@ def podman_run(
     stdin: str | None = None,
     timeout: float = 120,
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [str(PODMAN), "run", "--rm", "-i", "--network", "none", "--read-only", "--cap-drop", "all"]
+    cmd = [built.podman(), "run", "--rm", "-i", "--network", "none", "--read-only", "--cap-drop", "all"]
     if entrypoint is not None:
         cmd += ["--entrypoint", entrypoint]
     for key, value in (env or {}).items():
