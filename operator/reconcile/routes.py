@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from aether.api.meshnode import ArmBackend, Endpoint, ServiceArm
 from aether.api.naming import BLACKHOLE_CLUSTER, ref, udp_cluster, udp_split_cluster
+from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.operator.reconcile.gateway import BackendRef, ParentRef, RouteView
 from aether.operator.reconcile.split import Share, SplitRef, compute_split
 from aether.operator.reconcile.views import ServicePort, ServiceView
@@ -130,14 +131,50 @@ def _parent_mismatch(svc: ServiceView | None, parent: ParentRef, route: RouteVie
             f"{target}: its ClusterIP {svc.cluster_ip} is kept by the older Service {owner.namespace}/{owner.name} "
             "(DuplicateVIP)"
         )
-    udp = svc.ports_of("UDP")
-    if not udp:
+    if not svc.ports_of("UDP"):
         return f"{target} has no UDP port"
-    if parent.port is not None and parent.port not in [p.port for p in udp]:
-        return f"{target} has no UDP port {parent.port}"
-    if parent.section_name is not None and parent.section_name not in [p.name for p in udp]:
-        return f"{target} has no UDP port named {parent.section_name!r}"
+    if scoped_port(svc, parent) is None:
+        named = [f"named {parent.section_name!r}"] if parent.section_name is not None else []
+        numbered = [f"numbered {parent.port}"] if parent.port is not None else []
+        return f"{target} has no UDP port {' and '.join(named + numbered)}"
     return None
+
+
+def describe(port: ServicePort) -> str:
+    return f"{port.name} ({port.port}/{port.protocol})" if port.name else f"{port.port}/{port.protocol}"
+
+
+def carried_port(svc: ServiceView) -> ServicePort | None:
+    """The one UDP port of a Service the mesh carries: pods dial every Service on L4_OUTBOUND_PORT, so an arm is
+    one per VIP, not per port; the first UDP port by name, then number."""
+    udp = svc.ports_of("UDP")
+    return udp[0] if udp else None
+
+
+def scoped_port(svc: ServiceView, parent: ParentRef) -> ServicePort | None:
+    """The UDP port a parentRef selects (its `port` and `sectionName`: when both are set the port must match both),
+    the carried one for a parentRef that names neither (GEP-1294: the route is associated with every port, and the
+    mesh carries one of them); None when no UDP port matches."""
+    if parent.port is None and parent.section_name is None:
+        return carried_port(svc)
+    return next(
+        (p for p in svc.ports_of("UDP") if parent.port in (None, p.port) and parent.section_name in (None, p.name)),
+        None,
+    )
+
+
+def carries(svc: ServiceView, parent: ParentRef) -> bool:
+    """Whether a parentRef on svc is scoped to the port the mesh carries (or to none)."""
+    port = scoped_port(svc, parent)
+    return port is not None and port == carried_port(svc)
+
+
+def _ports_note(svc: ServiceView, parent: ParentRef) -> str:
+    """What an unscoped route's Accepted message adds on a Service with several UDP ports: the one it is on."""
+    carried = carried_port(svc)
+    if carried is None or len(svc.ports_of("UDP")) < 2 or parent.port is not None or parent.section_name:
+        return ""
+    return f"; of its UDP ports the mesh carries {describe(carried)} (one per Service, dialled on {L4_OUTBOUND_PORT})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +275,7 @@ def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: Ser
         parent=parent,
         accepted=True,
         accepted_reason=ACCEPTED,
-        accepted_message=message + rules_note(route.rules),
+        accepted_message=message + _ports_note(svc, parent) + rules_note(route.rules),
         resolved=not bad,
         resolved_reason=resolved_reason,
         resolved_message="; ".join(m for _, _, m in bad) or "all backendRefs resolved",
@@ -253,9 +290,10 @@ def parent_service_key(route: RouteView, parent: ParentRef) -> tuple[str, str]:
 
 def attach_routes(
     world: World, namespace: str
-) -> tuple[dict[tuple[str, str], RouteView], dict[tuple[str, str, int], Verdict]]:
-    """For the routes in `namespace`: the winning route per parent Service, and a verdict for every (route,
-    parent index) we own that is not decided by resolve_route_on (rejected or conflicted)."""
+) -> tuple[dict[tuple[str, str], tuple[RouteView, tuple[int, ...]]], dict[tuple[str, str, int], Verdict]]:
+    """For the routes in `namespace`: per parent Service, the route that carries its arm (the oldest of those on the
+    port the mesh carries) with the indexes of its parentRefs on it, and a verdict for every (route, parent index)
+    we own that is not decided by resolve_route_on (rejected, on a port the mesh does not carry, or not routing)."""
     verdicts: dict[tuple[str, str, int], Verdict] = {}
     claims: dict[tuple[str, str], list[tuple[RouteView, int]]] = {}
     for route in sorted(world.routes_in(namespace), key=lambda r: r.order):
@@ -285,17 +323,42 @@ def attach_routes(
                     else NO_MATCHING_PARENT
                 )
                 verdicts[key] = Verdict(parent, False, reason, problem)
-                continue
-            claims.setdefault(skey, []).append((route, i))
-    winners: dict[tuple[str, str], RouteView] = {}
+            elif svc is not None and not carries(svc, parent):
+                verdicts[key] = _not_carried(world, route, parent, svc)
+            else:
+                claims.setdefault(skey, []).append((route, i))
+    winners: dict[tuple[str, str], tuple[RouteView, tuple[int, ...]]] = {}
     for skey, claimants in claims.items():
         first = claimants[0][0]
-        winners[skey] = first
+        winners[skey] = (first, tuple(i for r, i in claimants if r.key == first.key))
         svc = world.service(*skey)
         for route, i in claimants:
             if route.key != first.key and svc is not None:
                 verdicts[(route.namespace, route.name, i)] = _not_routing(world, route, route.parents[i], svc, first)
     return winners, verdicts
+
+
+def _not_carried(world: World, route: RouteView, parent: ParentRef, svc: ServiceView) -> Verdict:
+    """A parentRef scoped to a UDP port of svc the mesh does not carry: another parent than the carried port
+    (GEP-1294: a route whose parentRef sets `port` MUST be associated only with that port), so it takes nothing
+    from the routes there. Accepted=False NoMatchingParent (the spec's reason for a parentRef whose port or
+    sectionName matches nothing the implementation serves), naming the carried port; its backendRefs resolved as
+    for any route."""
+    _arm, v = resolve_route_on(world, route, parent, svc)
+    port, carried = scoped_port(svc, parent), carried_port(svc)
+    assert port is not None and carried is not None  # _parent_mismatch found the port
+    message = (
+        f"Service {svc.namespace}/{svc.name} port {describe(port)} is not carried by the mesh: pods dial a Service "
+        f"on {L4_OUTBOUND_PORT}, one UDP port per Service, and the port carried is {describe(carried)} (the first "
+        f"by name); a route on it names that port (sectionName {carried.name!r}) or none"
+        if carried.name
+        else f"Service {svc.namespace}/{svc.name} port {describe(port)} is not carried by the mesh: pods dial a "
+        f"Service on {L4_OUTBOUND_PORT}, one UDP port per Service, and the port carried is {describe(carried)}; a "
+        f"route on it names that port (port {carried.port}) or none"
+    )
+    return replace(
+        v, accepted=False, accepted_reason=NO_MATCHING_PARENT, accepted_message=message, chosen=None, routing=False
+    )
 
 
 def _not_routing(world: World, route: RouteView, parent: ParentRef, svc: ServiceView, first: RouteView) -> Verdict:

@@ -268,6 +268,12 @@ def _conflict(b: Bed, name: str) -> dict[str, Any]:
     return _r([parent(f"{name}-p")], [o.backend("front", 53)])(b, name)
 
 
+def _not_carried(b: Bed, name: str) -> dict[str, Any]:
+    """A parentRef on a UDP port of its Service the mesh does not carry (it carries alt, the first by name)."""
+    b.service(f"{name}-p", ports=[("dns", 53, "UDP"), ("alt", 54, "UDP")])
+    return _r([parent(f"{name}-p", sectionName="dns")], [o.backend("front", 53)])(b, name)
+
+
 def _duplicate_parent(b: Bed, name: str) -> dict[str, Any]:
     vip = next(_vips)
     b.service(f"{name}-old", vip=vip)
@@ -318,6 +324,7 @@ ROUTES: list[RouteCase] = [
     ("parent-port-mismatch", _own(_fresh(), port=99), NOMATCH),
     ("parent-section-mismatch", _own(_fresh(), sectionName="nope"), NOMATCH),
     ("parent-tcp-only", _r([parent("ctl-tcp")], [o.backend("front", 53)]), NOMATCH),
+    ("parent-port-not-carried", _not_carried, NOMATCH),
     ("conflicted", _conflict, ("Accepted", "True", "Accepted")),  # the older carries the traffic
     ("backend-pod", _own(_raw({"kind": "Pod", "name": "p", "port": 53})), ("ResolvedRefs", "False", "InvalidKind")),
     (

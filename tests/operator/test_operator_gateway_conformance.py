@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -109,10 +110,12 @@ class Conformance:
         return None
 
     def condition(self, route: str, parent: str, type_: str, section: str | None = None) -> tuple[str, str] | None:
-        for c in (self.entry(route, parent, section) or {}).get("conditions") or []:
-            if c["type"] == type_:
-                return c["status"], c["reason"]
-        return None
+        found = self.full_condition(route, parent, type_, section)
+        return None if found is None else (found["status"], found["reason"])
+
+    def full_condition(self, route: str, parent: str, type_: str, section: str | None = None) -> Obj | None:
+        conditions: list[Obj] = (self.entry(route, parent, section) or {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == type_), None)
 
     def must_have(self, route: str, parent: str, type_: str, want: tuple[str, str], section: str | None = None) -> None:
         """kubernetes.UDPRouteMustHaveCondition: our entry for the parent carries the condition."""
@@ -217,3 +220,79 @@ def test_example_udp_routing(gwc: Conformance) -> None:
     gwc.accepted("udp-app-1", "my-udp-gateway", "foo")
     want = f"udp:{gwc.infra}/my-foo-service"
     wait_for(lambda: (gwc.arm("my-udp-gateway") or {}).get("cluster") == want, what="the example's arm")
+
+
+def _not_carried(gwc: Conformance, route: str, parent: str, section: str, carried: str) -> None:
+    """A route scoped to a port of the parent the mesh does not carry: not attached (Accepted=False
+    NoMatchingParent, the message naming the port the mesh carries), its backendRefs still resolved."""
+    gwc.must_have(route, parent, "Accepted", ("False", "NoMatchingParent"), section)
+    msg = (gwc.full_condition(route, parent, "Accepted", section) or {})["message"]
+    assert carried in msg and "18082" in msg, msg
+    assert gwc.condition(route, parent, "ResolvedRefs", section) == ("True", "ResolvedRefs")
+
+
+def _past_the_second_of(gwc: Conformance, route: str) -> None:
+    """Wait until the API server's clock has passed the second `route` was created in (creationTimestamp has
+    second precision): a route applied after this is strictly newer."""
+    created = (gwc.k.route(gwc.infra, route, "v1") or {})["metadata"]["creationTimestamp"]
+    stamp = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    wait_for(lambda: datetime.now(UTC) >= stamp + timedelta(seconds=1), what="the next second")
+
+
+def test_parentref_port_and_section_name(gwc: Conformance) -> None:
+    """Upstream (UDPRouteParentRefPortAndSectionName): three routes on three UDP listeners, selected by port, by
+    sectionName, by both; each Accepted and carrying its own listener's traffic. Re-parented they name three UDP
+    ports of one Service: GEP-1294 "If `port` is set, the implementation MUST associate the route only with that
+    port", so they are three parents and none takes another's. The mesh carries one UDP port per Service (pods dial
+    it on 18082; the first by name, here by-port 5300): the route on it programs the arm, the two on the other ports
+    are told the mesh cannot carry them. The route on the carried port is applied last, a second later, so on the
+    old whole-Service attachment it would have lost the Service to the older routes."""
+    path = "conformance/tests/udproute-parentref-port-and-section-name.yaml"
+    objs = gwc.objects(path)
+    parent = "udp-multi-listener-gateway"
+    last = next(r for r in objs if r["metadata"]["name"] == "udp-route-by-port")
+    for obj in objs:
+        if obj is last:
+            continue
+        if obj["kind"] == "Service" and PARENT not in obj["metadata"].get("labels", {}):
+            gwc.backend_service(obj)
+        else:
+            gwc.k.apply(obj)
+    gwc.must_have("udp-route-by-section", parent, "Accepted", ("False", "NoMatchingParent"), "by-section")
+    _past_the_second_of(gwc, "udp-route-by-section-and-port")
+    gwc.k.apply(last)
+    gwc.accepted("udp-route-by-port", parent)
+    assert (gwc.entry("udp-route-by-port", parent) or {})["parentRef"]["port"] == 5300
+    want = f"udp:{gwc.infra}/udp-echo-by-port"
+    wait_for(lambda: (gwc.arm(parent) or {}).get("cluster") == want, what="the carried port's route's arm")
+    _not_carried(gwc, "udp-route-by-section", parent, "by-section", "by-port (5300/UDP)")
+    _not_carried(gwc, "udp-route-by-section-and-port", parent, "by-section-and-port", "by-port (5300/UDP)")
+    assert (gwc.arm(parent) or {}).get("cluster") == want
+
+
+def test_parentref_attach_all_listeners(gwc: Conformance) -> None:
+    """Upstream (UDPRouteParentRefAttachAllListeners): a parentRef with neither port nor sectionName attaches to
+    every UDP listener. GEP-1294: "If `port` is not set, the implementation MUST associate the route with all
+    ports defined in the Service"; the mesh carries one of them (udp-1, 5310, the first by name), and the route is
+    Accepted on it, its message naming the port carried."""
+    gwc.apply("conformance/tests/udproute-parentref-attach-all-listeners.yaml")
+    parent = "udp-attach-all-listeners-gateway"
+    gwc.accepted("udp-route-attach-all", parent)
+    msg = (gwc.full_condition("udp-route-attach-all", parent, "Accepted") or {})["message"]
+    assert "udp-1 (5310/UDP)" in msg, msg
+    want = f"udp:{gwc.infra}/udp-echo-attach-all"
+    wait_for(lambda: (gwc.arm(parent) or {}).get("cluster") == want, what="the route's arm")
+
+
+def test_example_basic_udp(gwc: Conformance) -> None:
+    """examples/standard/basic-udp.yaml (upstream main, after v1.6.1): listeners foo (8080) and bar (8090), route
+    udp-app-1 on sectionName foo to my-foo-service:6000, udp-app-2 on bar to my-bar-service:6000. Re-parented the
+    two are routes on two ports of one Service: the mesh carries bar (the first by name), so udp-app-2 programs
+    the arm and udp-app-1 is told, not silently lost."""
+    gwc.backend_service(o.service(gwc.infra, "my-foo-service", None, [("udp", 6000, "UDP")]))
+    gwc.backend_service(o.service(gwc.infra, "my-bar-service", None, [("udp", 6000, "UDP")]))
+    gwc.apply("examples/standard/basic-udp.yaml")
+    gwc.accepted("udp-app-2", "my-udp-gateway", "bar")
+    want = f"udp:{gwc.infra}/my-bar-service"
+    wait_for(lambda: (gwc.arm("my-udp-gateway") or {}).get("cluster") == want, what="the carried port's arm")
+    _not_carried(gwc, "udp-app-1", "my-udp-gateway", "foo", "bar (8090/UDP)")
