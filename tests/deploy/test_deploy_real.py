@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,20 +18,17 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL, Condition
-from aether.operator.routestatus import CONTROLLER_NAME
 from aether.testing import controlplane
 from aether.testing.apiserver import Kind
 from aether.testing.apitestbed import objects as o
 from aether.testing.apitestbed.harness import READ_ERRORS, Cluster, operator_subprocess, unique
+from aether.testing.controlplane.binaries import repository_root
+from aether.testing.controlplane.deployed import NS, a_route, converged, denied, kustomize, role_without
 from aether.testing.controlplane.identities import token, token_kubeconfig
 from aether.testing.wait import wait_for
 from aether.xds.sidecar.kube_source import KubeStatusSink
 
-REPO = Path(__file__).resolve().parents[2]
-NS = "aether-system"
-UDP = [("dns", 53, "UDP")]
 EVIL_POD = {"uid": "u-1", "namespace": "evil", "name": "p", "ip": "10.77.9.10", "serviceAccount": "x"}
-SL = [("dns", 5353, "UDP")]
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +42,10 @@ def cp(api_kind: Kind) -> Iterator[controlplane.ControlPlane]:
         plane.stop()
 
 
-def kustomize(cp: controlplane.ControlPlane, *extra: str) -> subprocess.CompletedProcess[str]:
-    return cp.kubectl("apply", "--server-side", "--force-conflicts", "-k", str(REPO / "deploy"), *extra, check=False)
-
-
 def test_the_kustomize_tree_is_accepted_by_the_server(cp: controlplane.ControlPlane) -> None:
     dry = kustomize(cp, "--dry-run=server")  # on a new cluster: nothing namespaced can be checked before its
     assert dry.returncode != 0 and 'namespaces "aether-system" not found' in dry.stderr  # namespace exists
-    cp.kubectl("apply", "--server-side", "-f", str(REPO / "deploy" / "namespace.yaml"))
+    cp.kubectl("apply", "--server-side", "-f", str(repository_root() / "deploy" / "namespace.yaml"))
     dry = kustomize(cp, "--dry-run=server")
     assert dry.returncode == 0, dry.stderr
     out = kustomize(cp)
@@ -62,44 +54,6 @@ def test_the_kustomize_tree_is_accepted_by_the_server(cp: controlplane.ControlPl
     assert "deployment.apps/aether-operator" in applied and "daemonset.apps/aether-node" in applied, applied
     policy = json.loads(cp.kubectl("get", "validatingadmissionpolicy", "aether-node-own-meshnode", "-o", "json").stdout)
     assert (policy.get("status") or {}).get("typeChecking", {}).get("expressionWarnings") in (None, []), policy
-
-
-def a_route(k: Cluster) -> tuple[str, str]:
-    ns, node = unique("rbac"), unique("rbac-node")
-    k.apply(o.namespace(ns))
-    k.apply(o.node(node))
-    k.apply(o.pod(ns, "client", node, "client"), status=o.pod_status("10.77.0.2"))
-    for name, ip in (("front", "10.77.1.1"), ("back", "10.77.1.2")):
-        k.apply(o.service(ns, name, None, UDP))
-        k.apply(o.endpoint_slice(ns, name, SL, [(ip, True, None)]))
-    k.apply(o.udproute(ns, "r", "front", [o.backend("back", 53)]))
-    return ns, node
-
-
-def converged(k: Cluster, ns: str, node: str) -> bool:
-    route = k.route(ns, "r") or {}
-    ours = [p for p in (route.get("status") or {}).get("parents") or [] if p.get("controllerName") == CONTROLLER_NAME]
-    accepted = any(c["type"] == "Accepted" and c["status"] == "True" for p in ours for c in p["conditions"])
-    return accepted and (k.arm(node, f"{ns}/front") or {}).get("cluster") == f"udp:{ns}/back" and bool(k.slices())
-
-
-@contextlib.contextmanager
-def role_without(cp: controlplane.ControlPlane, verb: str, resource: str) -> Iterator[None]:
-    """The operator's ClusterRole with `verb` taken out of the rule naming `resource`, put back after."""
-    role = json.loads(cp.kubectl("get", "clusterrole", "aether-operator", "-o", "json").stdout)
-    original = json.dumps(role)
-    for rule in role["rules"]:
-        if resource in rule.get("resources", []) and verb in rule.get("verbs", []):
-            rule["verbs"] = [v for v in rule["verbs"] if v != verb]
-    role["rules"] = [r for r in role["rules"] if r.get("verbs")]
-    role["metadata"] = {"name": "aether-operator"}
-    cp.kubectl("replace", "-f", "-", input=json.dumps(role))
-    try:
-        yield
-    finally:
-        back = json.loads(original)
-        back["metadata"] = {"name": "aether-operator"}
-        cp.kubectl("replace", "-f", "-", input=json.dumps(back))
 
 
 @pytest.mark.parametrize("missing", [None, ("patch", "udproutes/status")], ids=["full-role", "role-minus-a-verb"])
@@ -127,8 +81,9 @@ def test_the_operator_converges_under_its_own_rbac_only(
                 lambda: converged(admin, ns, node), timeout=15, what="convergence without the verb", ignore=READ_ERRORS
             )
         assert proc.poll() is None or proc.returncode is not None
-    denied = [r for r in cp.audit if r.code == 403 and r.resource == "udproutes" and r.subresource == "status"]
-    assert denied, "the missing verb was never asked for: the negative control proves nothing"
+    assert denied(cp, "udproutes", "status"), (
+        "the missing verb was never asked for: the negative control proves nothing"
+    )
 
 
 def sidecar_token(cp: controlplane.ControlPlane, admin: Cluster, node: str) -> str:
