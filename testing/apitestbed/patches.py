@@ -1,9 +1,14 @@
-"""JSON merge patch (RFC 7386), JSON patch (RFC 6902, with `test`), and the strategic-merge approximation."""
+"""JSON merge patch (RFC 7386, the json-merge-patch library), JSON patch (RFC 6902 with `test`, the jsonpatch
+library), and the approximations no library offers: strategic merge as a merge patch, and server-side apply."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
+
+import json_merge_patch
+import jsonpatch
+import jsonpointer
 
 
 class PatchError(ValueError):
@@ -15,16 +20,9 @@ class PatchError(ValueError):
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: dicts merge recursively, `null` deletes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result: dict[str, Any] = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
+    """RFC 7386 (json-merge-patch): dicts merge recursively, `null` deletes, anything else replaces. The library
+    merges into its first argument and keeps the patch's values by reference: both are copied first."""
+    return json_merge_patch.merge(copy.deepcopy(target), copy.deepcopy(patch))
 
 
 def strip_directives(patch: Any) -> Any:
@@ -38,105 +36,16 @@ def strip_directives(patch: Any) -> Any:
     return patch
 
 
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise PatchError(f"JSON pointer must start with '/': {path!r}")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
-
-
-def _parent(doc: Any, parts: list[str], path: str) -> Any:
-    node = doc
-    for part in parts[:-1]:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise PatchError(f"path {path!r} does not exist")
-    return node
-
-
-def _get(doc: Any, path: str) -> Any:
-    parts = _pointer(path)
-    if not parts:
-        return doc
-    parent = _parent(doc, parts, path)
-    last = parts[-1]
-    if isinstance(parent, dict) and last in parent:
-        return parent[last]
-    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
-        return parent[int(last)]
-    raise PatchError(f"path {path!r} does not exist")
-
-
-def _add(doc: Any, path: str, value: Any) -> Any:
-    parts = _pointer(path)
-    if not parts:
-        return value
-    parent = _parent(doc, parts, path)
-    last = parts[-1]
-    if isinstance(parent, dict):
-        parent[last] = value
-    elif isinstance(parent, list):
-        if last == "-":
-            parent.append(value)
-        elif last.isdigit() and int(last) <= len(parent):
-            parent.insert(int(last), value)
-        else:
-            raise PatchError(f"bad list index in {path!r}")
-    else:
-        raise PatchError(f"cannot add under a scalar at {path!r}")
-    return doc
-
-
-def _remove(doc: Any, path: str) -> Any:
-    parts = _pointer(path)
-    if not parts:
-        raise PatchError("cannot remove the whole document")
-    parent = _parent(doc, parts, path)
-    last = parts[-1]
-    if isinstance(parent, dict) and last in parent:
-        del parent[last]
-    elif isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
-        del parent[int(last)]
-    else:
-        raise PatchError(f"path {path!r} does not exist")
-    return doc
-
-
 def json_patch(target: Any, ops: Any) -> Any:
-    """RFC 6902 over a deep copy; a failed `test` raises PatchError(conflict=True)."""
+    """RFC 6902 (jsonpatch) over a deep copy; a failed `test` raises PatchError(conflict=True)."""
     if not isinstance(ops, list):
         raise PatchError("a JSON patch must be a list of operations")
-    doc = copy.deepcopy(target)
-    for op in ops:
-        if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise PatchError(f"bad JSON patch operation: {op!r}")
-        kind, path = op["op"], op["path"]
-        if kind == "add":
-            doc = _add(doc, path, copy.deepcopy(op.get("value")))
-        elif kind == "remove":
-            doc = _remove(doc, path)
-        elif kind == "replace":
-            _get(doc, path)
-            doc = _add(_remove(doc, path), path, copy.deepcopy(op.get("value"))) if _pointer(path) else op.get("value")
-        elif kind == "move":
-            value = _get(doc, op["from"])
-            doc = _add(_remove(doc, op["from"]), path, value)
-        elif kind == "copy":
-            doc = _add(doc, path, copy.deepcopy(_get(doc, op["from"])))
-        elif kind == "test":
-            try:
-                actual = _get(doc, path)
-            except PatchError as exc:
-                raise PatchError(f"test failed: {exc}", conflict=True) from exc
-            if actual != op.get("value"):
-                raise PatchError(f"test failed at {path!r}: {actual!r} != {op.get('value')!r}", conflict=True)
-        else:
-            raise PatchError(f"unknown JSON patch op {kind!r}")
-    return doc
+    try:
+        return jsonpatch.apply_patch(target, ops)
+    except jsonpatch.JsonPatchTestFailed as exc:
+        raise PatchError(f"test failed: {exc}", conflict=True) from exc
+    except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError, KeyError) as exc:
+        raise PatchError(f"bad JSON patch: {exc}") from exc
 
 
 # ---- server-side apply, as much of it as our writers use --------------------------------------------------------
