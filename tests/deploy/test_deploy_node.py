@@ -111,11 +111,16 @@ def test_node_mounts(daemonset: dict[str, Any]) -> None:
     pod = daemonset["spec"]["template"]["spec"]
     vols = {v["name"]: v for v in pod["volumes"]}
     c = _containers(pod)
-    envoy_mounts = {m["mountPath"]: m for m in c["envoy"]["volumeMounts"]}
-    for path in ("/run/netns", "/var/run/netns"):
-        m = envoy_mounts[path]
-        assert vols[m["name"]]["hostPath"]["path"] == path
-        assert m["mountPropagation"] == "HostToContainer", "netns files made after start must be visible"
+    # envoy binds into each pod's netns; xds serves a pod's listeners only once that netns file exists (its
+    # netns-exists gate): without the mounts in xds, a kubelet-run node refused every pod's listeners (e2e/kubelet)
+    for name in ("envoy", "xds"):
+        mounts = {m["mountPath"]: m for m in c[name]["volumeMounts"]}
+        for path in ("/run/netns", "/var/run/netns"):
+            assert path in mounts, f"{name} does not see the pod netns files under {path}"
+            m = mounts[path]
+            assert vols[m["name"]]["hostPath"]["path"] == path
+            assert m["mountPropagation"] == "HostToContainer", "netns files made after start must be visible"
+            assert m["readOnly"] is True
     for name in ("envoy", "xds"):
         m = {m["mountPath"]: m for m in c[name]["volumeMounts"]}["/run/aether"]
         assert vols[m["name"]]["hostPath"]["path"] == "/run/aether" and m["readOnly"] is True
