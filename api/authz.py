@@ -36,7 +36,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from aether.api.meshnode import API_GROUP, API_VERSION, Condition
+from aether.api.meshnode import API_GROUP, API_VERSION, Condition, MeshObject, validation_problems
 
 KIND: Final = "MeshAuthorizationPolicy"
 # the mesh's root namespace (deploy/ installs the operator there): a Namespace-wide policy in it is mesh-wide
@@ -115,17 +115,11 @@ class PolicyMeta(BaseModel):
     namespace: str = Field(min_length=1)
 
 
-class MeshAuthorizationPolicy(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
-
-    api_version: Literal["mesh.aether.dev/v1alpha1"] = Field(default="mesh.aether.dev/v1alpha1", alias="apiVersion")
+class MeshAuthorizationPolicy(MeshObject):
     kind: Literal["MeshAuthorizationPolicy"] = "MeshAuthorizationPolicy"
     metadata: PolicyMeta
     spec: PolicySpec = Field(default_factory=PolicySpec)
     status: PolicyStatus | None = None
-
-    def wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 @dataclass(frozen=True)
@@ -289,15 +283,11 @@ def parse_policy(body: Any, source: str = "<input>") -> MeshAuthorizationPolicy:
     try:
         return MeshAuthorizationPolicy.model_validate(body)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-            problems.append(f"{loc}: {err['msg']}")
         meta = body.get("metadata") if isinstance(body, Mapping) else None
         meta = meta if isinstance(meta, Mapping) else {}
         targets, wide = _lenient_targets(body, meta.get("namespace")) if isinstance(body, Mapping) else ((), False)
         raise PolicyParseError(
-            f"{source}: " + "; ".join(problems), meta.get("namespace"), meta.get("name"), targets, wide
+            f"{source}: " + "; ".join(validation_problems(exc)), meta.get("namespace"), meta.get("name"), targets, wide
         ) from exc
 
 

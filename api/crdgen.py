@@ -102,16 +102,20 @@ def _crd(
     kind: str,
     scope: str,
     short_names: list[str],
-    columns: list[dict[str, str]],
+    columns: list[tuple[str, str, str]],
     description: str,
     schemas: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
-    """One CRD of our group: one served and stored version; `schemas` are the top-level properties beside
-    apiVersion/kind/metadata (a `status` among them makes status a subresource)."""
+    """One CRD of our group: one served and stored version; `columns` are kubectl's (name, type, jsonPath), an Age
+    column after them; `schemas` are the top-level properties beside apiVersion/kind/metadata (a `status` among
+    them makes status a subresource)."""
     version: dict[str, Any] = {"name": API_VERSION, "served": True, "storage": True}
     if "status" in schemas:
         version["subresources"] = {"status": {}}
-    version["additionalPrinterColumns"] = columns
+    version["additionalPrinterColumns"] = [
+        {"name": name, "type": kind_, "jsonPath": path}
+        for name, kind_, path in [*columns, ("Age", "date", ".metadata.creationTimestamp")]
+    ]
     version["schema"] = {
         "openAPIV3Schema": {
             "type": "object",
@@ -140,10 +144,9 @@ def _crd(
 def policy_crd() -> dict[str, Any]:
     """MeshAuthorizationPolicy: namespaced, spec from the user, status from the operator (a subresource)."""
     columns = [
-        {"name": "Accepted", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Accepted")].status'},
-        {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Accepted")].reason'},
-        {"name": "Services", "type": "string", "jsonPath": ".status.services"},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ("Accepted", "string", '.status.conditions[?(@.type=="Accepted")].status'),
+        ("Reason", "string", '.status.conditions[?(@.type=="Accepted")].reason'),
+        ("Services", "string", ".status.services"),
     ]
     return _crd(
         authz.PLURAL,
@@ -159,11 +162,10 @@ def policy_crd() -> dict[str, Any]:
 
 def slice_crd() -> dict[str, Any]:
     columns = [
-        {"name": "Namespace", "type": "string", "jsonPath": ".spec.namespace"},
-        {"name": "Part", "type": "integer", "jsonPath": ".spec.index"},
-        {"name": "Of", "type": "integer", "jsonPath": ".spec.count"},
-        {"name": "Services", "type": "integer", "jsonPath": ".spec.services"},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ("Namespace", "string", ".spec.namespace"),
+        ("Part", "integer", ".spec.index"),
+        ("Of", "integer", ".spec.count"),
+        ("Services", "integer", ".spec.services"),
     ]
     return _crd(
         SLICE_PLURAL,
@@ -179,14 +181,13 @@ def slice_crd() -> dict[str, Any]:
 
 def meshnode_crd() -> dict[str, Any]:
     columns = [
-        {"name": "Pods", "type": "integer", "jsonPath": ".status.summary.pods"},
-        {"name": "Slices", "type": "integer", "jsonPath": ".status.summary.slices"},
-        {"name": "QUIC Pairs", "type": "integer", "jsonPath": ".status.quic.pairCount"},
-        {"name": "Dormant Pairs", "type": "integer", "jsonPath": ".status.quic.dormantPairCount"},
-        {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-        {"name": "Programmed", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Programmed")].status'},
-        {"name": "Degraded", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Degraded")].status'},
-        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ("Pods", "integer", ".status.summary.pods"),
+        ("Slices", "integer", ".status.summary.slices"),
+        ("QUIC Pairs", "integer", ".status.quic.pairCount"),
+        ("Dormant Pairs", "integer", ".status.quic.dormantPairCount"),
+        ("Ready", "string", '.status.conditions[?(@.type=="Ready")].status'),
+        ("Programmed", "string", '.status.conditions[?(@.type=="Programmed")].status'),
+        ("Degraded", "string", '.status.conditions[?(@.type=="Degraded")].status'),
     ]
     return _crd(
         PLURAL,

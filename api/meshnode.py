@@ -119,28 +119,29 @@ _GUARD_NOTE = (
 )
 
 
+def _unwritten_when_empty(description: str) -> Any:
+    """A list field that is left out of what is written while it is empty."""
+    return Field(default_factory=list, exclude_if=lambda v: not v, description=description)
+
+
 class QuicDestination(_Model):
     service: str
     service_account: str
     ports: list[int] = Field(default_factory=list)
     endpoints: list[Endpoint] = Field(default_factory=list)
-    unready_ips: list[str] = Field(
-        default_factory=list,
-        exclude_if=lambda v: not v,
-        description="IPs of the Service's other endpoints (not ready, or terminating) and of the pods its selector "
-        "selects that no EndpointSlice lists: no traffic goes to them; " + _GUARD_NOTE,
+    unready_ips: list[str] = _unwritten_when_empty(
+        "IPs of the Service's other endpoints (not ready, or terminating) and of the pods its selector selects that "
+        "no EndpointSlice lists: no traffic goes to them; " + _GUARD_NOTE
     )
 
 
 class IneligibleDestination(_Model):
     service: str
     reason: str
-    ports: list[int] = Field(default_factory=list, exclude_if=lambda v: not v, description="the Service's TCP ports")
-    endpoint_ips: list[str] = Field(
-        default_factory=list,
-        exclude_if=lambda v: not v,
-        description="IPs of every endpoint of the Service, whatever its conditions, and of every pod its selector "
-        "selects: " + _GUARD_NOTE,
+    ports: list[int] = _unwritten_when_empty("the Service's TCP ports")
+    endpoint_ips: list[str] = _unwritten_when_empty(
+        "IPs of every endpoint of the Service, whatever its conditions, and of every pod its selector selects: "
+        + _GUARD_NOTE
     )
 
 
@@ -217,17 +218,23 @@ class ObjectMeta(BaseModel):
     name: str = Field(min_length=1)
 
 
-class MeshNode(BaseModel):
+class MeshObject(BaseModel):
+    """An object of our API group and version (MeshNode, MeshServiceSlice, MeshAuthorizationPolicy): each adds its
+    `kind`, `metadata`, `spec` and `status`, after `apiVersion`."""
+
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
     api_version: Literal["mesh.aether.dev/v1alpha1"] = Field(default="mesh.aether.dev/v1alpha1", alias="apiVersion")
+
+    def wire(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+class MeshNode(MeshObject):
     kind: Literal["MeshNode"] = "MeshNode"
     metadata: ObjectMeta
     spec: dict[str, Any] = Field(default_factory=dict)
     status: MeshNodeStatus = Field(default_factory=MeshNodeStatus)
-
-    def wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 # libyaml's C loader when present: a 1,000-service state file parses ~10x faster than with pure Python.
@@ -238,15 +245,16 @@ class MeshNodeFileError(ValueError):
     """A MeshNode file that cannot be used: names the file, the path of the bad field and why."""
 
 
+def validation_problems(exc: ValidationError) -> list[str]:
+    """Each error of a model's validation as `<field path>: <message>` (`<root>` for the object itself)."""
+    return [f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()]
+
+
 def parse_meshnode(data: Any, source: str = "<input>") -> MeshNode:
     try:
         return MeshNode.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "<root>"
-            problems.append(f"{source}: {loc}: {err['msg']}")
-        raise MeshNodeFileError("; ".join(problems)) from exc
+        raise MeshNodeFileError("; ".join(f"{source}: {p}" for p in validation_problems(exc))) from exc
 
 
 def load_meshnode_file(path: str | Path) -> MeshNode:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from aether.api.meshnode import (
     API_GROUP,
@@ -23,11 +23,13 @@ from aether.api.meshnode import (
     L4Status,
     MeshNode,
     MeshNodeFileError,
+    MeshObject,
     ObjectMeta,
     QuicDestination,
     _Model,
     parse_meshnode,
     read_document,
+    validation_problems,
 )
 from aether.api.statefile import split_items
 
@@ -54,16 +56,10 @@ class SliceSpec(_Model):
     quic: SliceQuic = Field(default_factory=SliceQuic)
 
 
-class MeshServiceSlice(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="forbid")
-
-    api_version: Literal["mesh.aether.dev/v1alpha1"] = Field(default="mesh.aether.dev/v1alpha1", alias="apiVersion")
+class MeshServiceSlice(MeshObject):
     kind: Literal["MeshServiceSlice"] = "MeshServiceSlice"
     metadata: ObjectMeta
     spec: SliceSpec
-
-    def wire(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def slice_name(namespace: str, index: int) -> str:
@@ -87,7 +83,7 @@ def parse_slice(data: Any, source: str = "<input>") -> MeshServiceSlice:
     try:
         return MeshServiceSlice.model_validate(data)
     except ValidationError as exc:
-        problems = [f"{source}: {'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
+        problems = [f"{source}: {p}" for p in validation_problems(exc)]
         raise MeshNodeFileError("; ".join(problems)) from exc
 
 

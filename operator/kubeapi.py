@@ -147,28 +147,29 @@ class KubeWriter:
         )
 
     def post_event(self, route: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        meta = route.get("metadata") or {}
-        involved = {
-            "apiVersion": f"{GATEWAY_GROUP}/{self.route_version}",
-            "kind": "UDPRoute",
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-        }
-        self._event(str(meta.get("namespace")), f"{meta.get('name', 'udproute')}.", type_, reason, message, involved)
+        self._event_about(
+            route, f"{GATEWAY_GROUP}/{self.route_version}", "UDPRoute", "udproute", type_, reason, message
+        )
 
     def post_policy_event(self, policy: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        meta = policy.get("metadata") or {}
+        self._event_about(
+            policy, f"{API_GROUP}/{API_VERSION}", "MeshAuthorizationPolicy", "policy", type_, reason, message
+        )
+
+    def _event_about(
+        self, obj: dict[str, Any], api_version: str, kind: str, fallback: str, type_: str, reason: str, message: str
+    ) -> None:
+        """An Event about namespaced object `obj` (of `api_version`, `kind`), in its namespace, named after it."""
+        meta = obj.get("metadata") or {}
         involved = {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
-            "kind": "MeshAuthorizationPolicy",
+            "apiVersion": api_version,
+            "kind": kind,
             "name": meta.get("name"),
             "namespace": meta.get("namespace"),
             "uid": meta.get("uid"),
             "resourceVersion": meta.get("resourceVersion"),
         }
-        self._event(str(meta.get("namespace")), f"{meta.get('name', 'policy')}.", type_, reason, message, involved)
+        self._event(str(meta.get("namespace")), f"{meta.get('name', fallback)}.", type_, reason, message, involved)
 
     def _event(
         self, namespace: str, prefix: str, type_: str, reason: str, message: str, involved: dict[str, Any]

@@ -21,6 +21,10 @@ from aether.api.naming import DEFAULT_MESH_DOMAIN, DEFAULT_TRUST_DOMAIN
 from aether.xds.identity.svid import IdentityError, Svid, TrustBundle, parse_spiffe_id
 
 _BACKDATE = dt.timedelta(minutes=5)
+# the key usages neither certificate has (KeyUsage takes all nine by name)
+_NO_KEY_USAGE = dict.fromkeys(
+    ("content_commitment", "key_encipherment", "data_encipherment", "encipher_only", "decipher_only"), False
+)
 
 
 def _now() -> dt.datetime:
@@ -35,6 +39,28 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> str:
 
 def _cert_pem(cert: x509.Certificate) -> str:
     return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePublicKey, validity: dt.timedelta, *, ca: bool
+) -> x509.CertificateBuilder:
+    """A certificate from `issuer` for `subject`, valid from a little before now for `validity`: a CA that signs
+    leaves and nothing below them (path length 0), or a leaf for ECDHE key agreement and signatures."""
+    now = _now()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + validity)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
+        .add_extension(
+            x509.KeyUsage(**_NO_KEY_USAGE, digital_signature=True, key_cert_sign=ca, crl_sign=ca, key_agreement=not ca),
+            critical=True,
+        )
+    )
 
 
 class BuiltinCA:
@@ -54,7 +80,6 @@ class BuiltinCA:
         self._lock = threading.Lock()
         self._cache: dict[str, Svid] = {}
         self._ca_key = ec.generate_private_key(ec.SECP256R1())
-        now = _now()
         name = x509.Name(
             [
                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "aether"),
@@ -62,28 +87,7 @@ class BuiltinCA:
             ]
         )
         self._ca_cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self._ca_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + ca_validity)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _builder(name, name, self._ca_key.public_key(), ca_validity, ca=True)
             .add_extension(
                 x509.SubjectAlternativeName([x509.UniformResourceIdentifier(f"spiffe://{trust_domain}")]),
                 critical=False,
@@ -127,39 +131,16 @@ class BuiltinCA:
         bad certificates, e.g. a URI-only SVID, one outside the trust domain, one with two URI SANs or with a
         SPIFFE ID as its DNS SAN or subject common name."""
         key = ec.generate_private_key(ec.SECP256R1())
-        now = _now()
         sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(u) for u in [uri or "", *more_uris] if u]
         sans += [x509.DNSName(n) for n in dns_names]
         subject = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "aether")]
         if common_name is not None:
             subject.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(subject))
-            .issuer_name(self._ca_cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + self.validity)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                critical=False,
-            )
+        builder = _builder(
+            x509.Name(subject), self._ca_cert.subject, key.public_key(), self.validity, ca=False
+        ).add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+            critical=False,
         )
         if sans:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)

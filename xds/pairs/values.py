@@ -86,7 +86,7 @@ class Environment:
         return pair.source in self.sources and pair.destination in self.destinations
 
     def removal_cause(self, pair: Pair) -> RemovalCause | None:
-        """None while the pair can be served; else the removal evidence."""
+        """None while the pair can be served; else the removal evidence. `check` asks the same, of a new name."""
         if pair.destination in self.ineligible:
             return RemovalCause.DESTINATION_INELIGIBLE
         if pair.destination not in self.destinations:
@@ -94,6 +94,14 @@ class Environment:
         if pair.source not in self.sources:
             return RemovalCause.SOURCE_LEFT
         return None
+
+
+# a pair's removal cause as the admission check's refusal of its twin name (the same check, said of a new name)
+REFUSAL_OF_REMOVAL = {
+    RemovalCause.DESTINATION_INELIGIBLE: RefusalReason.DESTINATION_INELIGIBLE,
+    RemovalCause.DESTINATION_LEFT: RefusalReason.DESTINATION_NOT_A_DEPENDENCY,
+    RemovalCause.SOURCE_LEFT: RefusalReason.SOURCE_NOT_LOCAL,
+}
 
 
 def parse_pair(name: str) -> Pair | None:
@@ -110,13 +118,8 @@ def check(name: str, env: Environment) -> Pair | RefusalReason:
     pair = parse_pair(name)
     if pair is None:
         return RefusalReason.MALFORMED_NAME
-    if pair.destination in env.ineligible:
-        return RefusalReason.DESTINATION_INELIGIBLE
-    if pair.destination not in env.destinations:
-        return RefusalReason.DESTINATION_NOT_A_DEPENDENCY
-    if pair.source not in env.sources:
-        return RefusalReason.SOURCE_NOT_LOCAL
-    return pair
+    cause = env.removal_cause(pair)
+    return pair if cause is None else REFUSAL_OF_REMOVAL[cause]
 
 
 @dataclass(frozen=True)
