@@ -1,6 +1,7 @@
 # The README's two commands:
 #   make demo   set up a fresh Debian 12 machine (as root) and run the main job, `aether demo`
-#   make test   set up and run the tests: ruff, mypy, unit, golden, API-contract and privileged integration
+#   make test   set up (the venv, the control plane, the images) and run the tests: ruff, mypy, unit, golden,
+#               API-contract, privileged integration and the images
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -43,7 +44,7 @@ k8s:
 # The operator and node images, localhost/aether-operator:<version> and localhost/aether-node:<version>, with podman
 # from Debian packages (debootstrap) and PyPI wheels, no registry (deploy/README.md#images). Debian packages for it:
 # podman, runc (Debian's default crun fails on a hybrid cgroup layout), debootstrap.
-.PHONY: images image-packages
+.PHONY: images image-packages test-images
 IMAGE_PACKAGES := podman runc debootstrap
 
 image-packages:
@@ -69,7 +70,13 @@ lint: setup
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-unit: setup k8s
+# The image tests' set-up: `make images` as root (the images live in root's podman store; a no-op when nothing
+# changed); not root, the image tests skip (a failure under AETHER_REQUIRE_IMAGES=1, as .ci/run sets).
+test-images:
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory images; \
+	else echo "images: not root: the image tests skip (make images as root builds them)"; fi
+
+unit: setup k8s test-images
 	@"$$(k8s/build.sh --where)/kube-apiserver" --version
 	$(BIN)/pytest
 
