@@ -18,6 +18,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "aether.netns.node_return",
         "the node's return path for --udp-preserve-source (install|check|remove)",
     ),
+    "node-guard": (
+        "aether.netns.node_guard",
+        "the node's guard of the mesh sources: a strict reverse-path check (install|check|remove)",
+    ),
 }
 # development commands: they live in the test support (aether.testing, aether.e2e) and need the `dev` extra
 # (kmock, jsonschema); a production install or image answers them with how to get them

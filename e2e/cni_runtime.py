@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aether.netns import node_guard
 from aether.netns.contract import POD_ANNOTATIONS_CAPABILITY
 from aether.testing.netlab import GATEWAY_LL
 
@@ -65,6 +66,12 @@ def _config(sandbox: PodSandbox) -> dict[str, Any]:
         "runtimeConfig": {POD_ANNOTATIONS_CAPABILITY: dict(sandbox.annotations)},
         "prevResult": prev,
     }
+
+
+def guard_node(node_netns: str) -> None:
+    """The node's mesh-source guard for this runtime's mesh sources (the pods' gateway and the node links), in the
+    node's netns, as `aether node-guard install` on a node: no pod there poses as a mesh source."""
+    node_guard.install((GATEWAY_LL, NODE_LINKS), node_netns)
 
 
 def _env(command: str, sandbox: PodSandbox, state_dir: Path) -> dict[str, str]:

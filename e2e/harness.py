@@ -168,6 +168,7 @@ class Mesh:
         for other in self.nodes.values():
             n = next(self._node_links)
             self.lab.link_nodes(other.net, net, f"10.250.{n}.1", f"10.250.{n}.2")
+        cni_runtime.guard_node(net.path)
         self.nodes[name] = node
         self._pod_ips[name] = itertools.count(2)
         self.kube.node(name)

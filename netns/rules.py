@@ -144,6 +144,9 @@ def _source_prefix(source: str) -> tuple[str, str | Json]:
     return proto, addr if length == full else {"prefix": {"addr": addr, "len": length}}
 
 
+source_prefix = _source_prefix  # also the node's mesh-source guard's (aether.netns.node_guard)
+
+
 def _v6_network(source: str, addr: str, length: int) -> str:
     """The IPv6 prefix's network address in RFC 5952 form (what nft prints), without `ipaddress` (it imports
     functools: see aether.netns.lite)."""
