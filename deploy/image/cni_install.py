@@ -34,6 +34,9 @@ DEFAULT_ENTRY: dict[str, Any] = {
     "capabilities": {ANNOTATIONS_CAPABILITY: True},
     "inbound": "strict",
 }
+# The node-wide inbound modes (aether.netns.contract.InboundMode; a test keeps them equal): --inbound writes one into
+# the entry's `inbound`.
+INBOUND_MODES = ("strict", "permissive")
 # The conflist versions aether-cni speaks (aether.netns.cni_request.SUPPORTED_VERSIONS; a test keeps them equal).
 # Chaining into a conflist of another version would fail every pod's ADD on the node, so the installer refuses.
 SUPPORTED_CNI_VERSIONS = ("0.3.0", "0.3.1", "0.4.0", "1.0.0")
@@ -183,7 +186,7 @@ def install_conflist(net_d: Path, entry: dict[str, Any], wait_s: float) -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="cni_install", description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--bundle-source", type=Path, default=Path("/opt/aether/python"))
     ap.add_argument("--host-bundle-dir", type=Path, default=Path("/host/opt/aether"))
@@ -193,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cni-net-dir", type=Path, default=Path("/host/etc/cni/net.d"))
     ap.add_argument("--entry", default=json.dumps(DEFAULT_ENTRY), help="our conflist entry, JSON")
     ap.add_argument(
+        "--inbound",
+        type=str.lower,
+        choices=INBOUND_MODES,
+        help="the node-wide inbound mode, written into the entry as inbound (default: the entry's, strict); "
+        "a pod's mesh.aether.dev/inbound annotation still overrides it",
+    )
+    ap.add_argument(
         "--mesh-sources",
         default=os.environ.get("AETHER_MESH_SOURCES", ""),
         help="comma-separated prefixes the node proxies deliver from across nodes (the nodes' addresses); "
@@ -200,12 +210,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the primary CNI's config")
     ap.add_argument("--uninstall", action="store_true", help="remove our entry and shim (the bundle stays)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def entry_from(args: argparse.Namespace) -> dict[str, Any]:
+    """The conflist entry the arguments describe: --entry, with --inbound and --mesh-sources written into it."""
+    entry: dict[str, Any] = json.loads(args.entry)
+    if args.inbound is not None:
+        entry = {**entry, "inbound": args.inbound}
+    sources = [x.strip() for x in args.mesh_sources.split(",") if x.strip()]
+    if sources:
+        entry = {**entry, "meshSources": sources}
+    return entry
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     try:
-        entry = json.loads(args.entry)
-        sources = [x.strip() for x in args.mesh_sources.split(",") if x.strip()]
-        if sources:
-            entry = {**entry, "meshSources": sources}
+        entry = entry_from(args)
         if args.uninstall:
             name = primary_config(os.listdir(args.cni_net_dir)) if args.cni_net_dir.is_dir() else None
             if name is not None:

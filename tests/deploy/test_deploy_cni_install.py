@@ -179,3 +179,41 @@ def test_the_shim_runs_the_plugin_from_the_bundle(cni_install: ModuleType, tmp_p
     )
     assert proc.returncode == 0, proc.stderr
     assert "supportedVersions" in json.loads(proc.stdout)
+
+
+def test_installer_inbound_modes_are_the_plugins(cni_install: ModuleType) -> None:
+    from aether.netns.contract import InboundMode
+
+    assert set(cni_install.INBOUND_MODES) == {m.value for m in InboundMode}
+
+
+def _our_entry(net_d: Path) -> dict[str, Any]:
+    (name,) = os.listdir(net_d)
+    entry: dict[str, Any] = json.loads((net_d / name).read_text())["plugins"][-1]
+    assert entry["type"] == "aether-cni"
+    return entry
+
+
+def test_inbound_sets_the_node_wide_mode_the_plugin_reads(cni_install: ModuleType, tmp_path: Path) -> None:
+    """--inbound writes the entry's `inbound` (case as the Helm value spells it, or lower); the plugin's own parse of
+    that entry gives the mode; a later run with another mode replaces it (a node pod restarted after an upgrade)."""
+    from aether.netns.cni_request import CniRequest, Command
+    from aether.netns.contract import InboundMode
+
+    bundle, host, net_d, _ = _host(tmp_path)
+    (net_d / "10-calico.conflist").write_text(json.dumps(CALICO))
+    for flag, mode in (("--inbound=PERMISSIVE", InboundMode.PERMISSIVE), ("--inbound=strict", InboundMode.STRICT)):
+        assert _run(cni_install, bundle, host, flag, "--mesh-sources=10.0.0.0/16") == 0
+        entry = _our_entry(net_d)
+        assert entry == {**cni_install.DEFAULT_ENTRY, "inbound": mode.value, "meshSources": ["10.0.0.0/16"]}
+        request = CniRequest(command=Command.ADD, cni_version="1.0.0", config={**entry, "cniVersion": "1.0.0"})
+        policy = request.inbound_policy()
+        assert policy.mode == mode and "10.0.0.0/16" in policy.mesh_sources
+    assert _run(cni_install, bundle, host) == 0  # without --inbound: the default entry's, strict
+    assert _our_entry(net_d)["inbound"] == "strict"
+
+
+def test_inbound_refuses_a_mode_it_does_not_know(cni_install: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cni_install.main(["--inbound=permisive"])
+    assert exited.value.code == 2 and "invalid choice: 'permisive'" in capsys.readouterr().err

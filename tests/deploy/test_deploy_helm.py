@@ -266,12 +266,19 @@ def test_images(helm_env: dict[str, str]) -> None:
 def test_inbound_values_reach_the_cni_entry(helm_env: dict[str, str], cni_install: ModuleType) -> None:
     objs = render(helm_env, {"inbound": {"mode": "PERMISSIVE", "meshSources": ["10.0.0.0/16", "fd00::/64"]}})
     cni = container(objs, "install-cni")
-    entry = [a.removeprefix("--entry=") for a in cni["args"] if a.startswith("--entry=")]
-    assert len(entry) == 1 and json.loads(entry[0]) == {**cni_install.DEFAULT_ENTRY, "inbound": "permissive"}
     env = {e["name"]: e["value"] for e in cni["env"]}
     assert env["AETHER_MESH_SOURCES"] == "10.0.0.0/16,fd00::/64"
+    # the entry the installer writes from these arguments (its own parser; AETHER_MESH_SOURCES as the env gives it)
+    args = cni_install.make_parser().parse_args([*cni["args"], f"--mesh-sources={env['AETHER_MESH_SOURCES']}"])
+    sources = ["10.0.0.0/16", "fd00::/64"]
+    assert cni_install.entry_from(args) == {
+        **cni_install.DEFAULT_ENTRY,
+        "inbound": "permissive",
+        "meshSources": sources,
+    }
     strict = container(render(helm_env, {"inbound": {"mode": "STRICT"}}), "install-cni")
-    assert not [a for a in strict["args"] if a.startswith("--entry")]  # the installer's default entry is strict
+    assert not [a for a in strict["args"] if a.startswith(("--entry", "--inbound"))]  # the default entry is strict
+    assert cni_install.entry_from(cni_install.make_parser().parse_args(strict["args"]))["inbound"] == "strict"
 
 
 def test_udp_and_certificate_values_are_flags_the_sidecar_takes(
