@@ -7,7 +7,7 @@ the model's changes a pass checks the objects the operator writes that changed b
 MeshServiceSlice or UDPRoute event: a user's patch, a slice deleted by hand, a re-created route) and, every
 `resync` seconds, all of them. A pass writes slices before MeshNodes (a MeshNode never names a slice not yet
 written) and deletes the slices no longer wanted after them. A failed write is
-retried alone with backoff (RETRY_BASE doubling to RETRY_MAX); a 422 is remembered per body (writes.Refusals).
+retried alone with backoff (WRITE_RETRY: 0.25 s doubling to 4 s); a 422 is remembered per body (writes.Refusals).
 Neither holds back any other object."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from aether.api.client import ApiException
+from aether.backoff import Backoff
 from aether.metrics import (
     OPERATOR_DRIFT_CORRECTIONS,
     OPERATOR_LAST_PASS,
@@ -48,7 +49,8 @@ log = logging.getLogger("aether.operator")
 Lookup = Callable[[Kind, tuple[str, str]], View | None]
 MeshNodeLookup = Callable[[str], dict[str, Any] | None]  # also a MeshServiceSlice by name
 RESYNC = 4.0  # seconds between full comparisons of every written object with the API's copy (docs/operator.md)
-RETRY_BASE, RETRY_MAX = 0.25, 4.0  # a failed write's backoff: RETRY_BASE doubling per attempt, at most RETRY_MAX
+WRITE_RETRY = Backoff(first=0.25, cap=4.0)  # a failed write's retry of that object alone (docs/operator.md)
+FAILED_PASS_PAUSE = 1.0  # seconds before a pass whose model raised runs the whole batch again
 Target = tuple[str, Any]  # ("meshnode" | "slice" | "delete", name) | ("udproute", (ns, name))
 
 
@@ -162,7 +164,7 @@ class Reconciler:
             self.wake.set()
         self._pass_done(self.pass_started)
         if failed:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(FAILED_PASS_PAUSE)
         self.cycles += 1
         if not self.pending and not self.checks:
             self.idle.set()
@@ -274,7 +276,7 @@ class Reconciler:
         except Exception as exc:
             attempt = self.attempts.get(target, 0) + 1
             self.attempts[target] = attempt
-            delay = min(RETRY_BASE * 2 ** (attempt - 1), RETRY_MAX)
+            delay = WRITE_RETRY.delay(attempt)
             kind = error_kind(exc)
             OPERATOR_RECONCILE_ERRORS.labels(kind=kind).inc()
             OPERATOR_WRITE_RETRIES.labels(kind=target[0], error=kind).inc()

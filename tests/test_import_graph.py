@@ -26,10 +26,11 @@ TOOLS = ("bench", "deploy")
 # What each package may import, besides itself. Base modules import nothing of ours; netns <- api <- {operator,
 # xds} <- {testing, e2e}; e2e may use testing, never the reverse; operator and xds never import each other; the
 # console-script dispatcher `aether.cli` sits on top (it imports its subcommands lazily, by name).
-BASE = frozenset({"aether", "aether.atomicfile", "aether.metrics"})
+BASE = frozenset({"aether", "aether.atomicfile", "aether.backoff", "aether.metrics"})
 ALLOWED: dict[str, frozenset[str]] = {
     "aether": frozenset(),  # aether/__init__.py: the version, nothing else
     "aether.atomicfile": frozenset(),
+    "aether.backoff": frozenset(),
     "aether.metrics": frozenset(),
     "aether.netns": BASE,
     "aether.api": BASE | {"aether.netns"},

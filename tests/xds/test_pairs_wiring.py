@@ -17,6 +17,7 @@ import pytest
 from envoy.service.discovery.v3 import discovery_pb2
 
 from aether.api.meshnode import Condition, MeshNode, QuicPair
+from aether.backoff import Backoff
 from aether.metrics import QUIC_PAIR_ADMISSIONS, QUIC_PAIR_FETCH_SECONDS, QUIC_PAIR_REFUSALS, REGISTRY
 from aether.netns.records import PodRecord
 from aether.testing.ads_client import Client
@@ -204,7 +205,7 @@ def test_a_failing_status_write_never_blocks_serving_and_says_why() -> None:
     sink.fail = "connection refused"
     r = Rig(sink, [1_000_000.0])
     assert r.sidecar.pair_writer is not None
-    r.sidecar.pair_writer.backoff = 0.05
+    r.sidecar.pair_writer.retry = Backoff(first=0.05, cap=30.0)
     node, records = node_and_records()
     r.sidecar.on_records(records)
     r.sidecar.on_state(node)

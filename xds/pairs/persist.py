@@ -7,8 +7,9 @@ On the wire a pair's source is its SPIFFE ID and times are RFC 3339 (UTC, second
 skipped with a log line: the machine prunes pairs whose names do not make their twin (`MalformedRecord`).
 
 `PairWriter` keeps only the latest view (a newer one replaces one not yet written; writes are at least 0.2 s
-apart, so a burst of first uses is one write), retries a failed write with backoff (1 s doubling to 30 s), and reports the `PairsPersisted` condition: True once the view in memory is
-written, False with the reason while writes fail. Traffic never waits for it: the snapshot is served from memory.
+apart, so a burst of first uses is one write), retries a failed write with backoff (`PAIRS_WRITE_RETRY`: 1 s
+doubling to 30 s), and reports the `PairsPersisted` condition: True once the view in memory is written, False with
+the reason while writes fail. Traffic never waits for it: the snapshot is served from memory.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Final, Protocol, runtime_checkable
 
 from aether.api.meshnode import Condition, PairEvidence, QuicPair
 from aether.api.naming import ref, spiffe_id
+from aether.backoff import Backoff
 from aether.metrics import QUIC_PAIR_WRITE_FAILURES
 from aether.xds.identity.svid import parse_spiffe_id
 from aether.xds.memo import lru
@@ -30,6 +32,7 @@ from aether.xds.pairs.values import Evidence, EvidenceKind, Persist, PersistedPa
 log = logging.getLogger("aether.xds.pairs")
 PAIRS_PERSISTED: Final = "PairsPersisted"
 _TIME = "%Y-%m-%dT%H:%M:%SZ"
+PAIRS_WRITE_RETRY = Backoff(first=1.0, cap=30.0)  # a failed write of the pairs, retried while it fails
 
 
 def wire_time(at: float) -> str:
@@ -90,13 +93,12 @@ class PairWriter:
         sink: PairSink,
         trust_domain: str,
         condition: Callable[[Condition], None],
-        backoff: float = 1.0,
-        max_backoff: float = 30.0,
+        retry: Backoff = PAIRS_WRITE_RETRY,
         min_interval: float = 0.2,
         settle: float = 0.05,
     ) -> None:
         self.node_name, self.sink, self.trust_domain = node_name, sink, trust_domain
-        self.condition_cb, self.backoff, self.max_backoff = condition, backoff, max_backoff
+        self.condition_cb, self.retry = condition, retry
         self.min_interval = min_interval
         # a write starts `settle` after the first view it carries: the view comes from an ADS stream's hook
         # (a fetch), and the write's Python work would otherwise share the GIL with that fetch's answer
@@ -143,7 +145,7 @@ class PairWriter:
             log.debug("cannot publish %s", PAIRS_PERSISTED, exc_info=True)
 
     def _run(self) -> None:
-        delay = self.backoff
+        failures = 0  # consecutive failed writes
         while True:
             with self._cv:
                 while self._pending is None and not self._stop:
@@ -165,6 +167,8 @@ class PairWriter:
                 )
             except Exception as exc:
                 QUIC_PAIR_WRITE_FAILURES.inc()
+                failures += 1
+                delay = self.retry.delay(failures)
                 self.last_error = f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}"
                 log.warning("writing QUIC pairs failed (retry in %.0f s): %s", delay, self.last_error)
                 self._report("False", "WriteFailed", f"{self.last_error}; serving {len(view.pairs)} pairs from memory")
@@ -174,9 +178,8 @@ class PairWriter:
                     if self._stop:
                         return
                     self._cv.wait(delay)
-                delay = min(delay * 2, self.max_backoff)
                 continue
-            delay = self.backoff
+            failures = 0
             self.written, self.last_error = view, None
             self.writes += 1
             self._report("True", "Persisted", "status.quic.pairs and dormantPairs hold the sidecar's pair state")

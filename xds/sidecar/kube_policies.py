@@ -17,7 +17,7 @@ import kubernetes
 
 from aether.api.authz import PLURAL
 from aether.api.client import api_client
-from aether.xds.sidecar.kube_source import USER_AGENT, ListWatch, kubeconfig_path
+from aether.xds.sidecar.kube_source import USER_AGENT, ListWatch, kubeconfig_path, relist_retry
 
 log = logging.getLogger("aether.xds.kube")
 OnPolicies = Callable[[Sequence[dict[str, Any]]], None]
@@ -37,7 +37,7 @@ class PolicyWatch:
     ) -> None:
         self.on_policies, self.backoff = on_policies, backoff
         api: Any = kubernetes.client.CustomObjectsApi(api_client(kubeconfig_path(kubeconfig), USER_AGENT))
-        self.watch = ListWatch(api, PLURAL, None, watch_timeout, backoff, self, key=_key)
+        self.watch = ListWatch(api, PLURAL, None, watch_timeout, relist_retry(backoff), self, key=_key)
         self.held: dict[tuple[str, str], dict[str, Any]] = {}
 
     def _publish(self) -> None:

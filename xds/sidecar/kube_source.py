@@ -32,6 +32,7 @@ from aether.api.meshnode import (
     parse_meshnode,
 )
 from aether.api.slices import SLICE_PLURAL, MeshServiceSlice, NodeState, parse_slice
+from aether.backoff import Backoff
 from aether.xds.sidecar.sources import StateUpdate
 
 log = logging.getLogger("aether.xds.kube")
@@ -79,11 +80,18 @@ def object_name(obj: dict[str, Any]) -> Any:
     return (obj.get("metadata") or {}).get("name")
 
 
+def relist_retry(seconds: float) -> Backoff:
+    """The sidecar's list+watch retry policy: relist `seconds` after each API error, however many came before (a 410
+    relists at once, without an error)."""
+    return Backoff.constant(seconds)
+
+
 class ListWatch:
     """List + watch of one kind of our API group (optionally one object by name), on its own thread: each event
     goes to `sink` as ("list", "", {key: body}) after each (re)list, ("put", key, body) / ("gone", key, None), and
-    ("error", reason, HTTP status or None) on an API error, then it relists after `backoff` (or after the seconds
-    the sink's `put` returns for that error). `key` names an object (default: its name)."""
+    ("error", reason, HTTP status or None) on an API error, then it relists after `retry`'s delay for the errors in
+    a row so far (or after the seconds the sink's `put` returns for that error). `key` names an object (default: its
+    name)."""
 
     def __init__(
         self,
@@ -91,27 +99,22 @@ class ListWatch:
         plural: str,
         name: str | None,
         timeout: int,
-        backoff: float,
+        retry: Backoff,
         sink: Any,
         key: Callable[[dict[str, Any]], Any] = object_name,
     ) -> None:
-        self.api, self.plural, self.name, self.timeout, self.backoff, self.sink = (
-            api,
-            plural,
-            name,
-            timeout,
-            backoff,
-            sink,
-        )
+        self.api, self.plural, self.name, self.timeout, self.retry, self.sink = api, plural, name, timeout, retry, sink
         self.key = key
 
     def _args(self) -> dict[str, Any]:
         return {"field_selector": f"metadata.name={self.name}"} if self.name else {}
 
     def run(self, stop: threading.Event) -> None:
+        errors = 0  # API errors since the last list that answered
         while not stop.is_set():
             try:
                 listed = self.api.list_cluster_custom_object(API_GROUP, API_VERSION, self.plural, **self._args())
+                errors = 0
                 rv = (listed.get("metadata") or {}).get("resourceVersion")
                 items = {self.key(i): i for i in listed.get("items") or []}
                 self.sink.put(("list", "", items))
@@ -143,8 +146,9 @@ class ListWatch:
                 status = getattr(exc, "status", None)
                 if status == 410:
                     continue
+                errors += 1
                 wait = self.sink.put(("error", getattr(exc, "reason", None) or str(exc), status))
-                stop.wait(wait if isinstance(wait, (int, float)) else self.backoff)
+                stop.wait(wait if isinstance(wait, (int, float)) else self.retry.delay(errors))
 
 
 class KubeSource:
@@ -167,8 +171,8 @@ class KubeSource:
                 events.put((self.tag, *item))
 
         watches = [
-            ListWatch(self.api, PLURAL, self.node, self.watch_timeout, self.backoff, Tagged("node")),
-            ListWatch(self.api, SLICE_PLURAL, None, self.watch_timeout, self.backoff, Tagged("slice")),
+            ListWatch(self.api, PLURAL, self.node, self.watch_timeout, relist_retry(self.backoff), Tagged("node")),
+            ListWatch(self.api, SLICE_PLURAL, None, self.watch_timeout, relist_retry(self.backoff), Tagged("slice")),
         ]
         threads = [threading.Thread(target=w.run, args=(stop,), daemon=True, name=f"watch-{w.plural}") for w in watches]
         for t in threads:
