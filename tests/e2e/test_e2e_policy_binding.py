@@ -11,7 +11,8 @@ identity can: Python ssl + h2 over TCP mTLS, aioquic over HTTP/3 (`aether.testin
 - a typo'd target under default-deny opens nothing: `deny-all` (targetRefs: the Namespace, no rules) and
   `api-callers` targeting `Api` (no such Service) allowing alpha: alpha and beta are both refused 403 on api-0;
   the typo fixed, alpha is answered and beta still refused. Seen red on main: 200 for both (the Namespace target was
-  refused, the typo opened the namespace to the trust domain).
+  refused, the typo opened the namespace to the trust domain);
+- the mesh-wide form: the same default-deny in the root namespace (`aether-system`) refuses alpha and beta on api-0.
 """
 
 from __future__ import annotations
@@ -172,3 +173,26 @@ def test_a_typod_target_under_default_deny_opens_nothing(mesh: Mesh) -> None:
         delete_policy(mesh, "deny-all")
     for protocol in CLIENTS:
         wait_status(mesh, protocol, "api-0", BETA, 200)  # no policy left: the trust domain again
+
+
+def test_a_mesh_wide_default_deny_from_the_root_namespace(mesh: Mesh) -> None:
+    """A Namespace-targeted policy without rules in `aether-system` (authz.ROOT_NAMESPACE) denies every pod of the
+    mesh what no other policy allows: beta and alpha refused on api-0 (no policy of its own); gone, both answered."""
+    root = authz.ROOT_NAMESPACE
+    try:
+        mesh.kube.core.create_namespace(o.namespace(root, meshed=False))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    body = o.authorization_policy(root, "mesh-deny-all", [], [])
+    body["spec"]["targetRefs"] = [{"kind": "Namespace", "name": root}]
+    mesh.kube.custom.create_namespaced_custom_object(API_GROUP, API_VERSION, root, authz.PLURAL, body)
+    try:
+        for protocol in CLIENTS:
+            assert refused(wait_status(mesh, protocol, "api-0", BETA, 403))
+            assert refused(call(mesh, protocol, "api-0", ALPHA))
+        assert mesh.kube.policy_condition(root, "mesh-deny-all") == "True/DenyAll"
+    finally:
+        mesh.kube.custom.delete_namespaced_custom_object(API_GROUP, API_VERSION, root, authz.PLURAL, "mesh-deny-all")
+    for protocol in CLIENTS:
+        wait_status(mesh, protocol, "api-0", BETA, 200)
