@@ -263,6 +263,12 @@ def _with_effects(open_effects: Callable[[], CaptureEffects], fn: Callable[[Capt
         fx.close()
 
 
+def _in_netns(path: str, open_effects: Callable[[], CaptureEffects], fn: Callable[[CaptureEffects], T]) -> T:
+    """`fn` on a thread inside the netns at `path`, with effects opened there, one capture change at a time."""
+    with _LOCK:
+        return call_in_netns(path, lambda: _with_effects(open_effects, fn))
+
+
 def _netns_error(path: str, exc: NetnsError) -> CaptureError:
     return CaptureError(exc.strerror or str(exc))
 
@@ -281,10 +287,7 @@ def install_capture(
     path = os.fspath(netns_path)
     mode = CaptureMode(mode)
     try:
-        with _LOCK:
-            call_in_netns(
-                path, lambda: _with_effects(effects, lambda fx: apply_capture(fx, path, mode, ports, inbound))
-            )
+        _in_netns(path, effects, lambda fx: apply_capture(fx, path, mode, ports, inbound))
     except NetnsError as exc:
         raise _netns_error(path, exc) from exc
     except NftError as exc:
@@ -297,8 +300,7 @@ def capture_state(
     """What is installed in the netns now (for checks and diagnostics)."""
     path = os.fspath(netns_path)
     try:
-        with _LOCK:
-            return call_in_netns(path, lambda: _with_effects(effects, read_state))
+        return _in_netns(path, effects, read_state)
     except NetnsError as exc:
         raise _netns_error(path, exc) from exc
     except (OSError, NftError) as exc:
@@ -326,8 +328,7 @@ def remove_capture(
     """Remove table, rule and route; idempotent. A vanished netns is not an error (returns False)."""
     path = os.fspath(netns_path)
     try:
-        with _LOCK:
-            call_in_netns(path, lambda: _with_effects(effects, remove_all))
+        _in_netns(path, effects, remove_all)
     except NetnsMissing:
         return False
     except NetnsError as exc:

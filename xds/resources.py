@@ -26,12 +26,12 @@ from typing import Any, Final, TypeAlias
 from aether.api.authz import CompiledPolicy
 from aether.api.naming import DEFAULT_MESH_DOMAIN, DEFAULT_TRUST_DOMAIN
 
-_PREFIX: Final = "type.googleapis.com/"
-LISTENER: Final = _PREFIX + "envoy.config.listener.v3.Listener"
-CLUSTER: Final = _PREFIX + "envoy.config.cluster.v3.Cluster"
-ENDPOINT: Final = _PREFIX + "envoy.config.endpoint.v3.ClusterLoadAssignment"
-ROUTE: Final = _PREFIX + "envoy.config.route.v3.RouteConfiguration"
-SECRET: Final = _PREFIX + "envoy.extensions.transport_sockets.tls.v3.Secret"
+TYPE_URL_PREFIX: Final = "type.googleapis.com/"  # of every type URL in an Any (the proto packages' full names follow)
+LISTENER: Final = TYPE_URL_PREFIX + "envoy.config.listener.v3.Listener"
+CLUSTER: Final = TYPE_URL_PREFIX + "envoy.config.cluster.v3.Cluster"
+ENDPOINT: Final = TYPE_URL_PREFIX + "envoy.config.endpoint.v3.ClusterLoadAssignment"
+ROUTE: Final = TYPE_URL_PREFIX + "envoy.config.route.v3.RouteConfiguration"
+SECRET: Final = TYPE_URL_PREFIX + "envoy.extensions.transport_sockets.tls.v3.Secret"
 KNOWN_TYPES: Final = (CLUSTER, ENDPOINT, LISTENER, ROUTE, SECRET)
 
 ResourceDict: TypeAlias = dict[str, Any]

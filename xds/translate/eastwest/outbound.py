@@ -24,20 +24,21 @@ from aether.api.naming import h2_cluster, mesh_host, quic_sni, quic_twin
 from aether.netns.contract import HTTP_OUTBOUND_PORT
 from aether.xds.identity.sds import ADS
 from aether.xds.identity.svid import parse_spiffe_id
-from aether.xds.resources import seconds
+from aether.xds.resources import TYPE_URL_PREFIX, seconds
 from aether.xds.translate.eastwest.inbound import HCM_NAME, HCM_TYPE, ROUTER, STDOUT_LOG_TYPE, file_access_logs
 from aether.xds.translate.eastwest.plan import Destination, EastWestOptions, LocalPod
 from aether.xds.translate.eastwest.rbac import RBAC_TYPE
 from aether.xds.translate.eastwest.tls import IDENTITY_KEY, h2_upstream_socket, quic_upstream_socket
 
-_T: Final = "type.googleapis.com/"
 SET_FILTER_STATE: Final = "envoy.filters.network.set_filter_state"
-SET_FILTER_STATE_TYPE: Final = _T + "envoy.extensions.filters.network.set_filter_state.v3.Config"
-ON_DEMAND_TYPE: Final = _T + "envoy.extensions.filters.http.on_demand.v3.OnDemand"
+SET_FILTER_STATE_TYPE: Final = TYPE_URL_PREFIX + "envoy.extensions.filters.network.set_filter_state.v3.Config"
+ON_DEMAND_TYPE: Final = TYPE_URL_PREFIX + "envoy.extensions.filters.http.on_demand.v3.OnDemand"
 MATCHER_SPECIFIER: Final = "envoy.router.cluster_specifier_plugin.matcher"
-MATCHER_SPECIFIER_TYPE: Final = _T + "envoy.extensions.router.cluster_specifiers.matcher.v3.MatcherClusterSpecifier"
-CLUSTER_ACTION_TYPE: Final = _T + "envoy.extensions.router.cluster_specifiers.matcher.v3.ClusterAction"
-FILTER_STATE_INPUT_TYPE: Final = _T + "envoy.extensions.matching.common_inputs.network.v3.FilterStateInput"
+MATCHER_SPECIFIER_TYPE: Final = (
+    TYPE_URL_PREFIX + "envoy.extensions.router.cluster_specifiers.matcher.v3.MatcherClusterSpecifier"
+)
+CLUSTER_ACTION_TYPE: Final = TYPE_URL_PREFIX + "envoy.extensions.router.cluster_specifiers.matcher.v3.ClusterAction"
+FILTER_STATE_INPUT_TYPE: Final = TYPE_URL_PREFIX + "envoy.extensions.matching.common_inputs.network.v3.FilterStateInput"
 HTTP_OPTIONS: Final = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 FOREIGN_CHAIN: Final = "foreign-source"
 FOREIGN_STATS: Final = "http_outbound_foreign_source"  # -> http.http_outbound_foreign_source.rbac.denied
@@ -235,7 +236,10 @@ def h2_cluster_resource(
         **_eds_cluster(name, options),
         "transport_socket": h2_upstream_socket(sni, dest.identity, trust_domain, _tls_cs(options)),
         "typed_extension_protocol_options": {
-            HTTP_OPTIONS: {"@type": _T + HTTP_OPTIONS, "explicit_http_config": {"http2_protocol_options": {}}}
+            HTTP_OPTIONS: {
+                "@type": TYPE_URL_PREFIX + HTTP_OPTIONS,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
         },
     }
 
@@ -250,7 +254,10 @@ def twin_resource(
         "connection_pool_per_downstream_connection": False,
         "transport_socket": quic_upstream_socket(sni, source, dest.identity, trust_domain, _tls_cs(options)),
         "typed_extension_protocol_options": {
-            HTTP_OPTIONS: {"@type": _T + HTTP_OPTIONS, "explicit_http_config": {"http3_protocol_options": {}}}
+            HTTP_OPTIONS: {
+                "@type": TYPE_URL_PREFIX + HTTP_OPTIONS,
+                "explicit_http_config": {"http3_protocol_options": {}},
+            }
         },
     }
 

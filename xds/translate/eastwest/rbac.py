@@ -38,15 +38,15 @@ from typing import Any, Final
 from envoy.extensions.matching.common_inputs.ssl.v3 import ssl_inputs_pb2  # noqa: F401  (registers UriSanInput)
 
 from aether.api.authz import CompiledPolicy
+from aether.xds.resources import TYPE_URL_PREFIX
 from aether.xds.translate.eastwest.plan import Guarded, LocalPod
 
-_T: Final = "type.googleapis.com/"
 RBAC_FILTER: Final = "envoy.filters.http.rbac"
 ID_FILTER: Final = "aether.rbac.spiffe_id"
-RBAC_TYPE: Final = _T + "envoy.extensions.filters.http.rbac.v3.RBAC"
-RBAC_PER_ROUTE_TYPE: Final = _T + "envoy.extensions.filters.http.rbac.v3.RBACPerRoute"
-RBAC_ACTION_TYPE: Final = _T + "envoy.config.rbac.v3.Action"
-URI_SAN_INPUT_TYPE: Final = _T + "envoy.extensions.matching.common_inputs.ssl.v3.UriSanInput"
+RBAC_TYPE: Final = TYPE_URL_PREFIX + "envoy.extensions.filters.http.rbac.v3.RBAC"
+RBAC_PER_ROUTE_TYPE: Final = TYPE_URL_PREFIX + "envoy.extensions.filters.http.rbac.v3.RBACPerRoute"
+RBAC_ACTION_TYPE: Final = TYPE_URL_PREFIX + "envoy.config.rbac.v3.Action"
+URI_SAN_INPUT_TYPE: Final = TYPE_URL_PREFIX + "envoy.extensions.matching.common_inputs.ssl.v3.UriSanInput"
 RBAC_METADATA: Final = "envoy.filters.http.rbac"  # dynamic metadata namespace (enforced_engine_result, ...)
 ID_PREFIX: Final = "spiffe_id_"  # the identity filter's stats and metadata keys
 ID_ALLOW: Final = "aether:spiffe-id"

@@ -15,21 +15,23 @@ from typing import Any, Final
 
 from aether.xds.identity.sds import sds_ref
 from aether.xds.identity.svid import bundle_secret_name, svid_secret_name
+from aether.xds.resources import TYPE_URL_PREFIX
 
 IDENTITY_KEY: Final = "envoy.tls.certificate_mappers.on_demand_secret"
 HASHABLE_FACTORY: Final = "envoy.hashable_string"
 TLS_SOCKET: Final = "envoy.transport_sockets.tls"
 QUIC_SOCKET: Final = "envoy.transport_sockets.quic"
-_T: Final = "type.googleapis.com/"
-DOWNSTREAM_TLS: Final = _T + "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
-UPSTREAM_TLS: Final = _T + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
-QUIC_DOWNSTREAM: Final = _T + "envoy.extensions.transport_sockets.quic.v3.QuicDownstreamTransport"
-QUIC_UPSTREAM: Final = _T + "envoy.extensions.transport_sockets.quic.v3.QuicUpstreamTransport"
+DOWNSTREAM_TLS: Final = TYPE_URL_PREFIX + "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext"
+UPSTREAM_TLS: Final = TYPE_URL_PREFIX + "envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"
+QUIC_DOWNSTREAM: Final = TYPE_URL_PREFIX + "envoy.extensions.transport_sockets.quic.v3.QuicDownstreamTransport"
+QUIC_UPSTREAM: Final = TYPE_URL_PREFIX + "envoy.extensions.transport_sockets.quic.v3.QuicUpstreamTransport"
 ON_DEMAND_SELECTOR: Final = "envoy.tls.certificate_selectors.on_demand_secret"
-ON_DEMAND_SELECTOR_TYPE: Final = _T + "envoy.extensions.transport_sockets.tls.cert_selectors.on_demand_secret.v3.Config"
+ON_DEMAND_SELECTOR_TYPE: Final = (
+    TYPE_URL_PREFIX + "envoy.extensions.transport_sockets.tls.cert_selectors.on_demand_secret.v3.Config"
+)
 FILTER_STATE_MAPPER: Final = "envoy.tls.upstream_certificate_mappers.filter_state_override"
 FILTER_STATE_MAPPER_TYPE: Final = (
-    _T + "envoy.extensions.transport_sockets.tls.cert_mappers.filter_state_override.v3.Config"
+    TYPE_URL_PREFIX + "envoy.extensions.transport_sockets.tls.cert_mappers.filter_state_override.v3.Config"
 )
 # The mapper's fallback when no identity was stamped: a secret the sidecar never serves, so such a handshake
 # cannot pick up any workload's certificate (fails closed).
