@@ -130,6 +130,7 @@ class ControlPlane:
     version: str = ""
     kubeconfig_path: Path = field(default=Path())
     processes: dict[str, Process] = field(default_factory=dict)
+    authority: pki.Authority | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
     def boot(self, crds: bool) -> None:
@@ -137,6 +138,7 @@ class ControlPlane:
         pki_dir.mkdir(parents=True, exist_ok=True)
         ca = pki.Authority(pki_dir)
         self._ca = ca.cert
+        self.authority = ca  # signs further client identities (aether.testing.controlplane.identities)
         serving = ca.issue(
             "apiserver",
             "kube-apiserver",

@@ -1,0 +1,3 @@
+module aether.dev/spike/pause
+
+go 1.22

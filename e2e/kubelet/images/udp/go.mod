@@ -1,0 +1,3 @@
+module aether.dev/spike/udp
+
+go 1.22
