@@ -79,6 +79,14 @@ def service_account_files(directory: Path, token: str, ca: Path, namespace: str)
     return directory
 
 
+def rotate_token(directory: Path, token: str) -> None:
+    """Replace the token in a service_account_files directory atomically, as a kubelet refreshes a projected token."""
+    new = directory / ".token.new"
+    new.write_text(token)
+    new.chmod(0o644)
+    os.replace(new, directory / "token")
+
+
 @contextlib.contextmanager
 def operator_container(
     image: str,

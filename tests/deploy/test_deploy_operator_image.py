@@ -14,6 +14,7 @@ Needs the images (`make images`): a skip without them, a failure under AETHER_RE
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import urllib.parse
 import urllib.request
@@ -31,7 +32,7 @@ from aether.testing.apitestbed.harness import READ_ERRORS, Cluster
 from aether.testing.controlplane.binaries import repository_root
 from aether.testing.controlplane.cluster import free_port
 from aether.testing.controlplane.deployed import NS, a_route, converged, denied, kustomize, role_without
-from aether.testing.controlplane.identities import token
+from aether.testing.controlplane.identities import token, token_kubeconfig
 from aether.testing.wait import wait_for
 
 pytestmark = pytest.mark.slow
@@ -78,10 +79,17 @@ def manifest_container() -> tuple[dict[str, Any], dict[str, Any]]:
     return spec["securityContext"], spec["containers"][0]
 
 
+@dataclasses.dataclass(frozen=True)
+class Running:
+    name: str  # the container's
+    liveness: str  # its /healthz URL
+    account: Path  # the host directory mounted as its ServiceAccount volume
+    pod: tuple[str, str]  # (name, uid) of the Pod its token is bound to
+
+
 @contextlib.contextmanager
-def operator_from_its_image(cp: controlplane.ControlPlane, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """The Deployment's container started from its image with in-cluster configuration; yields (container name,
-    its liveness URL)."""
+def operator_from_its_image(cp: controlplane.ControlPlane, tmp_path: Path) -> Iterator[Running]:
+    """The Deployment's container started from its image with in-cluster configuration."""
     pod_security, container = manifest_container()
     assert container["image"] == images.names()["operator"], "the manifest names the image make images builds"
     metrics, liveness = free_port(), free_port()
@@ -91,15 +99,16 @@ def operator_from_its_image(cp: controlplane.ControlPlane, tmp_path: Path) -> It
     url = urllib.parse.urlsplit(cp.url)
     env = {e["name"]: e["value"] for e in container.get("env", [])}
     env |= {"KUBERNETES_SERVICE_HOST": str(url.hostname), "KUBERNETES_SERVICE_PORT": str(url.port)}
+    pod = the_deployments_pod(cp)
     account = images.service_account_files(
-        tmp_path / "serviceaccount", token(cp, NS, "aether-operator", the_deployments_pod(cp)), cp.ca_path, NS
+        tmp_path / "serviceaccount", token(cp, NS, "aether-operator", pod), cp.ca_path, NS
     )
     user = f"{pod_security['runAsUser']}:{pod_security['runAsGroup']}"
     assert container["securityContext"]["readOnlyRootFilesystem"] and container["securityContext"]["capabilities"] == {
         "drop": ["ALL"]
     }
     with images.operator_container(container["image"], [*container["command"], *args], env, account, user) as name:
-        yield name, f"http://127.0.0.1:{liveness}/healthz"
+        yield Running(name, f"http://127.0.0.1:{liveness}/healthz", account, pod)
 
 
 def live(url: str) -> bool:
@@ -115,7 +124,8 @@ def test_the_operator_image_converges_in_cluster_under_its_rbac_only(
     with contextlib.ExitStack() as stack:
         if missing is not None:
             stack.enter_context(role_without(cp, *missing))
-        name, liveness = stack.enter_context(operator_from_its_image(cp, tmp_path))
+        running = stack.enter_context(operator_from_its_image(cp, tmp_path))
+        name, liveness = running.name, running.liveness
         ns, node = a_route(admin)
         if missing is None:
             wait_for(
@@ -135,3 +145,33 @@ def test_the_operator_image_converges_in_cluster_under_its_rbac_only(
     assert denied(cp, "udproutes", "status"), (
         "the missing verb was never asked for: the negative control proves nothing"
     )
+
+
+def refused(cp: controlplane.ControlPlane, tmp_path: Path, bearer: str) -> bool:
+    """Whether the server refuses `bearer` (401): a token bound to a Pod that is gone."""
+    kubeconfig = token_kubeconfig(cp, tmp_path / "old-token.kubeconfig", bearer)
+    out = cp.kubectl("--kubeconfig", str(kubeconfig), "auth", "whoami", check=False)
+    return out.returncode != 0 and "Unauthorized" in out.stderr
+
+
+def test_the_operator_image_follows_a_rotated_token(cp: controlplane.ControlPlane, tmp_path: Path) -> None:
+    """A kubelet rewrites the projected token (before it expires, or for a new Pod) in place, atomically; the old one
+    stops working (here: its Pod deleted). The operator keeps converging: its own client re-reads the token file
+    (the kubernetes client's in-cluster refresh, once a minute) and kopf logs in again on a 401."""
+    admin = Cluster(str(cp.kubeconfig_path), None)
+    with operator_from_its_image(cp, tmp_path) as running:
+        ns, node = a_route(admin)
+        wait_for(lambda: converged(admin, ns, node), timeout=90, what="convergence", ignore=READ_ERRORS)
+        old = (running.account / "token").read_text()
+        successor = the_deployments_pod(cp)
+        images.rotate_token(running.account, token(cp, NS, "aether-operator", successor))
+        cp.kubectl("delete", "pod", running.pod[0], "-n", NS, "--wait=true")
+        wait_for(lambda: refused(cp, tmp_path, old), timeout=30, what="the old token refused")
+        ns, node = a_route(admin)
+        wait_for(
+            lambda: converged(admin, ns, node),
+            timeout=150,
+            what="convergence of a new route after the token rotated",
+            ignore=READ_ERRORS,
+            diagnose=lambda: images.logs(running.name)[-3000:],
+        )
