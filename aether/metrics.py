@@ -163,6 +163,13 @@ OPERATOR_MESHNODES = Gauge(
     "MeshNodes the operator owns (one per Node it has written one for)",
     registry=REGISTRY,
 )
+OPERATOR_POLICIES = Gauge(
+    "aether_operator_policies",
+    "MeshAuthorizationPolicies by state at the last policy pass: accepted, not_accepted (they allow nothing), "
+    "unresolved (a target Service does not exist: ResolvedRefs=False/ServiceNotFound, e.g. a typo)",
+    ["state"],
+    registry=REGISTRY,
+)
 
 
 def serve(host: str, port: int) -> WSGIServer:

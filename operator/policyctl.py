@@ -20,6 +20,7 @@ from aether.api import authz
 from aether.api.client import ApiException, now
 from aether.api.meshnode import API_GROUP, API_VERSION
 from aether.api.meshnode import PLURAL as MESHNODES
+from aether.metrics import OPERATOR_POLICIES
 from aether.operator.kubeapi import MERGE
 from aether.operator.policies import node_counts, policy_status, same_status, unresolved, with_times
 from aether.operator.reconcile.views import PodView, ServiceView, SliceView
@@ -78,10 +79,13 @@ class PolicyController:
             if isinstance(svc, ServiceView):
                 by_ns.setdefault(svc.namespace, {})[svc.name] = svc
         bodies = list(self.policies())
+        states = dict.fromkeys(("accepted", "not_accepted", "unresolved"), 0)
         for body in bodies:
             meta = body.get("metadata") or {}
             ns, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
             want = policy_status(body, by_ns.get(ns, {}), self.trust_domain)
+            states["accepted" if want["conditions"][0]["status"] == "True" else "not_accepted"] += 1
+            states["unresolved"] += unresolved(want) is not None
             current = body.get("status")
             if same_status(current, want):
                 continue
@@ -100,6 +104,8 @@ class PolicyController:
                     log.warning("MeshAuthorizationPolicy %s/%s: status write failed: %s", ns, name, exc.reason)
                 continue
             self._warn_unresolved(body, want, ns, name)
+        for state, n in states.items():
+            OPERATOR_POLICIES.labels(state=state).set(n)
         self._counts(authz.compile_bodies(bodies, self.trust_domain))
 
     def _warn_unresolved(self, body: dict[str, Any], want: dict[str, Any], ns: str, name: str) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from aether.metrics import REGISTRY
 from aether.testing.apiserver import Kind, Server, api_server
 from aether.testing.apitestbed import objects as o
 from aether.testing.apitestbed.harness import READ_ERRORS, Cluster, InProcessOperator, unique
@@ -144,6 +145,10 @@ def test_a_typod_target_is_a_condition_and_a_warning_event(cluster: Cluster, ope
     (event,) = wait_for(lambda: warning_events(k, ns, "typo", "ServiceNotFound"), what="the Warning Event")
     assert f"Service {ns}/Web does not exist" in event["message"] and "opens nothing" in event["message"]
     assert event["source"]["component"] == "aether-operator"
+    wait_for(  # what an alert reads (docs/operations.md)
+        lambda: (REGISTRY.get_sample_value("aether_operator_policies", {"state": "unresolved"}) or 0) >= 1,
+        what="aether_operator_policies{state=unresolved}",
+    )
 
 
 def test_a_default_deny_policy_resolves_to_its_namespace(cluster: Cluster, operator: InProcessOperator) -> None:
