@@ -8,9 +8,12 @@ node B gets the CNI plugin's ruleset in each mode (`aether.netns.rules`, `inboun
 - PERMISSIVE again: the direct path answers.
 
 How the kernel tells the node proxies apart, measured here on Envoy 1.40 and pinned by the per-source counters:
-node B's proxy reaches its own pods from the pod's gateway address 169.254.1.1 (the inbound app clusters, and
-kubelet probes come from there too), node A's proxy reaches node B's pods from node A's address (udp_proxy's upstream
-socket, not transparent), and the inbound itself is 18008 bound inside the pod's netns.
+the inbound (18008) is bound inside the pod's netns and its hop to the app is a socket Envoy makes there too (the
+app clusters' `upstream_bind_config` with the pod's netns), so it arrives over loopback and needs no mesh source (the
+gateway counter does not move; with the gateway left out of the mesh sources h2 and HTTP/3 still answer: seen red
+before, when that hop came from the gateway); node A's proxy reaches node B's pods from node A's address (udp_proxy's
+upstream socket, not transparent); kubelet probes and the node's own plaintext deliveries come from the pod's
+gateway 169.254.1.1.
 """
 
 from __future__ import annotations
@@ -18,16 +21,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from aether.netns.contract import InboundMode
+from aether.netns.contract import CaptureMode, InboundMode, InboundPolicy
+from aether.netns.install import install_capture
 from aether.testing.eastwest_lab import xfcc_uri
 from aether.testing.netlab import GATEWAY_LL
 from aether.testing.quic_mesh import CLIENT, NODE_A_IP, TWIN, VIP_UDP, Mesh, quic_mesh
 from aether.testing.wait import wait_for
 from aether.xds.identity.sds import secrets
+from aether.xds.resources import CLUSTER
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -116,7 +122,8 @@ def test_strict_closes_the_app_port_and_keeps_the_mesh(mesh: Mesh) -> None:
     gateway = f"saddr {GATEWAY_LL}"
     for status, body in mesh.until_200(mesh.client) + mesh.get(mesh.client, n=2, headers=FORGED):
         assert (status, xfcc_uri(body)) == (200, CLIENT)
-    assert mesh.inbound_counters()[gateway] > after[gateway]  # node B's proxy delivers from the gateway
+    # node B's proxy reaches the app from its own socket inside web-0's netns (over loopback), not from the gateway
+    assert mesh.inbound_counters()[gateway] == after[gateway]
     assert any(line.startswith("HTTP/3 200") for line in mesh.access_b_flushed()[-3:])
     # ... and h2 with the twin absent
     try:
@@ -128,6 +135,45 @@ def test_strict_closes_the_app_port_and_keeps_the_mesh(mesh: Mesh) -> None:
     finally:
         mesh.serve_a()
         mesh.wait_applied(mesh.a, TWIN)
+
+
+def fresh_app_connections(mesh: Mesh) -> None:
+    """Node B's app clusters re-created (a changed connect timeout): the pooled connections to the app, which
+    conntrack would let through as established whatever the ruleset, are closed, and the next request dials anew."""
+    res = mesh.resources_b()
+    ms = 1 + time.monotonic_ns() % 899
+    stamp = f"1.{ms + (ms % 10 == 0):03d}s"  # three digits, the last not 0: config_dump prints it back as is
+    for name, cluster in res[CLUSTER].items():
+        if name.startswith("inbound:"):
+            cluster["connectTimeout" if "connectTimeout" in cluster else "connect_timeout"] = stamp
+    mesh.serve_b(res=res)
+    wait_for(lambda: stamp in mesh.b.active_config("dynamic_active_clusters"), 30, "B's app clusters re-created")
+    wait_for(lambda: mesh.b.stat_sum(r"^cluster\.inbound_.*\.upstream_cx_active$") == 0, 30, "the old pools closed")
+
+
+def test_the_inbound_reaches_the_app_from_inside_the_pod(mesh: Mesh) -> None:
+    """STRICT with node A's address as the only mesh source (no gateway): the mesh still answers over HTTP/3 and h2
+    with the verified identity, because the inbound's hop to the app is Envoy's own socket in web-0's netns. Red
+    before it was: that hop came from the gateway, which this STRICT drops (every request 503)."""
+    install_capture(mesh.web.path, CaptureMode.TPROXY, inbound=InboundPolicy(InboundMode.STRICT, (NODE_A_IP,)))
+    try:
+        fresh_app_connections(mesh)
+        got = mesh.get(mesh.client, n=3)
+        assert [status for status, _ in got] == [200] * 3, got
+        assert [xfcc_uri(body) for _, body in got] == [CLIENT] * 3
+        assert any(line.startswith("HTTP/3 200") for line in mesh.access_b_flushed()[-3:])
+        try:
+            mesh.serve_a(mesh.resources_a(quic=False))
+            wait_for(lambda: TWIN not in mesh.a.admin("/clusters"), 30, "twins gone")
+            got = mesh.get(mesh.client, n=3)
+            assert [status for status, _ in got] == [200] * 3, got
+            assert [xfcc_uri(body) for _, body in got] == [CLIENT] * 3
+            assert any(line.startswith("HTTP/2 200") for line in mesh.access_b_flushed()[-3:])
+        finally:
+            mesh.serve_a()
+            mesh.wait_applied(mesh.a, TWIN)
+    finally:
+        mesh.enforce(InboundMode.STRICT)
 
 
 def test_strict_still_delivers_plaintext_udp_through_the_mesh(mesh: Mesh) -> None:

@@ -243,14 +243,20 @@ def listeners(
 
 
 def app_clusters(pod: LocalPod, options: EastWestOptions) -> dict[str, dict[str, Any]]:
-    """One static cluster per application port: the pod's own IP and port, reached from the node."""
+    """One static cluster per application port: the pod's own IP and port, dialled from a socket Envoy makes inside
+    the pod's netns (`upstream_bind_config` with the pod's `network_namespace_filepath`, which Envoy 1.40 honours
+    for upstream connections: seen here). The hop to the app is then local to the pod and arrives over loopback, so
+    STRICT admits it as the proxy's own traffic; it never needs the gateway, which any process on the node can send
+    from (docs/operations.md#inbound-enforcement)."""
     out: dict[str, dict[str, Any]] = {}
+    bind = {"address": pod.ip, "port_value": 0, "network_namespace_filepath": pod.netns}
     for port in pod.app_ports:
         name = app_cluster_name(pod, port)
         out[name] = {
             "name": name,
             "type": "STATIC",
             "connect_timeout": seconds(options.connect_timeout_s),
+            "upstream_bind_config": {"source_address": dict(bind)},
             "load_assignment": {
                 "cluster_name": name,
                 "endpoints": [
