@@ -17,7 +17,7 @@ what a policy's status says is what the sidecars enforce.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from aether.api import authz
@@ -133,26 +133,34 @@ def with_times(want: Mapping[str, Any], current: Any, now: str) -> dict[str, Any
 
 
 def bound_nodes(
-    services: Iterable[ServiceView], pods: Iterable[PodView], slices: Iterable[SliceView]
+    services: Iterable[ServiceView],
+    pods: Iterable[PodView],
+    slices: Iterable[SliceView],
+    wanted: Callable[[tuple[str, str]], bool] = lambda _: True,
 ) -> dict[tuple[str, str], set[str]]:
     """(namespace, Service) -> the nodes of the pods bound to it: every endpoint of its EndpointSlices (ready or
-    not) and every pod its selector selects (docs/identity.md, "which pods a policy guards")."""
+    not) and every pod its selector selects (docs/identity.md, "which pods a policy guards"); only the Services
+    `wanted` says (the ones a policy applies to)."""
     where: dict[tuple[str, str], str] = {}
-    by_ns: dict[str, list[PodView]] = defaultdict(list)
+    by_label: dict[tuple[str, str, str], set[PodView]] = defaultdict(set)
     for p in pods:
         if p.node:
             where[p.key] = p.node
-            by_ns[p.namespace].append(p)
+        if p.node and p.ip and p.placed:  # what a selector selects (namespace.selected_ips)
+            for k, v in p.labels:
+                by_label[(p.namespace, k, v)].add(p)
     out: dict[tuple[str, str], set[str]] = defaultdict(set)
     for sl in slices:
-        for ep in sl.endpoints:
-            node = where.get((sl.namespace, ep.pod or ""))
-            if node and sl.service:
-                out[(sl.namespace, sl.service)].add(node)
+        key = (sl.namespace, sl.service or "")
+        for ep in sl.endpoints if sl.service and wanted(key) else ():
+            if node := where.get((sl.namespace, ep.pod or "")):
+                out[key].add(node)
     for svc in services:
-        for p in by_ns.get(svc.namespace, ()) if svc.selector else ():
-            if p.ip and p.placed and svc.selects(p) and p.node:
-                out[svc.key].add(p.node)
+        if not svc.selector or not wanted(svc.key):
+            continue
+        sets = sorted((by_label.get((svc.namespace, k, v), set()) for k, v in svc.selector), key=len)
+        for p in set(sets[0]).intersection(*sets[1:]):
+            out[svc.key].add(where[p.key])
     return out
 
 
@@ -170,8 +178,14 @@ def node_counts(
         for svc in p.services:
             targeted[(p.namespace, svc)].append(p)
     wide = [p for p in compiled if p.namespace_wide]
+    mesh_wide = any(p.mesh_wide for p in wide)
+    wide_ns = {p.namespace for p in wide}
     guarded: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for key, at in bound_nodes(services, pods, slices).items():
+
+    def wanted(key: tuple[str, str]) -> bool:
+        return mesh_wide or key in targeted or key[0] in wide_ns
+
+    for key, at in bound_nodes(services, pods, slices, wanted).items():
         applying = targeted.get(key, []) + [p for p in wide if p.covers_namespace(key[0])]
         if applying:
             targeted[key] = list(dict.fromkeys(applying))

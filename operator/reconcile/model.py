@@ -97,9 +97,13 @@ class _Reader:
         self.read.add(namespace)
         return self.m.pods.get((namespace, name))
 
-    def pods_in(self, namespace: str) -> Iterable[PodView]:
+    def pods_matching(self, namespace: str, selector: frozenset[tuple[str, str]]) -> Iterable[PodView]:
         self.read.add(namespace)
-        return [self.m.pods[(namespace, n)] for n in sorted(self.m.pods_by_ns.get(namespace, ()))]
+        if not selector:
+            return []
+        sets = sorted((self.m.pods_by_label.get((namespace, k, v), set()) for k, v in selector), key=len)
+        names = set(sets[0]).intersection(*sets[1:])
+        return [self.m.pods[(namespace, n)] for n in sorted(names)]
 
     def vip_owner(self, vip: str) -> ServiceView | None:
         claims = [self.m.services[ns][n] for ns, n in sorted(self.m.vip_claims.get(vip, ()))]
@@ -114,7 +118,8 @@ class ClusterModel:
         self.nodes: dict[str, NodeView] = {}
         self.pods: dict[tuple[str, str], PodView] = {}
         self.pods_by_node: dict[str, set[tuple[str, str]]] = defaultdict(set)
-        self.pods_by_ns: dict[str, set[str]] = defaultdict(set)  # namespace -> pod names (Service selectors)
+        # (namespace, label key, value) -> pod names: what a Service's selector selects, without a scan
+        self.pods_by_label: dict[tuple[str, str, str], set[str]] = defaultdict(set)
         self.services: dict[str, dict[str, ServiceView]] = defaultdict(dict)
         self.slices: dict[str, dict[str, SliceView]] = defaultdict(dict)
         self.slices_by_service: dict[tuple[str, str], set[str]] = defaultdict(set)
@@ -150,13 +155,15 @@ class ClusterModel:
             self.dirty_nodes.add(name)
         elif kind == "pod":
             old_pod = self.pods.pop(key, None)
-            self.pods_by_ns[ns].discard(name)
+            for k, v in old_pod.labels if old_pod is not None else ():
+                self.pods_by_label[(ns, k, v)].discard(name)
             if old_pod is not None and old_pod.node:
                 self.pods_by_node[old_pod.node].discard(key)
                 self.dirty_nodes.add(old_pod.node)
             if isinstance(view, PodView):
                 self.pods[key] = view
-                self.pods_by_ns[ns].add(name)
+                for k, v in view.labels:
+                    self.pods_by_label[(ns, k, v)].add(name)
                 if view.node:
                     self.pods_by_node[view.node].add(key)
                     self.dirty_nodes.add(view.node)

@@ -125,7 +125,7 @@ def selected_ips(world: World, svc: ServiceView) -> set[str]:
     pods a policy on the Service guards besides every endpoint of its EndpointSlices (docs/identity.md)."""
     if not svc.selector:
         return set()
-    return {p.ip for p in world.pods_in(svc.namespace) if p.ip and p.placed and svc.selects(p)}
+    return {p.ip for p in world.pods_matching(svc.namespace, svc.selector) if p.ip and p.placed and svc.selects(p)}
 
 
 def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestination | None:
