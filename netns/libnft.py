@@ -91,6 +91,19 @@ class Nft:
         err = self._lib.nft_ctx_get_error_buffer(self._ctx) or b""
         return NftResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
+    def table_rules(self, table: dict[str, Any]) -> list[list[dict[str, Any]]] | None:
+        """The rules of `table` (`{"family", "name"}`) as loaded, each its statement list with counters zeroed (so
+        they compare equal to the rules as written); None when the table is not there."""
+        res = self.run({"nftables": [{"list": {"table": table}}]})
+        if res.rc != 0:
+            return None
+        found = [o["rule"]["expr"] for o in res.json().get("nftables", []) if "rule" in o]
+        for expr in found:
+            for stmt in expr:
+                if "counter" in stmt:
+                    stmt["counter"] = {"packets": 0, "bytes": 0}
+        return found
+
     def close(self) -> None:
         if self._ctx is not None:
             self._lib.nft_ctx_free(self._ctx)

@@ -104,21 +104,9 @@ def build_ruleset() -> Json:
     }
 
 
-def _loaded_rules(nft: Nft) -> list[list[Json]] | None:
-    res = nft.run({"nftables": [{"list": {"table": _ref()}}]})
-    if res.rc != 0:
-        return None
-    found = [o["rule"]["expr"] for o in res.json().get("nftables", []) if "rule" in o]
-    for expr in found:
-        for stmt in expr:
-            if "counter" in stmt:
-                stmt["counter"] = {"packets": 0, "bytes": 0}
-    return found
-
-
 def _drift(nft: Nft, rtnl: RtnlSocket) -> list[str]:
     reasons: list[str] = []
-    loaded = _loaded_rules(nft)
+    loaded = nft.table_rules(_ref())
     if loaded is None:
         reasons.append(f"missing nft table inet {NODE_TABLE}")
     elif loaded != rules():
