@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -208,6 +209,12 @@ def make_parser() -> argparse.ArgumentParser:
         help="comma-separated prefixes the node proxies deliver from across nodes (the nodes' addresses); "
         "added to the entry as meshSources",
     )
+    ap.add_argument(
+        "--node-guard",
+        action="store_true",
+        help="also install the node's mesh-source guard for --mesh-sources (`aether node-guard install`, from the "
+        "bundle, in this process's netns: the host's for the hostNetwork DaemonSet; needs CAP_NET_ADMIN)",
+    )
     ap.add_argument("--wait", type=float, default=300.0, help="seconds to wait for the primary CNI's config")
     ap.add_argument("--uninstall", action="store_true", help="remove our entry and shim (the bundle stays)")
     return ap
@@ -222,6 +229,19 @@ def entry_from(args: argparse.Namespace) -> dict[str, Any]:
     if sources:
         entry = {**entry, "meshSources": sources}
     return entry
+
+
+def install_node_guard(args: argparse.Namespace) -> str:
+    """`aether node-guard install` with each of --mesh-sources (no pod may send as one of them: docs/operations.md);
+    nothing to guard without any (the pods' gateway, a node address, the kernel already refuses from a pod)."""
+    sources = [x.strip() for x in args.mesh_sources.split(",") if x.strip()]
+    if not sources:
+        return "no --mesh-sources: no node guard"
+    cmd = [sys.executable, "-m", "aether.cli", "node-guard", "install", *(f"--mesh-source={x}" for x in sources)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise InstallError(f"the node's mesh-source guard: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         args.cni_bin_dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(args.cni_bin_dir / PLUGIN_TYPE, shim_text(args.host_bundle_path), mode=0o755)
         out = install_conflist(args.cni_net_dir, entry, args.wait)
+        if args.node_guard:
+            print(install_node_guard(args))
     except (InstallError, OSError, json.JSONDecodeError) as exc:
         print(f"aether-cni install: {exc}", file=sys.stderr)
         return 1

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 
 import aether
+from aether.netns import node_guard
+from aether.testing.netlab import Lab
 
 CALICO: dict[str, Any] = {
     "name": "k8s-pod-network",
@@ -23,6 +25,7 @@ CALICO: dict[str, Any] = {
         {"type": "portmap", "snat": True, "capabilities": {"portMappings": True}},
     ],
 }
+SOURCES = ("10.250.0.0/16", "169.254.1.1")  # mesh sources for the node guard
 BRIDGE_CONF: dict[str, Any] = {
     "cniVersion": "0.4.0",
     "name": "kindnet",
@@ -217,3 +220,32 @@ def test_inbound_refuses_a_mode_it_does_not_know(cni_install: ModuleType, capsys
     with pytest.raises(SystemExit) as exited:
         cni_install.main(["--inbound=permisive"])
     assert exited.value.code == 2 and "invalid choice: 'permisive'" in capsys.readouterr().err
+
+
+@pytest.mark.privileged
+def test_node_guard_installs_the_mesh_source_guard_where_it_runs(cni_install: ModuleType, tmp_path: Path) -> None:
+    """--node-guard (the DaemonSet passes it): the installer also installs the node's mesh-source guard (`aether
+    node-guard install`, table inet aether_guard) for --mesh-sources in its own netns, the host's for the hostNetwork
+    DaemonSet (here a lab node's netns); without mesh sources it says there is nothing to guard and succeeds."""
+    bundle, host, net_d, _ = _host(tmp_path)
+    (net_d / "10-calico.conflist").write_text(json.dumps(CALICO))
+    assert cni_install.__file__ is not None
+    script = Path(cni_install.__file__)
+    with Lab() as lab:
+        node = lab.add_node("n1")
+        argv = ["ip", "netns", "exec", node.netns, sys.executable, str(script), f"--bundle-source={bundle}"]
+        argv += [
+            f"--host-bundle-dir={host / 'opt' / 'aether'}",
+            f"--host-bundle-path={host / 'opt' / 'aether' / 'current'}",
+        ]
+        argv += [f"--cni-bin-dir={host / 'opt' / 'cni' / 'bin'}", f"--cni-net-dir={net_d}", "--wait=0", "--node-guard"]
+        env = {**os.environ, "AETHER_MESH_SOURCES": ""}
+        bare = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        assert bare.returncode == 0 and "no --mesh-sources: no node guard" in bare.stdout, bare
+        assert node_guard.check(SOURCES, node.path) == [f"missing nft table inet {node_guard.GUARD_TABLE}"]
+        done = subprocess.run(
+            [*argv, f"--mesh-sources={','.join(SOURCES)}"], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done
+        assert "mesh-source guard installed" in done.stdout, done.stdout
+        assert node_guard.check(SOURCES, node.path) == []

@@ -99,7 +99,7 @@ def test_least_privilege(daemonset: dict[str, Any], operator_deployment: dict[st
         assert sc["readOnlyRootFilesystem"] is True, name
         assert sc["capabilities"]["drop"] == ["ALL"], name
         added[name] = sorted(sc["capabilities"].get("add", []))
-    assert added == {"install-cni": [], "xds": [], "envoy": ["NET_ADMIN", "SYS_ADMIN"]}
+    assert added == {"install-cni": ["NET_ADMIN"], "xds": [], "envoy": ["NET_ADMIN", "SYS_ADMIN"]}
     op = operator_deployment["spec"]["template"]["spec"]
     assert op["securityContext"]["runAsNonRoot"] is True
     (opc,) = op["containers"]
