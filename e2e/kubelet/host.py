@@ -21,6 +21,7 @@ from aether.testing.controlplane.cluster import Process
 BRIDGE = "aekub0"
 POD_SUBNET = "10.244.7.0/24"
 NFT_TABLE = "aether_kubelet_e2e"
+GUARD_TABLE = ("inet", "aether_guard")  # aether node-guard's table (netns/node_guard.py)
 KUBELET_PORT = 10350
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -137,6 +138,7 @@ class Node:
     processes: dict[str, Process] = field(default_factory=dict)
     made_run_aether: bool = False
     made_run_containerd: bool = False
+    made_guard: bool = False
 
     @property
     def address(self) -> str:
@@ -154,6 +156,8 @@ class Node:
         (self.root / "containerd/config.toml").write_text(containerd_config(self.root))
         self.made_run_aether = not Path("/run/aether").exists()
         self.made_run_containerd = not Path("/run/containerd").exists()
+        # the DaemonSet's install-cni may install the node's mesh-source guard in this (the host's) netns
+        self.made_guard = run("nft", "list", "table", *GUARD_TABLE, check=False).returncode != 0
 
     def start_containerd(self) -> None:
         p = Process("containerd", ["containerd", "--config", str(self.root / "containerd/config.toml")], self.log("c"))
@@ -225,6 +229,9 @@ class Node:
         if run("nft", "list", "table", "ip", NFT_TABLE, check=False).returncode == 0:
             run("nft", "delete", "table", "ip", NFT_TABLE, check=False)
             done.append(f"nft table ip {NFT_TABLE}")
+        if self.made_guard and run("nft", "list", "table", *GUARD_TABLE, check=False).returncode == 0:
+            run("nft", "delete", "table", *GUARD_TABLE, check=False)
+            done.append("nft table " + " ".join(GUARD_TABLE))
         for made, path in ((self.made_run_aether, "/run/aether"), (self.made_run_containerd, "/run/containerd")):
             if made and Path(path).exists():
                 shutil.rmtree(path, ignore_errors=True)

@@ -4,7 +4,8 @@ Debian's containerd and the standard CNI plugins, the operator Deployment and th
 reaching a UDP Service through the capture: its datagrams to VIP:18082 are answered from VIP:18082, while the same
 VIP on the Service's own port (which only kube-proxy would serve; there is none) stays silent.
 
-    sudo .venv/bin/python -m aether.e2e.kubelet.run        # prints each step and the evidence; exit 0 when it held
+    sudo .venv/bin/python -m aether.e2e.kubelet.run          # prints each step and the evidence; exit 0 when it held
+    sudo .venv/bin/python -m aether.e2e.kubelet.run --chart  # the same with deploy/helm/aether's default render
 
 Everything it starts (a control plane with kube-scheduler and the controllers pods need, containerd on a socket of
 its own, the kubelet) is stopped, and what they leave on the host removed, however the run ends."""
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -83,11 +85,20 @@ def private_root_mount() -> bool:
     return True
 
 
-def deploy(cp: cluster.ControlPlane, node: Node) -> None:
-    rendered = subprocess.run(
-        [tool("kubectl"), "kustomize", str(REPO / "deploy")], capture_output=True, text=True, check=True
-    ).stdout
-    docs = [d for d in yaml.safe_load_all(rendered) if d]
+def render(chart: bool, root: Path) -> str:
+    """deploy/ as `kubectl kustomize` renders it, or the Helm chart with its default values (`helm template`, with
+    helm's directories under the run's root)."""
+    if not chart:
+        argv = [tool("kubectl"), "kustomize", str(REPO / "deploy")]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env |= {var: str(root / "helm" / var.lower()) for var in ("HELM_CONFIG_HOME", "HELM_CACHE_HOME", "HELM_DATA_HOME")}
+    argv = [tool("helm"), "template", "aether", str(REPO / "deploy/helm/aether"), "--namespace", "aether-system"]
+    return subprocess.run(argv, capture_output=True, text=True, check=True, env=env).stdout
+
+
+def deploy(cp: cluster.ControlPlane, node: Node, chart: bool) -> None:
+    docs = [d for d in yaml.safe_load_all(render(chart, node.root)) if d]
     moved = manifests.for_this_host(docs, str(node.root), private_root_mount())
     kubectl(cp, "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(moved))
 
@@ -211,7 +222,10 @@ def _node_ready(cp: cluster.ControlPlane) -> dict[str, Any] | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.parse_args(argv)
+    ap.add_argument(
+        "--chart", action="store_true", help="install deploy/helm/aether (helm template) instead of deploy/"
+    )
+    args = ap.parse_args(argv)
     out = subprocess.run([str(REPO / "e2e/kubelet/build.sh")], capture_output=True, text=True, check=True)
     root = Path(tempfile.mkdtemp(prefix="aether-kubelet-"))
     node = Node(root, NODE, Path(out.stdout.strip().splitlines()[-1]))
@@ -222,15 +236,16 @@ def main(argv: list[str] | None = None) -> int:
         cp, extra = boot(node, root / "cp")
         n = get(cp, "node", NODE)["status"]["nodeInfo"]
         print(f"   node {NODE} Ready: kubelet {n['kubeletVersion']}, {n['containerRuntimeVersion']}", flush=True)
-        step("deploy/ (kubectl kustomize, host paths moved under the run's root), server-side apply")
-        deploy(cp, node)
+        what = "the Helm chart (helm template)" if args.chart else "deploy/ (kubectl kustomize)"
+        step(f"{what}, host paths moved under the run's root, server-side apply")
+        deploy(cp, node, args.chart)
         wait_for(
             lambda: ready_workloads(cp) or None,
             180,
             "DaemonSet and Deployment ready",
             interval=1,
             ignore=(RuntimeError, KeyError),
-            diagnose=lambda: kubectl(cp, "get", "pods", "-A", "-o", "wide"),
+            diagnose=lambda: kubectl(cp, "get", "pods", "-A", "-o", "wide") + diagnostics(node),
         )
         print(kubectl(cp, "get", "pods", "-A", "-o", "wide"), flush=True)
         evidence = scenario(cp, node)
