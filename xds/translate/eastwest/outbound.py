@@ -200,6 +200,12 @@ def route_action(dest: Destination, sources: list[str], quic: bool) -> dict[str,
     }
 
 
+def quic(dest: Destination, options: EastWestOptions) -> bool:
+    """Whether `dest`'s route selects twins: QUIC on, and `dest` in this cluster (a remote Service is reached over
+    h2 through its cluster's gateway: `EastWestOptions.remote_gateways`)."""
+    return options.quic and f"{dest.namespace}/{dest.service}" not in options.remote_gateways
+
+
 def route_config(
     dests: list[Destination], sources: list[str], mesh_domain: str, options: EastWestOptions
 ) -> dict[str, Any]:
@@ -212,7 +218,7 @@ def route_config(
             {
                 "name": f"{d.namespace}/{d.service}",
                 "domains": domains,
-                "routes": [{"match": {"prefix": "/"}, "route": route_action(d, sources, options.quic)}],
+                "routes": [{"match": {"prefix": "/"}, "route": route_action(d, sources, quic(d, options))}],
             }
         )
     return {"name": options.http_outbound_route, "validate_clusters": False, "virtual_hosts": vhosts}

@@ -20,12 +20,12 @@ MeshNode has no per-pod port list yet; the first port is the primary one (the de
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aether.api.meshnode import MeshNode
 from aether.api.naming import parse_quic_twin, ref, spiffe_id
-from aether.netns.contract import INBOUND_PORT
+from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT
 from aether.netns.records import PodRecord
 from aether.xds.pairs.values import Environment
 
@@ -47,6 +47,10 @@ class EastWestOptions:
     # Only the negative control of the identity-leak gate changes this; aether.xds.gates.quic rejects anything else.
     identity_factory: str = "envoy.hashable_string"
     http_outbound_route: str = "http-outbound"
+    # Services of another cluster (`<ns>/<svc>` -> that cluster's east-west gateway addresses): reached over h2
+    # through a gateway's TCP 18009 (`through_gateways`), never by twin (QUIC passthrough is not built). A minimal
+    # model: discovery across clusters (which Services, which gateway) is not built (docs/limits.md).
+    remote_gateways: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,17 @@ def destinations(node: MeshNode, trust_domain: str) -> list[Destination]:
                 vip=vips.get(d.service),
             )
         )
+    return out
+
+
+def through_gateways(dests: Sequence[Destination], remote: Mapping[str, tuple[str, ...]]) -> list[Destination]:
+    """`dests` with every remote one's endpoints replaced by its gateways on `EAST_WEST_PORT`: the source's TLS
+    (SNI, the destination's pinned SPIFFE ID, its own SVID) is unchanged, only the address it dials moves. A remote
+    Service not among `dests` is not invented: its SNI and ServiceAccount come from the destination entry."""
+    out = []
+    for d in dests:
+        gateways = remote.get(ref(d.namespace, d.service))
+        out.append(d if gateways is None else replace(d, endpoints=tuple((g, EAST_WEST_PORT) for g in gateways)))
     return out
 
 

@@ -1,0 +1,165 @@
+"""The east-west gateway's TCP half on the real data path (the rig: `aether.testing.quic_mesh`, two node netns and
+their real Envoys). Node B also plays the gateway: `aether.xds.translate.eastwest.gateway` on its node address
+10.199.0.2:18009, exporting default/web. Node A holds default/web as a remote Service
+(`EastWestOptions.remote_gateways`): its h2 cluster dials the gateway, with the SNI, pinned SPIFFE ID and source SVID
+of the in-cluster path.
+
+- client-0 -> node A's outbound -> gateway 18009 (tls_inspector + tcp_proxy) -> web-0's inbound 18008 -> app: the app's
+  XFCC carries client-0's SPIFFE ID (other-0's for other-0), and the gateway holds no certificate at all;
+- openssl s_client through the gateway gets web-0's SVID, verified against the mesh's root: passthrough;
+- an SNI no exported Service has, or none, gets no certificate and counts in
+  `listener.east_west_gateway.no_filter_chain_match`;
+- negative control: the same listener terminating TLS with a gateway SVID: s_client sees the gateway's identity and
+  the source proxy refuses it (its pinned destination SAN), so the tests above can tell passthrough from termination.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from aether.api.naming import quic_sni
+from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT
+from aether.testing.eastwest_lab import xfcc_uri
+from aether.testing.quic_mesh import CLIENT, MD, OTHER, TD, WEB, Mesh, quic_mesh
+from aether.testing.wait import wait_for
+from aether.xds.identity.sds import secrets
+from aether.xds.resources import LISTENER, Resources
+from aether.xds.translate.eastwest import gateway
+from aether.xds.translate.eastwest.build import camel
+from aether.xds.translate.eastwest.plan import Destination
+from aether.xds.translate.eastwest.tls import downstream_tls, tcp_downstream_socket
+
+pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
+
+GATEWAY_IP = "10.199.0.2"  # node B's end of the node link (quic_mesh)
+GATEWAY_ID = f"spiffe://{TD}/ns/aether-system/sa/east-west-gateway"  # only the negative control's listener has it
+WEB_SNI = quic_sni(8080, "web-sa", "default", MD)
+NO_CHAIN = "listener.east_west_gateway.no_filter_chain_match"
+FORWARDED = "tcp.east_west_gateway.downstream_cx_total"
+H2_ACTIVE = r"^cluster\.h2_default/web\.upstream_cx_active$"
+H2_SAN_FAILED = r"^cluster\.h2_default/web\.ssl\.fail_verify_san$"
+
+
+def gateway_resources(mesh: Mesh) -> Resources:
+    web = Destination("default", "web", "web-sa", WEB, (8080,), ((mesh.web.ip, INBOUND_PORT),), None)
+    return gateway.build([web], GATEWAY_IP, MD)
+
+
+def serve_b(mesh: Mesh, gw: Resources) -> None:
+    mesh.ads.set("node-b", mesh.resources_b(), gw, secrets(mesh.ca, [WEB, GATEWAY_ID]))
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    with quic_mesh(tmp_path_factory.mktemp("gateway")) as m:
+        m.serve_a(m.resources_a(remote_gateways={"default/web": (GATEWAY_IP,)}))
+        serve_b(m, gateway_resources(m))
+        m.wait_synced(m.a)
+        m.wait_synced(m.b)
+        yield m
+
+
+def s_client(mesh: Mesh, sni: str | None, *extra: str) -> str:
+    """openssl s_client from node A's netns to the gateway (stdin closed: handshake, print, quit)."""
+    name = ["-servername", sni] if sni is not None else ["-noservername"]
+    argv = ["openssl", "s_client", "-connect", f"{GATEWAY_IP}:{EAST_WEST_PORT}", *name, "-showcerts", *extra]
+    out = subprocess.run(
+        ["ip", "netns", "exec", mesh.client.node.netns, *argv],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return out.stdout + out.stderr
+
+
+def certificates(output: str) -> list[x509.Certificate]:
+    blocks = re.findall(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", output, re.S)
+    return [x509.load_pem_x509_certificate(b.encode()) for b in blocks]
+
+
+def uri_sans(cert: x509.Certificate) -> list[str]:
+    ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    return ext.value.get_values_for_type(x509.UniformResourceIdentifier)
+
+
+def test_the_app_sees_each_source_through_the_gateway(mesh: Mesh) -> None:
+    forwarded = mesh.b.stat(FORWARDED)
+    for pod, identity in ((mesh.client, CLIENT), (mesh.other, OTHER)):
+        (_status, body), *_ = mesh.until_200(pod)
+        assert xfcc_uri(body) == identity, body
+    assert mesh.b.stat(FORWARDED) >= forwarded + 2  # one connection per source identity, through the gateway
+    assert mesh.b.stat_sum(r"^cluster\.east-west_8080\.web-sa\.default\.mesh\.example\.upstream_cx_total$") >= 2
+    # node A dialled the gateway over h2, never a twin (QUIC passthrough is not built)
+    assert mesh.a.stat_sum(r"^cluster\.h2_default/web\.upstream_cx_total$") >= 2
+    assert mesh.a.stat_sum(r"^cluster\.quic_.*\.upstream_cx_total$") == 0
+    hosts = {m for m in re.findall(r"^h2:default/web::([0-9.]+:[0-9]+)::", mesh.a.admin("/clusters"), re.M)}
+    assert hosts == {f"{GATEWAY_IP}:{EAST_WEST_PORT}"}, hosts
+    # the gateway holds no certificate: Envoy on node B has only web-0's SVID and the bundle
+    dumped = mesh.b.config_dump("dynamic_active_secrets")["configs"]
+    assert GATEWAY_ID not in str([c["name"] for c in dumped])
+
+
+def test_openssl_through_the_gateway_sees_the_destinations_svid(mesh: Mesh, tmp_path: Path) -> None:
+    root = tmp_path / "root.pem"
+    root.write_text(mesh.ca.bundle().pem)
+    out = s_client(mesh, WEB_SNI, "-CAfile", str(root), "-verify_return_error")
+    chain = certificates(out)
+    assert chain, out
+    assert uri_sans(chain[0]) == [WEB], out
+    assert "Verify return code: 0 (ok)" in out, out
+
+
+@pytest.mark.parametrize(
+    "sni", [quic_sni(8080, "nobody", "default", MD), quic_sni(9999, "web-sa", "default", MD), None]
+)
+def test_an_unknown_sni_gets_nothing_and_is_counted(mesh: Mesh, sni: str | None) -> None:
+    before, forwarded = mesh.b.stat(NO_CHAIN), mesh.b.stat(FORWARDED)
+    out = s_client(mesh, sni)
+    assert certificates(out) == [], out
+    wait_for(lambda: mesh.b.stat(NO_CHAIN) == before + 1, 10, f"{NO_CHAIN} +1", diagnose=lambda: out)
+    assert mesh.b.stat(FORWARDED) == forwarded  # nothing forwarded to any default
+
+
+def terminating(gw: Resources) -> Resources:
+    """The negative control: the gateway's listener with a TLS context holding the gateway's own SVID (what a
+    re-originating gateway would present); chains, clusters and tcp_proxy unchanged."""
+    out = copy.deepcopy(gw)
+    socket = camel(tcp_downstream_socket(downstream_tls(GATEWAY_ID, TD, None)))
+    for chain in out[LISTENER][gateway.LISTENER_NAME]["filterChains"]:
+        chain["transportSocket"] = socket
+    return out
+
+
+def test_negative_control_a_terminating_gateway_is_told_apart(mesh: Mesh) -> None:
+    gw = gateway_resources(mesh)
+    try:
+        serve_b(mesh, terminating(gw))
+        seen: list[str] = []
+
+        def gateway_identity() -> bool:
+            chain = certificates(s_client(mesh, WEB_SNI))
+            seen[:] = uri_sans(chain[0]) if chain else []
+            return seen == [GATEWAY_ID]
+
+        wait_for(gateway_identity, 30, "the terminating listener", diagnose=lambda: f"leaf URIs {seen}")
+        # the passthrough connections drain with their old chains (drain time 2 s); the next one meets the new chain
+        wait_for(lambda: mesh.a.stat_sum(H2_ACTIVE) == 0, 30, "node A's h2 connections to the gateway closed")
+        refused, hits = mesh.a.stat_sum(H2_SAN_FAILED), mesh.app_hits()
+        out = mesh.get(mesh.client, n=2)
+        assert all(s != 200 for s, _ in out), out
+        assert mesh.a.stat_sum(H2_SAN_FAILED) > refused  # the source's pinned destination SAN refused the gateway
+        assert mesh.app_hits() == hits
+    finally:
+        serve_b(mesh, gw)
+    mesh.wait_synced(mesh.b)
+    wait_for(lambda: uri_sans(certificates(s_client(mesh, WEB_SNI))[0]) == [WEB], 30, "passthrough again")
+    (_status, body), *_ = mesh.until_200(mesh.client)
+    assert xfcc_uri(body) == CLIENT

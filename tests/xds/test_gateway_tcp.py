@@ -1,0 +1,165 @@
+"""The east-west gateway's TCP listener on 18009 (`aether.xds.translate.eastwest.gateway`), and the source side
+through it (`EastWestOptions.remote_gateways`): goldens, the shape that makes it passthrough, and the real Envoy's
+`--mode validate` on every generated config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT
+from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
+from aether.testing.envoy import validate
+from aether.testing.golden import check_golden, golden_json
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
+from aether.xds.sidecar.bootstrap import static_bootstrap
+from aether.xds.translate.eastwest import gateway
+from aether.xds.translate.eastwest.build import EastWestOptions, build
+from aether.xds.translate.eastwest.plan import Destination
+
+GOLDEN = Path(__file__).parent / "golden"
+MD, TD = "mesh.example", "cluster.local"
+OPTS = TranslateOptions(mesh_domain=MD, trust_domain=TD)
+GW = "10.199.0.2"
+
+
+def exports() -> list[Destination]:
+    """web (SA web-sa, two ports, two pods), web-canary (same SA and port 8080, a third pod: shares the SNI),
+    db (SA db, one port)."""
+
+    def dest(svc: str, sa: str, ports: tuple[int, ...], ips: tuple[str, ...]) -> Destination:
+        ident = f"spiffe://{TD}/ns/default/sa/{sa}"
+        return Destination("default", svc, sa, ident, ports, tuple((ip, INBOUND_PORT) for ip in ips), None)
+
+    return [
+        dest("web", "web-sa", (8080, 9090), ("10.200.2.7", "10.200.2.8")),
+        dest("web-canary", "web-sa", (8080,), ("10.200.2.9", "10.200.2.7")),
+        dest("db", "db", (5432,), ("10.200.3.4",)),
+    ]
+
+
+def gateway_resources() -> Resources:
+    return gateway.build(exports(), GW, MD)
+
+
+def test_golden_gateway() -> None:
+    check_golden(GOLDEN / "gateway_tcp.json", golden_json(gateway_resources()))
+
+
+def test_the_gateway_never_terminates_and_has_no_default() -> None:
+    lst = gateway_resources()[LISTENER][gateway.LISTENER_NAME]
+    assert lst["address"]["socketAddress"] == {"protocol": "TCP", "address": GW, "portValue": EAST_WEST_PORT}
+    assert [f["name"] for f in lst["listenerFilters"]] == ["envoy.filters.listener.tls_inspector"]
+    assert "defaultFilterChain" not in lst
+    assert lst["statPrefix"] == "east_west_gateway"
+    for chain in lst["filterChains"]:
+        assert "transportSocket" not in chain, chain["name"]  # no TLS context: it never terminates
+        assert [f["name"] for f in chain["filters"]] == ["envoy.filters.network.tcp_proxy"]
+    snis = [c["filterChainMatch"]["serverNames"] for c in lst["filterChains"]]
+    assert snis == [
+        ["5432.db.default.mesh.example"],
+        ["8080.web-sa.default.mesh.example"],
+        ["9090.web-sa.default.mesh.example"],
+    ]
+
+
+def test_services_sharing_an_sni_share_one_cluster_on_their_inbound() -> None:
+    res = gateway_resources()
+    cla = res[ENDPOINT]["east-west:8080.web-sa.default.mesh.example"]
+    addrs = [e["endpoint"]["address"]["socketAddress"] for e in cla["endpoints"][0]["lbEndpoints"]]
+    assert [(a["address"], a["portValue"]) for a in addrs] == [
+        ("10.200.2.7", INBOUND_PORT),
+        ("10.200.2.8", INBOUND_PORT),
+        ("10.200.2.9", INBOUND_PORT),
+    ]
+    assert (
+        set(res[CLUSTER])
+        == set(res[ENDPOINT])
+        == {gateway.cluster_name(s) for s in gateway.exported_snis(exports(), MD)}
+    )
+
+
+def test_no_exports_is_no_listener() -> None:
+    """Envoy refuses a listener without filter chains ("no filter chains specified"), so none is built."""
+    assert gateway.build([], GW, MD) == {LISTENER: {}, CLUSTER: {}, ENDPOINT: {}}
+
+
+def source_side() -> Resources:
+    """Node A with client-0; default/web remote (through GW), default/local in this cluster."""
+    node, records = sample_node(
+        "node-a",
+        [SamplePod("u-client", "client-0", "10.200.1.2", "client", "/run/netns/sample-client")],
+        [
+            SampleDestination("default/web", "web-sa", (8080,), ("10.200.2.7",), vip="10.96.0.20"),
+            SampleDestination("default/local", "local", (8080,), ("10.200.1.9",), vip="10.96.0.21"),
+        ],
+    )
+    return build(node, records, OPTS, EastWestOptions(remote_gateways={"default/web": (GW,)}))
+
+
+def _route(res: Resources, vhost: str) -> dict[str, Any]:
+    hosts = {v["name"]: v for v in res[ROUTE]["http-outbound"]["virtualHosts"]}
+    route: dict[str, Any] = hosts[vhost]["routes"][0]["route"]
+    return route
+
+
+def test_a_remote_service_is_dialled_at_its_gateway_with_its_own_sni_and_identity() -> None:
+    res = source_side()
+    cla = res[ENDPOINT]["h2:default/web"]["endpoints"][0]["lbEndpoints"]
+    assert [e["endpoint"]["address"]["socketAddress"] for e in cla] == [{"address": GW, "portValue": EAST_WEST_PORT}]
+    tls = res[CLUSTER]["h2:default/web"]["transportSocket"]["typedConfig"]
+    assert tls["sni"] == "8080.web-sa.default.mesh.example"
+    sans = tls["commonTlsContext"]["combinedValidationContext"]["defaultValidationContext"]
+    assert sans["matchTypedSubjectAltNames"][0]["matcher"] == {"exact": f"spiffe://{TD}/ns/default/sa/web-sa"}
+    # no twin through the gateway (QUIC passthrough is not built): the route is h2 for every source
+    assert _route(res, "default/web") == {"cluster": "h2:default/web"}
+    assert not any(name.startswith("quic:default/web@") for name in res[CLUSTER])
+    # a Service of this cluster keeps its twins and its pods' inbound
+    assert "inlineClusterSpecifierPlugin" in _route(res, "default/local")
+    assert "quic:default/local@client" in res[CLUSTER]
+    local = res[ENDPOINT]["h2:default/local"]["endpoints"][0]["lbEndpoints"][0]["endpoint"]["address"]
+    assert local["socketAddress"] == {"address": "10.200.1.9", "portValue": INBOUND_PORT}
+
+
+def test_golden_source_side() -> None:
+    res = source_side()
+    picked = {
+        CLUSTER: {"h2:default/web": res[CLUSTER]["h2:default/web"]},
+        ENDPOINT: {"h2:default/web": res[ENDPOINT]["h2:default/web"]},
+        ROUTE: {"default/web": _route(res, "default/web")},
+    }
+    check_golden(GOLDEN / "gateway_source_side.json", golden_json(picked))
+
+
+def source_side_for_validate() -> Resources:
+    """The source side's listeners, clusters and load assignments, each cluster without its transport socket: a
+    cluster whose TLS context takes its secrets over SDS makes Envoy 1.40's `--mode validate` crash (SIGSEGV, for
+    every h2 cluster and twin, remote or not: seen here), so the TLS half is proven where it loads over ADS, in
+    tests/xds/test_gateway_datapath.py."""
+    res = source_side()
+    clusters = {
+        n: {k: v for k, v in c.items() if k != "transportSocket"}
+        for n, c in res[CLUSTER].items()
+        if not n.startswith("quic:")  # HTTP/3 needs its QUIC transport socket: twins are not this change's
+    }
+    return {LISTENER: res[LISTENER], CLUSTER: clusters, ENDPOINT: res[ENDPOINT]}
+
+
+@pytest.mark.envoy
+@pytest.mark.parametrize("which", ["gateway", "source-side"])
+def test_envoy_validates(which: str) -> None:
+    res = {"gateway": gateway_resources, "source-side": source_side_for_validate}
+    out = validate(static_bootstrap("node-gw", res[which]()))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK" in out.stdout
+
+
+@pytest.mark.envoy
+def test_validate_sees_a_broken_gateway() -> None:
+    """Negative control of the validation above: a chain's tcp_proxy with a misspelled field is refused."""
+    res = gateway_resources()
+    res[LISTENER][gateway.LISTENER_NAME]["filterChains"][0]["filters"][0]["typedConfig"]["clustr"] = "x"
+    out = validate(static_bootstrap("node-gw", res))
+    assert out.returncode != 0 and "clustr" in out.stderr
