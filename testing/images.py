@@ -1,7 +1,7 @@
 """The images `make images` builds (deploy/image/), for the tests that run them: their names as the build script
 prints them (`deploy/image/build.sh --names`, the one place they are defined), podman as it runs on these machines
-(`deploy/image/podman.sh`), whether the images are there, and a container started the way a kubelet starts the
-operator's (`operator_container`)."""
+(`deploy/image/podman.sh`), whether the images are there, and a container started the way a kubelet starts
+one of the manifests' (`pod_container`)."""
 
 from __future__ import annotations
 
@@ -88,20 +88,24 @@ def rotate_token(directory: Path, token: str) -> None:
 
 
 @contextlib.contextmanager
-def operator_container(
+def pod_container(
     image: str,
     command: Sequence[str],
     env: Mapping[str, str],
     service_account: Path,
     user: str,
+    volumes: Mapping[Path, str] | None = None,
 ) -> Iterator[str]:
     """`image` running `command` in the host network namespace, as `user`, with a read-only root filesystem and no
-    capabilities (the Deployment's securityContext), `env`, and `service_account` mounted read-only where a kubelet
-    mounts the projected ServiceAccount volume. Yields the container's name; it is removed on exit."""
-    name = f"aether-test-operator-{uuid.uuid4().hex[:8]}"
+    capabilities (the manifests' securityContext), `env`, `volumes` (host path -> path inside, a trailing `:ro` kept)
+    and `service_account` mounted read-only where a kubelet mounts the projected ServiceAccount volume. Yields the
+    container's name; it is removed on exit."""
+    name = f"aether-test-pod-{uuid.uuid4().hex[:8]}"
     cmd = [podman(), "run", "--detach", "--name", name, "--network", "host", "--read-only", "--cap-drop", "all"]
     cmd += ["--security-opt", "no-new-privileges", "--user", user, "--entrypoint", command[0]]
     cmd += ["--volume", f"{service_account}:{SERVICE_ACCOUNT_DIR}:ro"]
+    for host, inside in (volumes or {}).items():
+        cmd += ["--volume", f"{host}:{inside}"]
     for key, value in env.items():
         cmd += ["--env", f"{key}={value}"]
     subprocess.run([*cmd, image, *command[1:]], capture_output=True, text=True, check=True, timeout=120)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import uuid
 from collections.abc import Iterator
 
 from aether.operator.routestatus import CONTROLLER_NAME
@@ -71,3 +72,17 @@ def role_without(cp: ControlPlane, verb: str, resource: str) -> Iterator[None]:
 def denied(cp: ControlPlane, resource: str, subresource: str | None = None) -> bool:
     """Whether the audit log holds a 403 for `resource` (`subresource`): the missing verb was asked for."""
     return any(r.code == 403 and r.resource == resource and r.subresource == subresource for r in cp.audit)
+
+
+def pod_from_template(cp: ControlPlane, kind: str, name: str, node: str | None = None) -> tuple[str, str]:
+    """(name, uid) of a Pod made from the applied workload's (`deployment` or `daemonset` `name` in deploy/'s
+    namespace) template, as its controller would make it, on `node` when given (a DaemonSet's pods are bound to
+    theirs). The test control plane's controller manager runs no workload controllers and no kubelet runs the Pod:
+    the test is its kubelet, and a token bound to the Pod is what the kubelet would project into it."""
+    workload = json.loads(cp.kubectl("get", kind, name, "-n", NS, "-o", "json").stdout)
+    template = workload["spec"]["template"]
+    pod_name = f"{name}-{uuid.uuid4().hex[:5]}"
+    spec = template["spec"] | ({"nodeName": node} if node is not None else {})
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": pod_name, "namespace": NS}}
+    created = json.loads(cp.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(pod | {"spec": spec})).stdout)
+    return pod_name, created["metadata"]["uid"]

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,15 @@ from aether.testing.apiserver import Kind
 from aether.testing.apitestbed.harness import READ_ERRORS, Cluster
 from aether.testing.controlplane.binaries import repository_root
 from aether.testing.controlplane.cluster import free_port
-from aether.testing.controlplane.deployed import NS, a_route, converged, denied, kustomize, role_without
+from aether.testing.controlplane.deployed import (
+    NS,
+    a_route,
+    converged,
+    denied,
+    kustomize,
+    pod_from_template,
+    role_without,
+)
 from aether.testing.controlplane.identities import token, token_kubeconfig
 from aether.testing.wait import wait_for
 
@@ -55,20 +61,6 @@ def cp_apply_deploy(plane: controlplane.ControlPlane) -> None:
     plane.kubectl("apply", "--server-side", "-f", str(repository_root() / "deploy" / "namespace.yaml"))
     out = kustomize(plane)
     assert out.returncode == 0, out.stderr
-
-
-def the_deployments_pod(cp: controlplane.ControlPlane) -> tuple[str, str]:
-    """(name, uid) of a Pod made from the applied Deployment's template, as its ReplicaSet would make it (the test
-    control plane's controller manager runs no workload controllers, and no kubelet runs the Pod: this test is its
-    kubelet)."""
-    deployment = json.loads(cp.kubectl("get", "deployment", "aether-operator", "-n", NS, "-o", "json").stdout)
-    template = deployment["spec"]["template"]
-    name = f"aether-operator-{uuid.uuid4().hex[:5]}"
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {**template["metadata"], "name": name, "namespace": NS}}
-    created = json.loads(
-        cp.kubectl("create", "-o", "json", "-f", "-", input=json.dumps(pod | {"spec": template["spec"]})).stdout
-    )
-    return name, created["metadata"]["uid"]
 
 
 def manifest_container() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -99,7 +91,7 @@ def operator_from_its_image(cp: controlplane.ControlPlane, tmp_path: Path) -> It
     url = urllib.parse.urlsplit(cp.url)
     env = {e["name"]: e["value"] for e in container.get("env", [])}
     env |= {"KUBERNETES_SERVICE_HOST": str(url.hostname), "KUBERNETES_SERVICE_PORT": str(url.port)}
-    pod = the_deployments_pod(cp)
+    pod = pod_from_template(cp, "deployment", "aether-operator")
     account = images.service_account_files(
         tmp_path / "serviceaccount", token(cp, NS, "aether-operator", pod), cp.ca_path, NS
     )
@@ -107,7 +99,7 @@ def operator_from_its_image(cp: controlplane.ControlPlane, tmp_path: Path) -> It
     assert container["securityContext"]["readOnlyRootFilesystem"] and container["securityContext"]["capabilities"] == {
         "drop": ["ALL"]
     }
-    with images.operator_container(container["image"], [*container["command"], *args], env, account, user) as name:
+    with images.pod_container(container["image"], [*container["command"], *args], env, account, user) as name:
         yield Running(name, f"http://127.0.0.1:{liveness}/healthz", account, pod)
 
 
@@ -163,7 +155,7 @@ def test_the_operator_image_follows_a_rotated_token(cp: controlplane.ControlPlan
         ns, node = a_route(admin)
         wait_for(lambda: converged(admin, ns, node), timeout=90, what="convergence", ignore=READ_ERRORS)
         old = (running.account / "token").read_text()
-        successor = the_deployments_pod(cp)
+        successor = pod_from_template(cp, "deployment", "aether-operator")
         images.rotate_token(running.account, token(cp, NS, "aether-operator", successor))
         cp.kubectl("delete", "pod", running.pod[0], "-n", NS, "--wait=true")
         wait_for(lambda: refused(cp, tmp_path, old), timeout=30, what="the old token refused")
