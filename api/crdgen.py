@@ -173,8 +173,9 @@ def slice_crd() -> dict[str, Any]:
         "Cluster",
         ["mss"],
         columns,
-        "Part of one namespace's shared service tables (arms, shapes, QUIC "
-        "destinations), written by the operator and read by every node that depends on it.",
+        "Part of one namespace's shared service tables (arms, shapes, QUIC destinations), written by the operator "
+        "and read by every node that depends on it; each such node's MeshNode names it in "
+        "status.serviceSlices.names.",
         {"spec": _schema(SliceSpec, defaults=False)},
     )
 

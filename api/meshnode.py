@@ -202,15 +202,27 @@ class AuthorizationSummary(_Model):
 
 
 class MeshNodeStatus(_Model):
+    """A MeshNode's status as the API stores it (the CRD's status schema): what is the node's own. Its service
+    tables (UDP and TCP arms with their unsupported shapes, QUIC destinations) are in the MeshServiceSlices that
+    `serviceSlices` names (api/slices.py); EffectiveStatus is this status with them inline."""
+
     conditions: list[Condition] = Field(default_factory=list)
     pods: list[MeshPod] = Field(default_factory=list)
-    udp: L4Status = Field(default_factory=L4Status)
-    tcp: L4Status = Field(default_factory=L4Status)
     quic: QuicStatus = Field(default_factory=QuicStatus)
     service_slices: ServiceSlices | None = None
     summary: Summary | None = None
     authorization: AuthorizationSummary | None = None
     observed_generation: int | None = None
+
+
+class EffectiveStatus(MeshNodeStatus):
+    """A node's whole desired state, its UDP and TCP tables inline: what the sidecar programs (api.slices.effective
+    joins a MeshNode and the slices it names) and what a MeshNode state file may hold (`aether xds --state`: how
+    tests and the demo drive the sidecar without a cluster). Not in the CRD: a MeshNode in the API has no `udp` or
+    `tcp`, its tables are in the slices."""
+
+    udp: L4Status = Field(default_factory=L4Status)
+    tcp: L4Status = Field(default_factory=L4Status)
 
 
 class ObjectMeta(BaseModel):
@@ -234,7 +246,7 @@ class MeshNode(MeshObject):
     kind: Literal["MeshNode"] = "MeshNode"
     metadata: ObjectMeta
     spec: dict[str, Any] = Field(default_factory=dict)
-    status: MeshNodeStatus = Field(default_factory=MeshNodeStatus)
+    status: EffectiveStatus = Field(default_factory=EffectiveStatus)
 
 
 # libyaml's C loader when present: a 1,000-service state file parses ~10x faster than with pure Python.

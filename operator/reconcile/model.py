@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from aether.api.meshnode import MeshNodeStatus
+from aether.api.meshnode import EffectiveStatus
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
 from aether.operator.reconcile.gateway import GrantView, RouteView, parse_grant, parse_route
 from aether.operator.reconcile.namespace import NamespaceResult, compute_namespace
@@ -56,7 +56,7 @@ class Output:
     new_discards: set[tuple[str, str, str]] = field(default_factory=set)
 
     @property
-    def nodes(self) -> dict[str, MeshNodeStatus]:
+    def nodes(self) -> dict[str, EffectiveStatus]:
         """The changed nodes' statuses as pydantic models (tests; the reconciler uses `desired`)."""
         return {name: d.status() for name, d in self.desired.items()}
 

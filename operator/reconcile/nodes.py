@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from aether.api.meshnode import Condition, L4Status, MeshNodeStatus, MeshPod, QuicStatus, Summary
+from aether.api.meshnode import Condition, EffectiveStatus, L4Status, MeshPod, QuicStatus, Summary
 from aether.api.naming import DEFAULT_TRUST_DOMAIN, spiffe_id
 from aether.api.slices import MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE_LABEL
 from aether.operator.reconcile.namespace import NamespaceResult
@@ -133,7 +133,7 @@ class NodeDesired:
     def shared(self) -> Tables:
         return self.tables if self.tables is not None else Tables(self.results, self.every_mesh_namespace)
 
-    def status(self) -> MeshNodeStatus:
+    def status(self) -> EffectiveStatus:
         return assemble(list(self.pods), self.results, self.trust_domain)
 
     @cached_property
@@ -150,8 +150,6 @@ class NodeDesired:
         return {
             "conditions": [c.wire() for c in conditions],
             "pods": [_pod_wire(p) for p in self.pods],
-            "udp": {"services": [], "unsupportedShapes": []},  # in the slices (a MeshNode file may hold them inline)
-            "tcp": {"services": [], "unsupportedShapes": []},
             "quic": {"identities": identities(self.pods, self.trust_domain), "destinations": [], "ineligible": []},
             "serviceSlices": refs,
             "summary": {"pods": len(self.pods), "namespaces": len(refs["namespaces"]), "slices": len(refs["names"])},
@@ -160,7 +158,7 @@ class NodeDesired:
 
 def assemble(
     pods: list[PodView], results: Iterable[NamespaceResult], trust_domain: str = DEFAULT_TRUST_DOMAIN
-) -> MeshNodeStatus:
+) -> EffectiveStatus:
     """The node's whole desired state with every table inline (what api.slices.effective gives the sidecar from
     the MeshNode and its slices; tests read it). pods: meshed_pods; results: its dependency set's results."""
     rs = sorted(results, key=lambda r: r.namespace)
@@ -179,7 +177,7 @@ def assemble(
     )
     names = [n for r in rs for n in r.slices]
     conditions = _conditions(len(pods), len(rs), len(names), [r.namespace for r in rs if r.degraded])
-    return MeshNodeStatus(
+    return EffectiveStatus(
         conditions=conditions,
         pods=[MeshPod.model_validate(_pod_wire(p)) for p in pods],
         udp=udp,

@@ -47,7 +47,7 @@ def _undocumented(fields: set[str], text: str) -> list[str]:
 
 def test_every_meshnode_status_field_is_documented() -> None:
     fields = _wire_fields(MeshNodeStatus)
-    assert {"conditions", "unsupportedShapes", "dormantPairs", "serviceAccount", "lastTransitionTime"} <= fields
+    assert {"conditions", "serviceSlices", "dormantPairs", "serviceAccount", "lastTransitionTime"} <= fields
     assert _undocumented(fields, OPERATIONS) == []
     slice_fields = _wire_fields(SliceSpec)
     assert {"namespace", "index", "count", "services", "destinations"} <= slice_fields

@@ -23,6 +23,7 @@ UDP = [("dns", 53, "UDP")]
 SL = [("dns", 5353, "UDP")]
 ROUTE = ("gateway.networking.k8s.io/v1alpha2", "UDPRoute")
 MESHNODE = ("mesh.aether.dev/v1alpha1", "MeshNode")
+SLICE = ("mesh.aether.dev/v1alpha1", "MeshServiceSlice")
 RESYNC_BOUND = 5.0  # docs/operator.md, "Convergence"
 
 
@@ -76,12 +77,15 @@ def test_meshnode_status_drift_is_undone(mesh: Mesh) -> None:
     mesh.service("a", "10.96.70.1", "10.70.1.1")
     mesh.service("b", "10.96.70.2", "10.70.1.2")
     want = wait_for(lambda: (arms := mesh.arms()) and len(arms) == 2 and arms, what="two arms", ignore=READ_ERRORS)
-    mesh.patch_status(*MESHNODE, mesh.node, {"status": {"udp": {"services": []}}}, None)
-    settled(lambda: mesh.arms() == want, "the wiped arms written back")
+    pods = (mesh.k.meshnode(mesh.node) or {})["status"]["pods"]
+    mesh.patch_status(*MESHNODE, mesh.node, {"status": {"pods": []}}, None)
+    settled(lambda: (mesh.k.meshnode(mesh.node) or {})["status"]["pods"] == pods, "the wiped pods written back")
 
-    arms = mesh.k.state(mesh.node)["udp"]["services"]
+    # the arms are in the namespace's MeshServiceSlice (a MeshNode has none): a rewritten arm there is put back
+    (name,) = [s["metadata"]["name"] for s in mesh.k.slices() if s["spec"]["namespace"] == mesh.ns]
+    arms = next(s for s in mesh.k.slices() if s["metadata"]["name"] == name)["spec"]["udp"]["services"]
     evil = [{**a, "cluster": "udp:evil/x"} if a["service"] == f"{mesh.ns}/a" else a for a in arms]
-    mesh.patch_status(*MESHNODE, mesh.node, {"status": {"udp": {"services": evil}}}, None)
+    mesh.k.res(*SLICE).patch(body={"spec": {"udp": {"services": evil}}}, name=name, content_type=MERGE)
     settled(lambda: mesh.arms() == want, "the rewritten arm put back")
 
     conds = (mesh.k.meshnode(mesh.node) or {})["status"]["conditions"]

@@ -544,28 +544,23 @@ TAMPER_REFUSED: list[tuple[str, Callable[[Bed], None], str]] = [
         "status.conditions[0].reason",
     ),
     (
-        "mn-arm-no-vip",
-        lambda b: _mn_status(b, {"udp": {"services": [{"service": "a/b", "cluster": "c"}]}}),
-        "status.udp.services[0].vip",
+        "mn-pod-no-uid",
+        lambda b: _mn_status(b, {"pods": [{"namespace": "a", "name": "b"}]}),
+        "status.pods[0].uid",
     ),
     (
         "mn-endpoint-port-0",
         lambda b: _mn_status(
             b,
             {
-                "udp": {
-                    "services": [
-                        {
-                            "service": "a/b",
-                            "vip": "10.0.0.1",
-                            "cluster": "c",
-                            "endpoints": [{"ip": "1.1.1.1", "port": 0}],
-                        }
+                "quic": {
+                    "destinations": [
+                        {"service": "a/b", "serviceAccount": "s", "endpoints": [{"ip": "1.1.1.1", "port": 0}]}
                     ]
                 }
             },
         ),
-        "status.udp.services[0].endpoints[0].port",
+        "status.quic.destinations[0].endpoints[0].port",
     ),
     ("mn-summary-string", lambda b: _mn_status(b, {"summary": {"pods": "many"}}), "status.summary.pods"),
     (
@@ -650,9 +645,11 @@ def _arms_of(b: Bed) -> list[Any]:
 
 
 TAMPER_UNDONE: list[tuple[str, Callable[[Bed], None]]] = [
-    (
-        "mn-arms-added",
-        lambda b: _mn_status(b, {"udp": {"services": [{"service": "a/b", "vip": "10.9.9.9", "cluster": "c"}]}}),
+    (  # the operator writes quic.destinations empty: the tables are in the slices
+        "mn-destinations-added",
+        lambda b: _mn_status(
+            b, {"quic": {"destinations": [{"service": "a/b", "serviceAccount": "s", "ports": [80], "endpoints": []}]}}
+        ),
     ),
     ("slice-arms-wiped", lambda b: _slice_spec(b, {"udp": {"services": []}})),
     ("slice-count-lies", lambda b: _slice_spec(b, {"count": 7})),

@@ -22,7 +22,8 @@ def test_stale_check_sees_a_changed_model_negative_control(tmp_path: Path) -> No
     assert crdgen.stale(tmp_path) == []
     for name in ("meshnode.yaml", "meshserviceslices.yaml"):
         text = (crdgen.crds_dir() / name).read_text()
-        (tmp_path / name).write_text(text.replace("unsupportedShapes", "unsupportedShape"))
+        assert "serviceAccount" in text
+        (tmp_path / name).write_text(text.replace("serviceAccount", "serviceAcount"))
         assert crdgen.stale(tmp_path) == [name]
         (tmp_path / name).unlink()
         assert crdgen.stale(tmp_path) == [name]
@@ -64,9 +65,9 @@ def test_meshnode_crd_shape() -> None:
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert _walk(status) == []
     props = status["properties"]
-    assert set(props) >= {"conditions", "pods", "udp", "tcp", "quic"}
+    assert set(props) >= {"conditions", "pods", "quic", "serviceSlices"}
+    assert not {"udp", "tcp"} & set(props), "a node's arms and shapes are in its MeshServiceSlices"
     assert set(props["quic"]["properties"]) >= {"identities", "destinations", "ineligible", "pairs", "dormantPairs"}
-    assert set(props["udp"]["properties"]) == {"services", "unsupportedShapes"}
     # every field of the model is in the schema (camelCase)
     wire = MeshNodeStatus.model_json_schema(by_alias=True)["properties"]
     assert set(wire) == set(props)

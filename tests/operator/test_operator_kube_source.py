@@ -28,7 +28,7 @@ from aether.xds.sidecar.sources import StateUpdate
 
 MN = ("mesh.aether.dev/v1alpha1", "MeshNode")
 MERGE = "application/merge-patch+json"
-BAD_STATUS = {"udp": {"services": [{"service": 7}]}}  # a status the model (and the CRD's schema) refuses
+BAD_STATUS = {"pods": [{"uid": "u1", "namespace": "a", "name": 7}]}  # a status the model (and the CRD's schema) refuses
 
 
 @pytest.fixture
@@ -80,13 +80,13 @@ def test_source_yields_missing_then_each_change_then_deleted(
     assert first.node is None and first.error is not None and "does not exist" in first.error
     k.apply(meshnode(node))
     assert (u := q.get(timeout=30)).node is not None and u.node.metadata.name == node
-    arm = {"service": "a/b", "vip": "10.96.0.1", "cluster": "udp:a/b", "endpoints": [{"ip": "10.1.0.1", "port": 53}]}
-    status_patch(k, node, {"udp": {"services": [arm]}})
+    pod = {"uid": "u1", "namespace": "a", "name": "b", "ip": "10.1.0.1", "serviceAccount": "sa"}
+    status_patch(k, node, {"pods": [pod]})
     u = q.get(timeout=30)
-    assert u.node is not None and [a.cluster for a in u.node.status.udp.services] == ["udp:a/b"]
+    assert u.node is not None and [p.name for p in u.node.status.pods] == ["b"]
     with pytest.raises(ApiException) as refused:  # the server checks the CRD's schema: nothing reaches the sidecar
         status_patch(k, node, BAD_STATUS)
-    assert refused.value.status == 422 and "status.udp.services[0].service" in str(refused.value.body)
+    assert refused.value.status == 422 and "status.pods[0].name" in str(refused.value.body)
     k.delete(*MN, node)
     gone = q.get(timeout=30)
     assert gone.node is None and gone.error and "deleted" in gone.error
@@ -222,7 +222,7 @@ def test_source_reports_a_status_the_model_refuses(schemaless: str) -> None:
         assert q.get(timeout=30).node is not None
         status_patch(k, node, BAD_STATUS)
         bad = q.get(timeout=30)
-        assert bad.node is None and bad.error and "udp.services.0" in bad.error
-        status_patch(k, node, {"udp": {"services": []}})
+        assert bad.node is None and bad.error and "pods.0.name" in bad.error
+        status_patch(k, node, {"pods": []})
         good = q.get(timeout=30)
         assert good.node is not None and good.error is None

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aether.api.meshnode import MeshNodeStatus, ServiceArm
+from aether.api.meshnode import EffectiveStatus, ServiceArm
 from aether.operator.reconcile.model import ClusterModel, Output
 from aether.testing.apitestbed import objects as o
 
@@ -42,11 +42,11 @@ def route(
     m.apply_raw("route", body)
 
 
-def arms(status: MeshNodeStatus) -> dict[str, ServiceArm]:
+def arms(status: EffectiveStatus) -> dict[str, ServiceArm]:
     return {a.service: a for a in status.udp.services}
 
 
-def node_status(m: ClusterModel, node: str = "n1") -> MeshNodeStatus:
+def node_status(m: ClusterModel, node: str = "n1") -> EffectiveStatus:
     out = m.reconcile()
     if node in out.nodes:
         return out.nodes[node]

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aether.api.meshnode import MeshNodeStatus, ServiceArm
+from aether.api.meshnode import EffectiveStatus, ServiceArm
 from aether.operator.reconcile.model import ClusterModel
 from aether.operator.reconcile.views import parse_slice
 from aether.testing.apitestbed import objects as o
@@ -37,7 +37,7 @@ def base() -> ClusterModel:
     return m
 
 
-def arms(status: MeshNodeStatus) -> dict[str, ServiceArm]:
+def arms(status: EffectiveStatus) -> dict[str, ServiceArm]:
     return {a.service: a for a in status.udp.services}
 
 

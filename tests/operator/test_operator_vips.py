@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from aether.api.meshnode import MeshNodeStatus
+from aether.api.meshnode import EffectiveStatus
 from aether.operator.reconcile.model import ClusterModel
 from aether.testing.apitestbed import objects as o
 
@@ -37,16 +37,16 @@ def mesh() -> ClusterModel:
     return m
 
 
-def status(m: ClusterModel) -> MeshNodeStatus:
+def status(m: ClusterModel) -> EffectiveStatus:
     out = m.reconcile()
     return out.nodes["n1"] if "n1" in out.nodes else m.reconcile(full=True).nodes["n1"]
 
 
-def arms(st: MeshNodeStatus, transport: str = "udp") -> dict[str, str]:
+def arms(st: EffectiveStatus, transport: str = "udp") -> dict[str, str]:
     return {a.service: a.vip for a in getattr(st, transport).services}
 
 
-def shapes(st: MeshNodeStatus) -> dict[str, tuple[str, str]]:
+def shapes(st: EffectiveStatus) -> dict[str, tuple[str, str]]:
     return {s.route: (s.reason, s.message) for s in st.udp.unsupported_shapes}
 
 

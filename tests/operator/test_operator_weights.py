@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aether.api.meshnode import MeshNodeStatus, ServiceArm
+from aether.api.meshnode import EffectiveStatus, ServiceArm
 from aether.operator.reconcile.model import ClusterModel
 from aether.testing.apitestbed import objects as o
 
@@ -34,11 +34,11 @@ def route(m: ClusterModel, name: str, parent: str, backends: list[dict[str, Any]
     m.apply_raw("route", body)
 
 
-def arms(status: MeshNodeStatus) -> dict[str, ServiceArm]:
+def arms(status: EffectiveStatus) -> dict[str, ServiceArm]:
     return {a.service: a for a in status.udp.services}
 
 
-def node_status(m: ClusterModel) -> MeshNodeStatus:
+def node_status(m: ClusterModel) -> EffectiveStatus:
     return m.reconcile(full=True).nodes["n1"]
 
 

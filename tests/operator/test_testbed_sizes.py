@@ -24,23 +24,24 @@ def k(bed: TestBed) -> Cluster:
     return Cluster(str(bed.kubeconfig_path), bed)
 
 
-def arms(n: int) -> list[dict[str, Any]]:
+def pods(n: int) -> list[dict[str, Any]]:
     return [
         {
-            "service": f"ns-{i // 100}/svc-{i}",
-            "vip": f"10.96.{i // 250}.{i % 250 + 1}",
-            "cluster": f"udp:ns-{i // 100}/svc-{i}",
-            "backend": f"ns-{i // 100}/svc-{i}",
-            "endpoints": [{"ip": f"10.244.{j}.{i % 250 + 1}", "port": 5353} for j in range(5)],
+            "uid": f"0c6f1e2a-{i:04x}-4b1d-9d3e-{i:012x}",
+            "namespace": f"ns-{i // 100}",
+            "name": f"pod-{i}-{'x' * 40}",
+            "ip": f"10.244.{i // 250 % 256}.{i % 250 + 1}",
+            "serviceAccount": f"sa-{i}",
         }
         for i in range(n)
     ]
 
 
 def status_of_size(target: int) -> dict[str, Any]:
-    """A MeshNode status whose compact JSON is just over `target` bytes."""
-    per = len(json.dumps(arms(1)[0], separators=(",", ":")))
-    return {"udp": {"services": arms(target // per + 1)}}
+    """A MeshNode status whose compact JSON is just over `target` bytes (pods: a field the CRD has, so the server
+    keeps it; it prunes what the schema does not know)."""
+    per = len(json.dumps(pods(1)[0], separators=(",", ":")))
+    return {"pods": pods(target // per + 1)}
 
 
 def refusal(fn: Any) -> dict[str, Any]:
@@ -69,10 +70,10 @@ def test_a_status_write_over_etcds_limit_is_refused_as_kube_apiserver_relays_it(
         "message": "etcdserver: request is too large",
     }, "no reason: kube-apiserver does not map etcd's error (StatusReasonUnknown is empty and omitted)"
     stored = k.meshnode(name) or {}
-    assert not (stored.get("status") or {}).get("udp"), "nothing refused is stored"
+    assert not (stored.get("status") or {}).get("pods"), "nothing refused is stored"
     small = status_of_size(1024 * 1024)
     k.apply(meshnode(name), {"status": small})  # 1 MiB: stored
-    assert len((k.meshnode(name) or {})["status"]["udp"]["services"]) == len(small["udp"]["services"])
+    assert len((k.meshnode(name) or {})["status"]["pods"]) == len(small["pods"])
 
 
 def test_a_request_body_over_3_mib_is_refused_before_it_is_decoded(k: Cluster) -> None:
