@@ -80,10 +80,23 @@ unit: setup k8s test-images
 	@"$$(k8s/build.sh --where)/kube-apiserver" --version
 	$(BIN)/pytest
 
-test: lint unit
+# The Envoy dynamic modules in Rust (envoy-modules/: today the pure QUIC SNI reader, `quicsni`), built and tested
+# with cargo from crates.io; `--locked` keeps Cargo.lock's versions, and after the first fetch both run offline.
+CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
+.PHONY: envoy-modules envoy-modules-test
+
+envoy-modules:
+	@test -x "$(CARGO)" || { echo "envoy-modules: needs cargo (rustup's stable toolchain)"; exit 1; }
+	cd envoy-modules && "$(CARGO)" build --release --locked
+
+envoy-modules-test:
+	@test -x "$(CARGO)" || { echo "envoy-modules: needs cargo (rustup's stable toolchain)"; exit 1; }
+	cd envoy-modules && "$(CARGO)" test --locked
+
+test: lint unit envoy-modules-test
 
 bench: setup
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache build *.egg-info envoy-modules/target
