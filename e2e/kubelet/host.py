@@ -21,6 +21,7 @@ from aether.testing.controlplane.cluster import Process
 BRIDGE = "aekub0"
 POD_SUBNET = "10.244.7.0/24"
 NFT_TABLE = "aether_kubelet_e2e"
+KUBELET_FIXED_DIRS = (Path("/var/lib/kubelet"), Path("/var/log/containers"))
 GUARD_TABLE = ("inet", "aether_guard")  # aether node-guard's table (netns/node_guard.py)
 KUBELET_PORT = 10350
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -139,6 +140,7 @@ class Node:
     made_run_aether: bool = False
     made_run_containerd: bool = False
     made_guard: bool = False
+    made_dirs: list[Path] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -156,6 +158,9 @@ class Node:
         (self.root / "containerd/config.toml").write_text(containerd_config(self.root))
         self.made_run_aether = not Path("/run/aether").exists()
         self.made_run_containerd = not Path("/run/containerd").exists()
+        # what the kubelet makes at fixed paths whatever its --root-dir: its device-plugin socket directory and the
+        # /var/log/containers links to each container's log
+        self.made_dirs = [p for p in KUBELET_FIXED_DIRS if not p.exists()]
         # the DaemonSet's install-cni may install the node's mesh-source guard in this (the host's) netns
         self.made_guard = run("nft", "list", "table", *GUARD_TABLE, check=False).returncode != 0
 
@@ -183,6 +188,7 @@ class Node:
             f"--config={config}",
             f"--kubeconfig={kubeconfig}",
             f"--root-dir={self.root / 'kubelet'}",
+            f"--cert-dir={self.root / 'kubelet' / 'pki'}",
             f"--hostname-override={self.name}",
             f"--node-ip={node_ip}",
             "-v=1",
@@ -232,6 +238,10 @@ class Node:
         if self.made_guard and run("nft", "list", "table", *GUARD_TABLE, check=False).returncode == 0:
             run("nft", "delete", "table", *GUARD_TABLE, check=False)
             done.append("nft table " + " ".join(GUARD_TABLE))
+        for made_dir in self.made_dirs:
+            if made_dir.exists():
+                shutil.rmtree(made_dir, ignore_errors=True)
+                done.append(str(made_dir))
         for made, path in ((self.made_run_aether, "/run/aether"), (self.made_run_containerd, "/run/containerd")):
             if made and Path(path).exists():
                 shutil.rmtree(path, ignore_errors=True)
