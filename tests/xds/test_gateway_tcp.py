@@ -13,11 +13,13 @@ from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.envoy import validate
 from aether.testing.golden import check_golden, golden_json
+from aether.xds.gates.quic import run_quic_gates
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
 from aether.xds.sidecar.bootstrap import static_bootstrap
 from aether.xds.translate.eastwest import gateway
-from aether.xds.translate.eastwest.build import EastWestOptions, build
+from aether.xds.translate.eastwest.build import EastWestOptions, build, camel
 from aether.xds.translate.eastwest.plan import Destination
+from aether.xds.translate.eastwest.tls import downstream_tls, tcp_downstream_socket
 
 GOLDEN = Path(__file__).parent / "golden"
 MD, TD = "mesh.example", "cluster.local"
@@ -163,3 +165,30 @@ def test_validate_sees_a_broken_gateway() -> None:
     res[LISTENER][gateway.LISTENER_NAME]["filterChains"][0]["filters"][0]["typedConfig"]["clustr"] = "x"
     out = validate(static_bootstrap("node-gw", res))
     assert out.returncode != 0 and "clustr" in out.stderr
+
+
+# -- the gateway-passthrough gate (aether.xds.gates.gateway, run with the east-west gates) --------------------------
+
+
+def test_the_gate_passes_the_built_gateway_and_the_source_side() -> None:
+    assert run_quic_gates(gateway_resources()) == []
+    assert run_quic_gates(source_side()) == []
+
+
+def _broken(change: str) -> Resources:
+    res = gateway_resources()
+    lst = res[LISTENER][gateway.LISTENER_NAME]
+    chain = lst["filterChains"][0]
+    if change == "terminating":
+        chain["transportSocket"] = camel(tcp_downstream_socket(downstream_tls(f"spiffe://{TD}/ns/gw/sa/gw", TD, None)))
+    elif change == "default-chain":
+        lst["defaultFilterChain"] = {"filters": chain["filters"]}
+    else:
+        del chain["filterChainMatch"]["serverNames"]
+    return res
+
+
+@pytest.mark.parametrize("change", ["terminating", "default-chain", "any-sni"])
+def test_the_gate_refuses_a_gateway_that_terminates_or_defaults(change: str) -> None:
+    failures = run_quic_gates(_broken(change))
+    assert [f.gate for f in failures] == ["gateway-passthrough"], failures

@@ -24,6 +24,7 @@ from typing import Any, Final
 from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT, L4_OUTBOUND_PORT
 from aether.xds.gates.authz import rbac_enforced
 from aether.xds.gates.core import GateFailure
+from aether.xds.gates.gateway import gateway_passthrough
 from aether.xds.resources import LISTENER, ROUTE, Resources
 from aether.xds.translate.eastwest.outbound import CLUSTER_ACTION_TYPE, MATCHER_SPECIFIER_TYPE, SET_FILTER_STATE_TYPE
 from aether.xds.translate.eastwest.tls import DOWNSTREAM_TLS, HASHABLE_FACTORY, IDENTITY_KEY, QUIC_DOWNSTREAM
@@ -184,4 +185,5 @@ def run_quic_gates(resources: Resources) -> list[GateFailure]:
         *identity_hashable(resources),
         *twin_per_identity(resources),
         *rbac_enforced(resources),  # aether.xds.gates.authz: policies' rules are enforced where they are served
+        *gateway_passthrough(resources),  # aether.xds.gates.gateway: TCP 18009 never terminates, never defaults
     ]
