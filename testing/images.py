@@ -102,7 +102,9 @@ def pod_container(
     container's name; it is removed on exit."""
     name = f"aether-test-pod-{uuid.uuid4().hex[:8]}"
     cmd = [podman(), "run", "--detach", "--name", name, "--network", "host", "--read-only", "--cap-drop", "all"]
-    cmd += ["--security-opt", "no-new-privileges", "--user", user, "--entrypoint", command[0]]
+    # --passwd=false: podman would otherwise add an /etc/passwd line for `user`, which no kubelet's runtime does
+    # (containerd runs the image's files as they are: a USER without a passwd line failed kopf there)
+    cmd += ["--security-opt", "no-new-privileges", "--user", user, "--passwd=false", "--entrypoint", command[0]]
     cmd += ["--volume", f"{service_account}:{SERVICE_ACCOUNT_DIR}:ro"]
     for host, inside in (volumes or {}).items():
         cmd += ["--volume", f"{host}:{inside}"]
