@@ -68,6 +68,8 @@ class TranslateOptions:
     areas: tuple[str, ...] = ()
     # MeshAuthorizationPolicies (aether.api.authz.compile_bodies): the east-west inbound's RBAC (eastwest/rbac.py)
     authorization: tuple[CompiledPolicy, ...] = ()
+    # this node plays the east-west gateway on <address>:18009 (eastwest/gateway.py; `aether xds --east-west-gateway`)
+    east_west_gateway: str | None = None
 
 
 def seconds(value: float) -> str:

@@ -19,21 +19,22 @@ import copy
 import re
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 
 from aether.api.naming import quic_sni
-from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT
+from aether.netns.contract import EAST_WEST_PORT
 from aether.testing.eastwest_lab import xfcc_uri
-from aether.testing.quic_mesh import CLIENT, MD, OTHER, TD, WEB, Mesh, quic_mesh
+from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
+from aether.testing.quic_mesh import CLIENT, MD, OPTS, OTHER, TD, WEB, Mesh, quic_mesh
 from aether.testing.wait import wait_for
 from aether.xds.identity.sds import secrets
 from aether.xds.resources import LISTENER, Resources
 from aether.xds.translate.eastwest import gateway
 from aether.xds.translate.eastwest.build import camel
-from aether.xds.translate.eastwest.plan import Destination
 from aether.xds.translate.eastwest.tls import downstream_tls, tcp_downstream_socket
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
@@ -48,8 +49,14 @@ H2_SAN_FAILED = r"^cluster\.h2_default/web\.ssl\.fail_verify_san$"
 
 
 def gateway_resources(mesh: Mesh) -> Resources:
-    web = Destination("default", "web", "web-sa", WEB, (8080,), ((mesh.web.ip, INBOUND_PORT),), None)
-    return gateway.build([web], GATEWAY_IP, MD)
+    """Node B's gateway role as the sidecar translates it (`aether xds --east-west-gateway 10.199.0.2`): node B's
+    MeshNode lists default/web (web-0) among its QUIC destinations, so the gateway exports it."""
+    node, records = sample_node(
+        "node-b",
+        [SamplePod("u-web", "web-0", mesh.web.ip, "web-sa", mesh.web.path)],
+        [SampleDestination("default/web", "web-sa", (8080,), (mesh.web.ip,))],
+    )
+    return gateway.area(node, records, replace(OPTS, east_west_gateway=GATEWAY_IP))
 
 
 def serve_b(mesh: Mesh, gw: Resources) -> None:

@@ -4,6 +4,9 @@ through it (`EastWestOptions.remote_gateways`): goldens, the shape that makes it
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +195,47 @@ def _broken(change: str) -> Resources:
 def test_the_gate_refuses_a_gateway_that_terminates_or_defaults(change: str) -> None:
     failures = run_quic_gates(_broken(change))
     assert [f.gate for f in failures] == ["gateway-passthrough"], failures
+
+
+# -- the role in the node's translation (`TranslateOptions.east_west_gateway`, `aether xds --east-west-gateway`) ----
+
+
+def gateway_node_state(tmp_path: Path) -> Path:
+    """A gateway node's MeshNode file: no local pod, two QUIC destinations (its dependency set)."""
+    node, _ = sample_node(
+        "gw-node",
+        [],
+        [
+            SampleDestination("default/web", "web-sa", (8080,), ("10.200.2.7",)),
+            SampleDestination("team-b/db", "db", (5432,), ("10.200.3.4",)),
+        ],
+    )
+    path = tmp_path / "gw-node.json"
+    path.write_text(node.model_dump_json(by_alias=True, exclude_none=True))
+    return path
+
+
+def render(state: Path, records: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = ["xds", "render", "--state", str(state), "--records", str(records), "--mesh-domain", MD, *extra]
+    return subprocess.run([sys.executable, "-m", "aether.cli", *argv], capture_output=True, text=True, timeout=120)
+
+
+def test_the_role_exports_the_nodes_destinations_only_when_asked(tmp_path: Path) -> None:
+    state = gateway_node_state(tmp_path)
+    out = render(state, tmp_path, "--east-west-gateway", GW)
+    assert out.returncode == 0, out.stderr
+    res = json.loads(out.stdout)
+    lst = res[LISTENER][gateway.LISTENER_NAME]
+    assert lst["address"]["socketAddress"]["address"] == GW
+    assert [c["filterChainMatch"]["serverNames"] for c in lst["filterChains"]] == [
+        ["5432.db.team-b.mesh.example"],
+        ["8080.web-sa.default.mesh.example"],
+    ]
+    cla = res[ENDPOINT]["east-west:8080.web-sa.default.mesh.example"]["endpoints"][0]["lbEndpoints"]
+    assert cla[0]["endpoint"]["address"]["socketAddress"] == {"address": "10.200.2.7", "portValue": INBOUND_PORT}
+    assert "refused" not in out.stderr  # the gates passed it
+    plain = render(state, tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert gateway.LISTENER_NAME not in json.loads(plain.stdout)[LISTENER]
+    bad = render(state, tmp_path, "--east-west-gateway", "gw.example")
+    assert bad.returncode == 2 and "not an IPv4 address" in bad.stderr

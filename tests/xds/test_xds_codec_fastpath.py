@@ -67,6 +67,7 @@ OPTS: Final = TranslateOptions(mesh_domain="mesh.example", trust_domain="cluster
 # `corpus()` that emits it), then list it here.
 LISTENER_KINDS: Final = {
     "TCP listener: TcpProxy",  # the TCP floor's capture
+    "TCP listener: TcpProxy TlsInspector",  # the east-west gateway (eastwest/gateway.py): SNI passthrough on 18009
     "UDP listener: DestinationIPInput Route UdpProxyConfig",  # UDP capture
     "UDP listener: DestinationIPInput Route UdpGsoBatchWriterFactory UdpProxyConfig",  # with --udp-gso
     "UDP listener: Route UdpProxyConfig",  # UDP capture, no service: the blackhole only
@@ -252,10 +253,12 @@ def corpus() -> tuple[tuple[str, Resources], ...]:
             ("h2-only", EastWestOptions(quic=False, prefer_gro=False)),
             ("access-logs", EastWestOptions(access_log_path="/dev/stdout", app_ports={"u-client": (80, 81)})),
             ("path-config-source", EastWestOptions(config_source={"path_config_source": {"path": "/etc/sds.yaml"}})),
+            ("remote", EastWestOptions(remote_gateways={"default/web": ("10.199.0.2",), "default/api": ("10.1.0.1",)})),
         ):
             cases.append((f"{label}/eastwest-{knobs}", eastwest_build(node, records, OPTS, ew)))
         guarded = replace(OPTS, authorization=compile_bodies(_POLICIES, "cluster.local"))
         cases.append((f"{label}/eastwest-authz", eastwest_build(node, records, guarded)))
+        cases += _by_area(f"{label}/gateway", node, records, replace(OPTS, east_west_gateway="10.199.0.2"))
     quic = {"q": quic_listener(enableEarlyData=False, enableResumption=True)}
     cases.append(("hand-written/resumption-on", {LISTENER: quic}))
     return tuple(cases)
@@ -380,6 +383,12 @@ _BY_NAME: Final[dict[tuple[type, str], st.SearchStrategy[Any]]] = {
     ),
     (EastWestOptions, "identity_factory"): st.sampled_from(["envoy.hashable_string", "envoy.string"]),
     (TranslateOptions, "authorization"): st.sampled_from([(), compile_bodies(_POLICIES, "cluster.local")]),
+    (TranslateOptions, "east_west_gateway"): st.none() | st.just("10.199.0.2"),  # the gateway area's one knob
+    (EastWestOptions, "remote_gateways"): st.dictionaries(
+        st.sampled_from(["default/web", "default/api", *(f"{ns}/d{i}" for ns in _NAMESPACES for i in (0, 1))]),
+        st.just(("10.199.0.2", "10.199.0.3")),
+        max_size=2,
+    ),
 }
 
 

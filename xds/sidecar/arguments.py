@@ -1,8 +1,9 @@
-"""Argument types of the sidecar's command line (`aether xds`): durations and the mesh domain."""
+"""Argument types of the sidecar's command line (`aether xds`): durations, the mesh domain, the gateway address."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
 
 from aether.api.naming import DEFAULT_MESH_DOMAIN
@@ -33,6 +34,24 @@ def mesh_domain_argument(p: argparse.ArgumentParser) -> None:
         help=f"the domain pods dial Services under (<svc>.<ns>.<domain>), which the QUIC SNI and the SVIDs' DNS names "
         f"end in (default {DEFAULT_MESH_DOMAIN}; every node and the certificates must agree)",
     )
+
+
+def east_west_gateway_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--east-west-gateway",
+        metavar="ADDRESS",
+        type=ipv4_address,
+        help="play the east-west gateway: a TCP listener on ADDRESS:18009 (this node's own address, reachable from "
+        "the other cluster) forwarding TLS by its SNI, unopened, to the pods of every QUIC destination this node's "
+        "MeshNode lists (docs/architecture.md#the-east-west-gateway); default: no gateway",
+    )
+
+
+def ipv4_address(value: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an IPv4 address") from None
 
 
 def mesh_domain(value: str) -> str:

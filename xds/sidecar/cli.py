@@ -34,6 +34,7 @@ from aether.api.meshnode import MeshNodeFileError
 from aether.api.slices import load_state_file
 from aether.netns.records import load_records, state_dir
 from aether.xds.sidecar.arguments import duration
+from aether.xds.sidecar.arguments import east_west_gateway_argument as _east_west_gateway_argument
 from aether.xds.sidecar.arguments import mesh_domain_argument as _mesh_domain_argument
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
 
@@ -106,6 +107,7 @@ def _render(argv: list[str]) -> int:
     p.add_argument("--node", help="the MeshNode to render when the List holds several (kubectl get mn,mss -o yaml)")
     p.add_argument("--records", help=f"pod records directory (default ${'{'}AETHER_STATE_DIR{'}'} or {state_dir()})")
     _mesh_domain_argument(p)
+    _east_west_gateway_argument(p)
     args = p.parse_args(argv)
     from aether.xds.resources import TranslateOptions
     from aether.xds.sidecar.pipeline import gated_snapshot
@@ -120,7 +122,9 @@ def _render(argv: list[str]) -> int:
         print(f"aether xds render: incomplete state, the rest is rendered: {problem}", file=sys.stderr)
     td = TranslateOptions().trust_domain
     options = TranslateOptions(
-        authorization=compile_bodies(others.get(POLICY_KIND, ()), td), mesh_domain=args.mesh_domain
+        authorization=compile_bodies(others.get(POLICY_KIND, ()), td),
+        mesh_domain=args.mesh_domain,
+        east_west_gateway=args.east_west_gateway,
     )
     for policy in options.authorization:
         if not policy.accepted:
@@ -211,6 +215,7 @@ def _udp_arguments(p: _Parser) -> None:
 
 def _eastwest_arguments(p: _Parser) -> None:
     _mesh_domain_argument(p)
+    _east_west_gateway_argument(p)
     p.add_argument(
         "--certs-dir",
         help="east-west: a PEM directory per identity (docs/identity.md); required unless --dev-builtin-ca",
@@ -281,6 +286,7 @@ def _translate_options(args: argparse.Namespace, areas: tuple[str, ...]) -> Tran
         udp_max_sessions=args.udp_max_sessions,
         udp_preserve_source=args.udp_preserve_source,
         mesh_domain=args.mesh_domain,
+        east_west_gateway=args.east_west_gateway,
     )
     if options.udp_gso_writer:
         log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")

@@ -1,7 +1,8 @@
 """Desired state -> Envoy resources for one node: compose the per-area builders (pure).
 
 `BUILDERS` is every area's builder, in the order their results merge: plaintext UDP (`l4/udp.py`), the raw TCP
-floor (`l4/tcp.py`) and east-west (`eastwest/build.py`). Each follows the builder contract in
+floor (`l4/tcp.py`), east-west (`eastwest/build.py`) and the east-west gateway's role (`eastwest/gateway.py`, only
+with `TranslateOptions.east_west_gateway`). Each follows the builder contract in
 `aether.xds.resources`; `translate` runs the ones `TranslateOptions.areas` names (all when empty) and merges their
 results, and the gates (`aether.xds.gates`) run on the merged result.
 """
@@ -16,6 +17,7 @@ from aether.netns.records import PodRecord
 from aether.xds import memo
 from aether.xds.resources import KNOWN_TYPES, Resources, TranslateOptions, merge
 from aether.xds.translate.eastwest import build as eastwest
+from aether.xds.translate.eastwest import gateway
 from aether.xds.translate.l4 import tcp, udp
 
 Builder: TypeAlias = Callable[[MeshNode, Mapping[str, PodRecord], TranslateOptions], Resources]
@@ -30,6 +32,7 @@ BUILDERS: Final[tuple[Area, ...]] = (
     Area("udp", udp.build),
     Area("tcp-floor", tcp.build),
     Area("eastwest", eastwest.build),
+    Area("gateway", gateway.area),
 )
 AREAS: Final = tuple(area.name for area in BUILDERS)
 

@@ -22,13 +22,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from aether.api.meshnode import MeshNode
 from aether.api.naming import quic_sni
 from aether.netns.contract import EAST_WEST_PORT
+from aether.netns.records import PodRecord
 from aether.xds.identity.sds import ADS
-from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, TYPE_URL_PREFIX, Resources, seconds
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, TYPE_URL_PREFIX, Resources, TranslateOptions, seconds
 from aether.xds.translate.eastwest.build import camel
 from aether.xds.translate.eastwest.inbound import TLS_INSPECTOR
-from aether.xds.translate.eastwest.plan import Destination
+from aether.xds.translate.eastwest.plan import Destination, destinations
 
 LISTENER_NAME: Final = "east-west-gateway"
 STAT_PREFIX: Final = "east_west_gateway"  # listener.east_west_gateway.no_filter_chain_match, tcp.east_west_gateway.*
@@ -111,3 +113,14 @@ def build(
     }
     converted: Resources = camel(out)
     return converted
+
+
+def area(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
+    """The gateway role as a translation area (`aether.xds.translate.compose`): nothing unless
+    `options.east_west_gateway` names this node's address. It exports every QUIC destination the node's MeshNode
+    lists (its dependency set: with the default egress, every eligible Service of the cluster), with their
+    endpoints, so a gateway node is one whose egress reaches what it exports."""
+    if options.east_west_gateway is None:
+        return {}
+    exports = destinations(node, options.trust_domain)
+    return build(exports, options.east_west_gateway, options.mesh_domain, connect_timeout_s=2.0)
