@@ -268,7 +268,6 @@ def test_inbound_values_reach_the_cni_entry(helm_env: dict[str, str], cni_instal
     cni = container(objs, "install-cni")
     env = {e["name"]: e["value"] for e in cni["env"]}
     assert env["AETHER_MESH_SOURCES"] == "10.0.0.0/16,fd00::/64"
-    # the entry the installer writes from these arguments (its own parser; AETHER_MESH_SOURCES as the env gives it)
     args = cni_install.make_parser().parse_args([*cni["args"], f"--mesh-sources={env['AETHER_MESH_SOURCES']}"])
     sources = ["10.0.0.0/16", "fd00::/64"]
     assert cni_install.entry_from(args) == {
