@@ -9,6 +9,8 @@ of the in-cluster path.
 - openssl s_client through the gateway gets web-0's SVID, verified against the mesh's root: passthrough;
 - an SNI no exported Service has, or none, gets no certificate and counts in
   `listener.east_west_gateway.no_filter_chain_match`;
+- a MeshAuthorizationPolicy on default/web applies through the gateway as in-cluster (403 for the source it does
+  not name, 200 and XFCC for the one it does);
 - negative control: the same listener terminating TLS with a gateway SVID: s_client sees the gateway's identity and
   the source proxy refuses it (its pinned destination SAN), so the tests above can tell passthrough from termination.
 """
@@ -170,3 +172,27 @@ def test_negative_control_a_terminating_gateway_is_told_apart(mesh: Mesh) -> Non
     wait_for(lambda: uri_sans(certificates(s_client(mesh, WEB_SNI))[0]) == [WEB], 30, "passthrough again")
     (_status, body), *_ = mesh.until_200(mesh.client)
     assert xfcc_uri(body) == CLIENT
+
+
+def test_a_policy_applies_through_the_gateway_unchanged(mesh: Mesh) -> None:
+    """A MeshAuthorizationPolicy on default/web admitting only other-0's identity: through the gateway client-0 gets
+    403 and other-0 200, as in-cluster callers would (the inbound sees each source's own SVID)."""
+    only_other = {
+        "apiVersion": "mesh.aether.dev/v1alpha1",
+        "kind": "MeshAuthorizationPolicy",
+        "metadata": {"name": "web-callers", "namespace": "default"},
+        "spec": {"targetRefs": [{"kind": "Service", "name": "web"}], "rules": [{"from": [OTHER], "ports": [8080]}]},
+    }
+    gw = gateway_resources(mesh)
+    try:
+        mesh.ads.set("node-b", mesh.resources_b([only_other]), gw, secrets(mesh.ca, [WEB]))
+        wait_for(lambda: mesh.get(mesh.client)[0][0] == 403, 30, "client-0 denied through the gateway")
+        hits = mesh.app_hits()
+        assert [s for s, _ in mesh.get(mesh.client, n=2)] == [403, 403]
+        assert mesh.app_hits() == hits  # the app saw none of them
+        (_status, body), *_ = mesh.until_200(mesh.other)
+        assert xfcc_uri(body) == OTHER
+    finally:
+        serve_b(mesh, gw)
+    mesh.wait_synced(mesh.b)
+    mesh.until_200(mesh.client)
