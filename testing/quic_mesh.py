@@ -193,7 +193,8 @@ class Mesh:
     # -- inbound enforcement on web-0 ---------------------------------------------------------------------------
     def enforce(self, mode: InboundMode) -> InboundPolicy:
         """web-0's capture with `mode`'s inbound enforcement, the mesh sources a CNI ADD would give it here: its
-        gateway (node B's proxy, same node) and node A's address (node A's proxy delivering plaintext UDP)."""
+        gateway (node B itself: kubelet probes, node B's plaintext deliveries; the inbound's hop to the app comes over
+        loopback) and node A's address (node A's proxy delivering plaintext UDP)."""
         policy = InboundPolicy(mode, (GATEWAY_LL, NODE_A_IP))
         install_capture(self.web.path, CaptureMode.TPROXY, inbound=policy)
         return policy
