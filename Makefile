@@ -91,7 +91,7 @@ envoy-modules:
 
 envoy-modules-test:
 	@test -x "$(CARGO)" || { echo "envoy-modules: needs cargo (rustup's stable toolchain)"; exit 1; }
-	cd envoy-modules && "$(CARGO)" test --locked
+	cd envoy-modules && "$(CARGO)" fmt --check && "$(CARGO)" test --locked
 
 test: lint unit envoy-modules-test
 

@@ -10,7 +10,12 @@ fn datagrams(name: &str) -> Vec<Vec<u8>> {
     let text = std::fs::read_to_string(path).expect("testdata");
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| (0..l.len()).step_by(2).map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap()).collect())
+        .map(|l| {
+            (0..l.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap())
+                .collect()
+        })
         .collect()
 }
 
@@ -31,6 +36,9 @@ fn per_initial(name: &str, iterations: u32) -> f64 {
 fn main() {
     let iterations: u32 = std::env::args().nth(1).map_or(20_000, |a| a.parse().expect("a count"));
     for name in ["aioquic-short.hex", "aioquic-long.hex", "aioquic-v2.hex"] {
-        println!("{name}: {:.0} ns per Initial datagram ({iterations} flights)", per_initial(name, iterations));
+        println!(
+            "{name}: {:.0} ns per Initial datagram ({iterations} flights)",
+            per_initial(name, iterations)
+        );
     }
 }

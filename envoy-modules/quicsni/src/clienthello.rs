@@ -95,7 +95,9 @@ fn is_host_name(name: &[u8]) -> bool {
         && name.split(|&b| b == b'.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.iter().all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && label
+                    .iter()
+                    .all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
 }
 

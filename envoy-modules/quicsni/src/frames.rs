@@ -16,7 +16,11 @@ pub struct CryptoStream {
 
 impl CryptoStream {
     pub fn new(limit: usize) -> Self {
-        CryptoStream { buf: Vec::new(), have: Vec::new(), limit }
+        CryptoStream {
+            buf: Vec::new(),
+            have: Vec::new(),
+            limit,
+        }
     }
 
     /// The bytes from offset 0 with no gap.

@@ -12,6 +12,7 @@
 mod clienthello;
 mod error;
 mod frames;
+pub mod gate;
 mod initial;
 mod tracker;
 mod wire;
@@ -36,7 +37,11 @@ pub struct Connection {
 impl Connection {
     /// A connection whose CRYPTO stream may hold up to `crypto_limit` bytes before it is refused.
     pub fn new(crypto_limit: usize) -> Self {
-        Connection { keys: None, crypto: CryptoStream::new(crypto_limit), limit: crypto_limit }
+        Connection {
+            keys: None,
+            crypto: CryptoStream::new(crypto_limit),
+            limit: crypto_limit,
+        }
     }
 
     /// Bytes this connection holds.

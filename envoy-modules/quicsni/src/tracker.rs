@@ -15,7 +15,10 @@ pub struct TrackerLimits {
 impl Default for TrackerLimits {
     /// 4,096 connections mid-handshake, 16 KiB of ClientHello each: 64 MiB at worst.
     fn default() -> Self {
-        TrackerLimits { max_connections: 4096, crypto_limit: 16 * 1024 }
+        TrackerLimits {
+            max_connections: 4096,
+            crypto_limit: 16 * 1024,
+        }
     }
 }
 
@@ -29,7 +32,13 @@ pub struct Tracker<K> {
 
 impl<K: Hash + Eq + Clone> Tracker<K> {
     pub fn new(limits: TrackerLimits) -> Self {
-        Tracker { limits, conns: HashMap::new(), order: VecDeque::new(), seq: 0, evicted: 0 }
+        Tracker {
+            limits,
+            conns: HashMap::new(),
+            order: VecDeque::new(),
+            seq: 0,
+            evicted: 0,
+        }
     }
 
     /// Connections waiting for more of their ClientHello.
@@ -48,7 +57,8 @@ impl<K: Hash + Eq + Clone> Tracker<K> {
         if !self.conns.contains_key(key) {
             self.make_room();
             self.seq += 1;
-            self.conns.insert(key.clone(), (self.seq, Connection::new(self.limits.crypto_limit)));
+            self.conns
+                .insert(key.clone(), (self.seq, Connection::new(self.limits.crypto_limit)));
             self.order.push_back((key.clone(), self.seq));
         }
         let (_, conn) = self.conns.get_mut(key).expect("inserted above");
@@ -58,7 +68,8 @@ impl<K: Hash + Eq + Clone> Tracker<K> {
         }
         if self.order.len() > 2 * self.limits.max_connections.max(1) {
             let conns = &self.conns;
-            self.order.retain(|(k, s)| conns.get(k).is_some_and(|(seq, _)| seq == s));
+            self.order
+                .retain(|(k, s)| conns.get(k).is_some_and(|(seq, _)| seq == s));
         }
         result
     }

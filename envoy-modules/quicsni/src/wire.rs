@@ -43,7 +43,6 @@ impl<'a> Reader<'a> {
         Ok(u16::from_be_bytes([b[0], b[1]]))
     }
 
-
     pub fn u32(&mut self, what: &'static str) -> Result<u32, Error> {
         let b = self.bytes(4, what)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
@@ -80,7 +79,10 @@ mod tests {
     #[test]
     fn varints_from_rfc9000_appendix_a1() {
         let cases: [(&[u8], u64); 4] = [
-            (&[0xc2, 0x19, 0x7c, 0x5e, 0xff, 0x14, 0xe8, 0x8c], 151_288_809_941_952_652),
+            (
+                &[0xc2, 0x19, 0x7c, 0x5e, 0xff, 0x14, 0xe8, 0x8c],
+                151_288_809_941_952_652,
+            ),
             (&[0x9d, 0x7f, 0x3e, 0x7d], 494_878_333),
             (&[0x7b, 0xbd], 15_293),
             (&[0x25], 37),

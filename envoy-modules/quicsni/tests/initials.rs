@@ -7,7 +7,10 @@ const LIMIT: usize = 16 * 1024;
 
 fn unhex(s: &str) -> Vec<u8> {
     let s = s.trim();
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
 }
 
 fn testdata(name: &str) -> (String, Vec<Vec<u8>>) {
@@ -125,15 +128,24 @@ fn packets_that_are_not_client_initials() {
     assert_eq!(server_name_of_datagram(&vn, LIMIT), Err(Error::VersionNegotiation));
     let mut other = d.clone();
     other[1..5].copy_from_slice(&[0xff, 0, 0, 0x1d]);
-    assert_eq!(server_name_of_datagram(&other, LIMIT), Err(Error::UnsupportedVersion(0xff00_001d)));
-    assert_eq!(server_name_of_datagram(&d[..1199], LIMIT), Err(Error::DatagramTooSmall(1199)));
+    assert_eq!(
+        server_name_of_datagram(&other, LIMIT),
+        Err(Error::UnsupportedVersion(0xff00_001d))
+    );
+    assert_eq!(
+        server_name_of_datagram(&d[..1199], LIMIT),
+        Err(Error::DatagramTooSmall(1199))
+    );
 }
 
 #[test]
 fn the_tracker_keys_by_four_tuple_and_stays_bounded() {
     let (sni, long) = testdata("aioquic-long.hex");
     let (_, retry) = testdata("aioquic-retry.hex");
-    let mut t: Tracker<u32> = Tracker::new(TrackerLimits { max_connections: 2, crypto_limit: LIMIT });
+    let mut t: Tracker<u32> = Tracker::new(TrackerLimits {
+        max_connections: 2,
+        crypto_limit: LIMIT,
+    });
     // Two connections interleaved.
     assert_eq!(t.feed(&1, &long[0]), Ok(Progress::NeedMore));
     assert_eq!(t.feed(&2, &retry[0]), Ok(Progress::NeedMore));

@@ -1,0 +1,91 @@
+//! The filter's decision per client 4-tuple, pure: pass a connection on only once its ClientHello names an
+//! exported SNI; drop (and count) everything else, never defaulting. A decision sticks to its 4-tuple (bounded:
+//! the oldest decisions are forgotten first).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+
+use crate::{Progress, Tracker, TrackerLimits};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Pass,
+    Drop,
+}
+
+/// What one datagram adds to the counters (one per connection decided, one per datagram held back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// A new connection whose SNI is exported: passed on.
+    Forwarded,
+    /// A ClientHello whose SNI no exported Service has.
+    UnknownSni,
+    /// A datagram that yields no SNI (`quicsni::Error`): not QUIC v1/v2 Initial, malformed, no server_name.
+    Refused,
+    /// A datagram of a ClientHello not yet complete: dropped (the client retransmits it after the decision).
+    Pending,
+}
+
+pub struct Gate<K> {
+    exported: HashSet<String>,
+    tracker: Tracker<K>,
+    decided: HashMap<K, (u64, bool)>,
+    order: VecDeque<(K, u64)>,
+    seq: u64,
+    max_decided: usize,
+}
+
+impl<K: Hash + Eq + Clone> Gate<K> {
+    pub fn new(exported: HashSet<String>, limits: TrackerLimits, max_decided: usize) -> Self {
+        Gate {
+            exported,
+            tracker: Tracker::new(limits),
+            decided: HashMap::new(),
+            order: VecDeque::new(),
+            seq: 0,
+            max_decided: max_decided.max(1),
+        }
+    }
+
+    pub fn on_datagram(&mut self, key: &K, datagram: &[u8]) -> (Verdict, Option<Count>) {
+        if let Some(&(_, pass)) = self.decided.get(key) {
+            return (if pass { Verdict::Pass } else { Verdict::Drop }, None);
+        }
+        match self.tracker.feed(key, datagram) {
+            Ok(Progress::NeedMore) => (Verdict::Drop, Some(Count::Pending)),
+            Ok(Progress::ServerName(name)) if self.exported.contains(&name) => {
+                self.decide(key, true);
+                (Verdict::Pass, Some(Count::Forwarded))
+            }
+            Ok(Progress::ServerName(_)) => {
+                self.decide(key, false);
+                (Verdict::Drop, Some(Count::UnknownSni))
+            }
+            Err(_) => {
+                self.decide(key, false);
+                (Verdict::Drop, Some(Count::Refused))
+            }
+        }
+    }
+
+    fn decide(&mut self, key: &K, pass: bool) {
+        while self.decided.len() >= self.max_decided {
+            let Some((k, s)) = self.order.pop_front() else { break };
+            if self.decided.get(&k).is_some_and(|(seq, _)| *seq == s) {
+                self.decided.remove(&k);
+            }
+        }
+        self.seq += 1;
+        self.decided.insert(key.clone(), (self.seq, pass));
+        self.order.push_back((key.clone(), self.seq));
+    }
+}
+
+/// The filter's configuration string: the exported SNIs, separated by commas, spaces or newlines.
+pub fn parse_exported(config: &[u8]) -> HashSet<String> {
+    String::from_utf8_lossy(config)
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.to_ascii_lowercase())
+        .collect()
+}
