@@ -28,7 +28,7 @@ import pytest
 from cryptography import x509
 
 from aether.api.naming import quic_sni
-from aether.netns.contract import EAST_WEST_PORT
+from aether.netns.contract import EAST_WEST_PORT, InboundMode
 from aether.testing.eastwest_lab import xfcc_uri
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.quic_mesh import CLIENT, MD, OPTS, OTHER, TD, WEB, Mesh, quic_mesh
@@ -196,3 +196,18 @@ def test_a_policy_applies_through_the_gateway_unchanged(mesh: Mesh) -> None:
         serve_b(mesh, gw)
     mesh.wait_synced(mesh.b)
     mesh.until_200(mesh.client)
+
+
+def test_strict_on_the_destination_admits_the_gateways_hop(mesh: Mesh) -> None:
+    """web-0 in STRICT: a new connection from the gateway's tcp_proxy reaches web-0 on the inbound port 18008,
+    which STRICT admits from anyone (the mTLS handshake is the check there): s_client through the gateway (a new
+    gateway -> web-0 connection each time) still gets web-0's SVID, and a request still
+    answers with the source's identity."""
+    try:
+        mesh.enforce(InboundMode.STRICT)
+        chain = certificates(s_client(mesh, WEB_SNI))
+        assert chain and uri_sans(chain[0]) == [WEB]
+        (_status, body), *_ = mesh.until_200(mesh.client)
+        assert xfcc_uri(body) == CLIENT
+    finally:
+        mesh.enforce(InboundMode.PERMISSIVE)
