@@ -1,4 +1,4 @@
-"""Two UDPRoutes on one parent Service on the real data path (the real control plane or the API test bed, the
+"""Several UDPRoutes on one parent Service on the real data path (the real control plane or the API test bed, the
 operator, sidecars, real Envoy per node, pods captured by the real aether-cni), as upstream Gateway API v1.6.1's
 UDPRouteMultipleRoutesAttachment conformance test has them on one listener: both routes Accepted=True, only the
 oldest carries traffic. dnsmasq backends answer `who.test` with an address of their own; the client asks with dig
@@ -8,6 +8,9 @@ oldest carries traffic. dnsmasq backends answer `who.test` with an address of th
   query; a newer route on the same parent is Accepted too and its backend answers none (though it answers through
   its own Service);
 - deleting the older route (kubectl delete) hands the parent to the newer one: its backend answers every query.
+
+- port scope: on a Service with two UDP ports, the route on the port the mesh carries carries every query, the
+  (older) route on the other port none, and is told NoMatchingParent.
 
 The time from the delete to the first answer of the newer route's backend is printed (`pytest -s`)."""
 
@@ -68,26 +71,29 @@ def _who(client: MeshPod, vip: str) -> str | None:
     return answers[0].split()[-1] if answers else None
 
 
-def _answers(m: Mesh, n: int = QUERIES) -> Counter[str | None]:
+def _answers(m: Mesh, parent: str = "front") -> Counter[str | None]:
     client = m.pods["client"]
-    return Counter(_who(client, m.services["front"]) for _ in range(n))
+    return Counter(_who(client, m.services[parent]) for _ in range(QUERIES))
 
 
-def _accepted(m: Mesh, route: str) -> dict[str, Any] | None:
-    """Our Accepted condition on `route` for front, as stored (None until there is one)."""
+def _accepted(m: Mesh, route: str, parent: str = "front") -> dict[str, Any] | None:
+    """Our Accepted condition on `route` for `parent`, as stored (None until there is one)."""
     parents = m.kube.udproute_as(NS, route, "v1").get("status", {}).get("parents") or []
-    ours = [p for p in parents if p["controllerName"] == CONTROLLER_NAME and p["parentRef"]["name"] == "front"]
+    ours = [p for p in parents if p["controllerName"] == CONTROLLER_NAME and p["parentRef"]["name"] == parent]
     conds = [c for p in ours for c in p["conditions"] if c["type"] == "Accepted"]
     return conds[0] if conds else None
 
 
 def _clusters_for(node: Any, vip: str) -> set[str]:
-    """The clusters node's Envoy matches `vip` to (the udp_proxy matchers of every pod listener on the node)."""
+    """The clusters node's Envoy matches `vip` to (the udp_proxy matchers of every active pod listener on the node;
+    a listener version being replaced stays in the dump as draining_state, with its old arm, until it drains)."""
     found: set[str] = set()
 
     def walk(x: Any, under: bool) -> None:
         if isinstance(x, dict):
             for k, v in x.items():
+                if k in ("draining_state", "warming_state"):
+                    continue
                 if under and k == "cluster" and isinstance(v, str):
                     found.add(v)
                 walk(v, under or k == vip)
@@ -99,27 +105,43 @@ def _clusters_for(node: Any, vip: str) -> set[str]:
     return found
 
 
-def _envoy_follows_the_arm(m: Mesh) -> str:
-    """Until node-a's Envoy matches front's VIP to the cluster of front's arm in the MeshNode state: the data path
+def _envoy_follows_the_arm(m: Mesh, parent: str = "front") -> str:
+    """Until node-a's Envoy matches the parent's VIP to the cluster of its arm in the MeshNode state: the data path
     holds what the operator computed. That cluster."""
-    vip = m.services["front"]
+    vip = m.services[parent]
 
     def synced() -> str | None:
         arm = udp_arms(m.kube.meshnode("node-a") or {}).get(vip) or {}
         cluster = arm.get("cluster")
         return cluster if cluster and _clusters_for(m.nodes["node-a"], vip) == {cluster} else None
 
-    cluster: str = wait_for(synced, timeout=30, what="node-a's Envoy on front's arm", ignore=(KeyError, TypeError))
+    cluster: str = wait_for(
+        synced,
+        timeout=60,
+        what=f"node-a's Envoy on {parent}'s arm",
+        ignore=(KeyError, TypeError),
+        diagnose=lambda: (
+            f"arm {udp_arms(m.kube.meshnode('node-a') or {}).get(vip)}, Envoy {_clusters_for(m.nodes['node-a'], vip)}"
+        ),
+    )
     return cluster
 
 
-def _wait_only(m: Mesh, backend: str, what: str) -> float:
-    """Until a dig through front answers `backend`'s address; then every one of QUERIES answers it. The seconds
-    waited."""
+def _past_the_second_of(m: Mesh, route: str) -> None:
+    """creationTimestamp has second precision: wait until the clock has passed the second `route` was created in,
+    so that a route created next is strictly newer."""
+    created = m.kube.udproute_as(NS, route, "v1")["metadata"]["creationTimestamp"]
+    stamp = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    wait_for(lambda: datetime.now(UTC) >= stamp + timedelta(seconds=1), what="the next second")
+
+
+def _wait_only(m: Mesh, backend: str, what: str, parent: str = "front") -> float:
+    """Until a dig through the parent answers `backend`'s address; then every one of QUERIES answers it. The
+    seconds waited."""
     start = time.monotonic()
-    wait_for(lambda: _who(m.pods["client"], m.services["front"]) == ANSWERS[backend], timeout=60, what=what)
+    wait_for(lambda: _who(m.pods["client"], m.services[parent]) == ANSWERS[backend], timeout=60, what=what)
     took = time.monotonic() - start
-    got = _answers(m)
+    got = _answers(m, parent)
     assert got == Counter({ANSWERS[backend]: QUERIES}), (what, got)
     return took
 
@@ -131,10 +153,7 @@ def test_only_the_oldest_route_carries_traffic_and_deleting_it_hands_over(mesh: 
     older = wait_for(lambda: _accepted(m, "older"), timeout=30, what="older: Accepted")
     assert (older["status"], older["reason"]) == ("True", "Accepted"), older
     _wait_only(m, "older-dns", "the older route's backend through front")
-    # creationTimestamp has second precision: the newer route is created in a later second than the older one
-    created = m.kube.udproute_as(NS, "older", "v1")["metadata"]["creationTimestamp"]
-    stamp = datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    wait_for(lambda: datetime.now(UTC) >= stamp + timedelta(seconds=1), what="the next second")
+    _past_the_second_of(m, "older")
     m.weighted_route("newer", "front", {"newer-dns": 1}, "v1")
 
     def newer_told() -> dict[str, Any] | None:
@@ -163,3 +182,43 @@ def test_only_the_oldest_route_carries_traffic_and_deleting_it_hands_over(mesh: 
         f"\ndelete of the older route -> first answer of the newer route's backend: {took:.2f} s "
         f"({time.monotonic() - deleted:.2f} s to {QUERIES} more answers from it)"
     )
+
+
+def _route_on_port(m: Mesh, name: str, parent: str, section: str, backend: str) -> None:
+    """kubectl apply of a UDPRoute v1 whose parentRef names one port of `parent` (sectionName)."""
+    body = {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "UDPRoute",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "parentRefs": [{"group": "", "kind": "Service", "name": parent, "sectionName": section}],
+            "rules": [{"backendRefs": [{"name": backend, "port": L4_OUTBOUND_PORT}]}],
+        },
+    }
+    path = m.dir / f"route-{name}.json"
+    path.write_text(json.dumps(body))
+    assert m.kubectl("apply", "-f", str(path)) is not None
+
+
+def test_a_route_on_the_carried_port_carries_traffic_and_one_on_another_port_none(mesh: Mesh) -> None:
+    """Port-scoped attachment (GEP-1294: a parentRef with a port is associated only with that port) on a Service
+    with two UDP ports: the mesh carries `aa` (the first by name; pods dial every Service on 18082). A route on
+    port `udp`, the older, is not attached (NoMatchingParent naming aa); the newer route on `aa` carries every
+    query. On whole-Service attachment the older route took the Service and its backend answered."""
+    m = mesh
+    m.add_service("multi", ["front-dns"])
+    _wait_only(m, "front-dns", "multi's own backend", "multi")
+    # a second UDP port (its EndpointSlice keeps only `udp`: the routes' backends are what answers)
+    patch = [{"op": "add", "path": "/spec/ports/-", "value": {"name": "aa", "port": 5300, "protocol": "UDP"}}]
+    assert m.kubectl("patch", "service", "multi", "--type=json", "-p", json.dumps(patch)) is not None
+    _route_on_port(m, "on-udp", "multi", "udp", "older-dns")
+    on_udp = wait_for(lambda: _accepted(m, "on-udp", "multi"), timeout=30, what="on-udp: a verdict")
+    assert (on_udp["status"], on_udp["reason"]) == ("False", "NoMatchingParent"), on_udp
+    assert "aa (5300/UDP)" in on_udp["message"] and "18082" in on_udp["message"], on_udp
+    _past_the_second_of(m, "on-udp")
+    _route_on_port(m, "on-aa", "multi", "aa", "newer-dns")
+    on_aa = wait_for(lambda: _accepted(m, "on-aa", "multi"), timeout=30, what="on-aa: a verdict")
+    assert (on_aa["status"], on_aa["reason"]) == ("True", "Accepted"), on_aa
+    assert _envoy_follows_the_arm(m, "multi") == f"udp:{NS}/newer-dns"
+    assert _answers(m, "multi") == Counter({ANSWERS["newer-dns"]: QUERIES})
+    assert (_accepted(m, "on-udp", "multi") or {}).get("reason") == "NoMatchingParent"
