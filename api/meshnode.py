@@ -133,6 +133,11 @@ class QuicDestination(_Model):
         "IPs of the Service's other endpoints (not ready, or terminating) and of the pods its selector selects that "
         "no EndpointSlice lists: no traffic goes to them; " + _GUARD_NOTE
     )
+    gateways: list[str] = _unwritten_when_empty(
+        "addresses of the east-west gateways of the cluster the Service runs in, when that is not this one: sources "
+        "reach it through them on TCP 18009, over h2 (no twin). Not written by the operator yet: discovery across "
+        "clusters is not built"
+    )
 
 
 class IneligibleDestination(_Model):

@@ -239,3 +239,37 @@ def test_the_role_exports_the_nodes_destinations_only_when_asked(tmp_path: Path)
     assert gateway.LISTENER_NAME not in json.loads(plain.stdout)[LISTENER]
     bad = render(state, tmp_path, "--east-west-gateway", "gw.example")
     assert bad.returncode == 2 and "not an IPv4 address" in bad.stderr
+
+
+def test_a_destination_marked_remote_in_the_meshnode_goes_through_its_gateway(tmp_path: Path) -> None:
+    """`status.quic.destinations[].gateways` marks a Service of another cluster: the sidecar's own translation (the
+    CLI, from a MeshNode file) dials its gateway on 18009 over h2; a gateway node never re-exports it."""
+    node, records = sample_node(
+        "node-a",
+        [SamplePod("u-client", "client-0", "10.200.1.2", "client", "/run/netns/sample-client")],
+        [
+            SampleDestination("default/web", "web-sa", (8080,), ("10.200.2.7",), vip="10.96.0.20"),
+            SampleDestination("default/local", "local", (8080,), ("10.200.1.9",), vip="10.96.0.21"),
+        ],
+    )
+    web = next(d for d in node.status.quic.destinations if d.service == "default/web")
+    web.gateways = [GW, "10.199.0.3"]
+    res = build(node, records, OPTS)
+    cla = res[ENDPOINT]["h2:default/web"]["endpoints"][0]["lbEndpoints"]
+    assert [e["endpoint"]["address"]["socketAddress"] for e in cla] == [
+        {"address": GW, "portValue": EAST_WEST_PORT},
+        {"address": "10.199.0.3", "portValue": EAST_WEST_PORT},
+    ]
+    assert _route(res, "default/web") == {"cluster": "h2:default/web"}
+    assert not any(name.startswith("quic:default/web@") for name in res[CLUSTER])
+    assert "inlineClusterSpecifierPlugin" in _route(res, "default/local")
+    # a gateway node exports default/local only
+    state = tmp_path / "gw.json"
+    state.write_text(node.model_dump_json(by_alias=True, exclude_none=True))
+    out = render(state, tmp_path, "--east-west-gateway", GW)
+    assert out.returncode == 0, out.stderr
+    chains = json.loads(out.stdout)[LISTENER][gateway.LISTENER_NAME]["filterChains"]
+    assert [c["filterChainMatch"]["serverNames"] for c in chains] == [["8080.local.default.mesh.example"]]
+    # the field is written only when set
+    written = json.loads(node.model_dump_json(by_alias=True))["status"]["quic"]["destinations"]
+    assert [d["service"] for d in written if "gateways" in d] == ["default/web"]

@@ -99,9 +99,9 @@ def build(
 
 
 def local_only(dests: list[Destination], ew: EastWestOptions) -> list[Destination]:
-    """The destinations a twin can reach: remote ones (`EastWestOptions.remote_gateways`) have none (QUIC through
-    the gateway is not built), so their route is h2 for every source."""
-    return [d for d in dests if f"{d.namespace}/{d.service}" not in ew.remote_gateways]
+    """The destinations a twin can reach: remote ones (`gateways`, or `EastWestOptions.remote_gateways`) have none
+    (QUIC through the gateway is not built), so their route is h2 for every source."""
+    return [d for d in dests if not d.gateways and f"{d.namespace}/{d.service}" not in ew.remote_gateways]
 
 
 def twins_for(

@@ -119,8 +119,9 @@ def area(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOpt
     """The gateway role as a translation area (`aether.xds.translate.compose`): nothing unless
     `options.east_west_gateway` names this node's address. It exports every QUIC destination the node's MeshNode
     lists (its dependency set: with the default egress, every eligible Service of the cluster), with their
-    endpoints, so a gateway node is one whose egress reaches what it exports."""
+    endpoints, so a gateway node is one whose egress reaches what it exports; a destination that is itself remote
+    (`gateways`) is not exported."""
     if options.east_west_gateway is None:
         return {}
-    exports = destinations(node, options.trust_domain)
+    exports = [d for d in destinations(node, options.trust_domain) if not d.gateways]  # never re-export a remote one
     return build(exports, options.east_west_gateway, options.mesh_domain, connect_timeout_s=2.0)

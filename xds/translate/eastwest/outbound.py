@@ -203,7 +203,7 @@ def route_action(dest: Destination, sources: list[str], quic: bool) -> dict[str,
 def quic(dest: Destination, options: EastWestOptions) -> bool:
     """Whether `dest`'s route selects twins: QUIC on, and `dest` in this cluster (a remote Service is reached over
     h2 through its cluster's gateway: `EastWestOptions.remote_gateways`)."""
-    return options.quic and f"{dest.namespace}/{dest.service}" not in options.remote_gateways
+    return options.quic and not dest.gateways and f"{dest.namespace}/{dest.service}" not in options.remote_gateways
 
 
 def route_config(

@@ -74,6 +74,7 @@ class Destination:
     ports: tuple[int, ...]
     endpoints: tuple[tuple[str, int], ...]
     vip: str | None
+    gateways: tuple[str, ...] = ()  # the east-west gateways it is reached through (another cluster); () here
 
     @property
     def primary_port(self) -> int:
@@ -113,6 +114,7 @@ def destinations(node: MeshNode, trust_domain: str) -> list[Destination]:
                 ports=tuple(d.ports),
                 endpoints=tuple((e.ip, e.port or INBOUND_PORT) for e in d.endpoints),
                 vip=vips.get(d.service),
+                gateways=tuple(d.gateways),
             )
         )
     return out
@@ -120,12 +122,16 @@ def destinations(node: MeshNode, trust_domain: str) -> list[Destination]:
 
 def through_gateways(dests: Sequence[Destination], remote: Mapping[str, tuple[str, ...]]) -> list[Destination]:
     """`dests` with every remote one's endpoints replaced by its gateways on `EAST_WEST_PORT`: the source's TLS
-    (SNI, the destination's pinned SPIFFE ID, its own SVID) is unchanged, only the address it dials moves. A remote
-    Service not among `dests` is not invented: its SNI and ServiceAccount come from the destination entry."""
+    (SNI, the destination's pinned SPIFFE ID, its own SVID) is unchanged, only the address it dials moves. Remote:
+    named in `remote` (`EastWestOptions.remote_gateways`, which wins), or carrying `gateways` from the MeshNode
+    (`status.quic.destinations[].gateways`). A remote Service not among `dests` is not invented: its SNI and
+    ServiceAccount come from the destination entry."""
     out = []
     for d in dests:
-        gateways = remote.get(ref(d.namespace, d.service))
-        out.append(d if gateways is None else replace(d, endpoints=tuple((g, EAST_WEST_PORT) for g in gateways)))
+        gateways = remote.get(ref(d.namespace, d.service)) or d.gateways
+        if gateways:
+            d = replace(d, endpoints=tuple((g, EAST_WEST_PORT) for g in gateways), gateways=tuple(gateways))
+        out.append(d)
     return out
 
 
