@@ -4,6 +4,7 @@ their real Envoys). Node B also plays the gateway: `aether.xds.translate.eastwes
 (`EastWestOptions.remote_gateways`): its h2 cluster dials the gateway, with the SNI, pinned SPIFFE ID and source SVID
 of the in-cluster path.
 
+- node A holds no route to web-0 (nor node B to client-0): only the nodes' link, where the gateway listens;
 - client-0 -> node A's outbound -> gateway 18009 (tls_inspector + tcp_proxy) -> web-0's inbound 18008 -> app: the app's
   XFCC carries client-0's SPIFFE ID (other-0's for other-0), and the gateway holds no certificate at all;
 - openssl s_client through the gateway gets web-0's SVID, verified against the mesh's root: passthrough;
@@ -31,6 +32,7 @@ from aether.api.naming import quic_sni
 from aether.netns.contract import EAST_WEST_PORT, InboundMode
 from aether.testing.eastwest_lab import xfcc_uri
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
+from aether.testing.netlab import sh
 from aether.testing.quic_mesh import CLIENT, MD, OPTS, OTHER, TD, WEB, Mesh, quic_mesh
 from aether.testing.wait import wait_for
 from aether.xds.identity.sds import secrets
@@ -68,6 +70,10 @@ def serve_b(mesh: Mesh, gw: Resources) -> None:
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     with quic_mesh(tmp_path_factory.mktemp("gateway")) as m:
+        # two clusters' pod networks: no pod route across, only the nodes' link (the gateway's address) between
+        sh("ip", "route", "del", f"{m.web.ip}/32", netns=m.client.node.netns)
+        for pod in (m.client, m.other):
+            sh("ip", "route", "del", f"{pod.ip}/32", netns=m.web.node.netns)
         m.serve_a(m.resources_a(remote_gateways={"default/web": (GATEWAY_IP,)}))
         serve_b(m, gateway_resources(m))
         m.wait_synced(m.a)
@@ -97,6 +103,16 @@ def certificates(output: str) -> list[x509.Certificate]:
 def uri_sans(cert: x509.Certificate) -> list[str]:
     ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
     return ext.value.get_values_for_type(x509.UniformResourceIdentifier)
+
+
+def test_node_a_has_no_route_to_web0(mesh: Mesh) -> None:
+    """The fixture's premise: node A reaches web-0 only through the gateway (as across two clusters' networks)."""
+    out = subprocess.run(
+        ["ip", "netns", "exec", mesh.client.node.netns, "ip", "route", "get", mesh.web.ip],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0 and "unreachable" in out.stderr, out
 
 
 def test_the_app_sees_each_source_through_the_gateway(mesh: Mesh) -> None:
