@@ -10,6 +10,8 @@ of the in-cluster path.
 - openssl s_client through the gateway gets web-0's SVID, verified against the mesh's root: passthrough;
 - an SNI no exported Service has, or none, gets no certificate and counts in
   `listener.east_west_gateway.no_filter_chain_match`;
+- a packet capture on node B's links sees TLS records to 18009 and 18008 and never a request's marker header (the
+  same capture in web-0's netns does see it);
 - a MeshAuthorizationPolicy on default/web applies through the gateway as in-cluster (403 for the source it does
   not name, 200 and XFCC for the one it does);
 - negative control: the same listener terminating TLS with a gateway SVID: s_client sees the gateway's identity and
@@ -21,6 +23,7 @@ from __future__ import annotations
 import copy
 import re
 import subprocess
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +36,7 @@ from aether.netns.contract import EAST_WEST_PORT, InboundMode
 from aether.testing.eastwest_lab import xfcc_uri
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.netlab import sh
+from aether.testing.packet_capture import capture, tcp_payloads
 from aether.testing.quic_mesh import CLIENT, MD, OPTS, OTHER, TD, WEB, Mesh, quic_mesh
 from aether.testing.wait import wait_for
 from aether.xds.identity.sds import secrets
@@ -227,3 +231,24 @@ def test_strict_on_the_destination_admits_the_gateways_hop(mesh: Mesh) -> None:
         assert xfcc_uri(body) == CLIENT
     finally:
         mesh.enforce(InboundMode.PERMISSIVE)
+
+
+def test_the_gateways_links_carry_only_tls(mesh: Mesh) -> None:
+    """A packet capture in node B's netns (both its links: to node A, where the gateway listens, and to web-0)
+    during a request carrying a marker header: the marker never crosses them in the clear, while TLS records do
+    (to 18009 and to 18008). Control: the same capture in web-0's netns, where the inbound hands the request to the
+    app over loopback, sees the marker, so the capture would have seen it."""
+    marker = f"aether-marker-{uuid.uuid4().hex}"
+    work = mesh.workdir
+    with (
+        capture(mesh.lab, mesh.web.node.netns, work / "node-b.frames") as node_b,
+        capture(mesh.lab, mesh.web.netns, work / "web-0.frames") as web0,
+    ):
+        (status, body), *_ = mesh.get(mesh.client, headers={"x-marker": marker})
+        assert status == 200 and xfcc_uri(body) == CLIENT, body
+        wait_for(lambda: marker.encode() in b"".join(web0()), 10, "the app's hop in the capture")
+    at_gateway, onward = tcp_payloads(node_b(), EAST_WEST_PORT), tcp_payloads(node_b(), 18008)
+    assert at_gateway and onward, "no TCP payload to 18009 and 18008 captured on node B"
+    assert marker.encode() not in b"".join(node_b())
+    for payloads in (at_gateway, onward):
+        assert any(p[:3] == b"\x17\x03\x03" for p in payloads)  # TLS application data records
