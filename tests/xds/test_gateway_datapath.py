@@ -12,6 +12,8 @@ of the in-cluster path.
   `listener.east_west_gateway.no_filter_chain_match`;
 - a packet capture on node B's links sees TLS records to 18009 and 18008 and never a request's marker header (the
   same capture in web-0's netns does see it);
+- the gateway as its own Envoy, restarted during traffic, recovers on the snapshot it had (one window of
+  failures, then 200s with the source's identity);
 - a MeshAuthorizationPolicy on default/web applies through the gateway as in-cluster (403 for the source it does
   not name, 200 and XFCC for the one it does);
 - negative control: the same listener terminating TLS with a gateway SVID: s_client sees the gateway's identity and
@@ -33,11 +35,11 @@ from cryptography import x509
 
 from aether.api.naming import quic_sni
 from aether.netns.contract import EAST_WEST_PORT, InboundMode
-from aether.testing.eastwest_lab import xfcc_uri
+from aether.testing.eastwest_lab import client_result, start_client, start_envoy, xfcc_uri
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.netlab import sh
 from aether.testing.packet_capture import capture, tcp_payloads
-from aether.testing.quic_mesh import CLIENT, MD, OPTS, OTHER, TD, WEB, Mesh, quic_mesh
+from aether.testing.quic_mesh import CLIENT, HOST, MD, OPTS, OTHER, TD, VIP, WEB, Mesh, quic_mesh
 from aether.testing.wait import wait_for
 from aether.xds.identity.sds import secrets
 from aether.xds.resources import LISTENER, Resources
@@ -252,3 +254,38 @@ def test_the_gateways_links_carry_only_tls(mesh: Mesh) -> None:
     assert marker.encode() not in b"".join(node_b())
     for payloads in (at_gateway, onward):
         assert any(p[:3] == b"\x17\x03\x03" for p in payloads)  # TLS application data records
+
+
+def test_a_gateway_restart_recovers_without_any_change(mesh: Mesh) -> None:
+    """The gateway as its own Envoy (node id `gateway`, in node B's netns, on the same address): killed and started
+    again while client-0 sends requests, it comes back on the snapshot the ADS server already holds (no config
+    change, no operator): the failures are one contiguous window around the restart, and every request after it
+    answers 200 with client-0's identity."""
+    gw_res = gateway_resources(mesh)
+    mesh.ads.set("node-b", mesh.resources_b(), secrets(mesh.ca, [WEB]))
+    mesh.ads.set("gateway", gw_res)
+    wait_for(lambda: gateway.LISTENER_NAME not in mesh.b.active_config("dynamic_listeners"), 30, "B without it")
+    mesh.b.wait_drained()
+    own = start_envoy(mesh.lab, mesh.web.node.netns, "gateway", mesh.workdir, mesh.ads)
+    try:
+        own.wait_live()
+        mesh.until_200(mesh.client)
+        assert own.stat("tcp.east_west_gateway.downstream_cx_total") >= 1
+        rx = "tcp.east_west_gateway.downstream_cx_rx_bytes_total"
+        before = own.stat(rx)
+        load = start_client(mesh.lab, mesh.client.netns, HOST, n=150, ip=VIP, pause=0.02)
+        wait_for(lambda: own.stat(rx) > before, 30, "the load's requests through it")
+        own.stop()
+        own = start_envoy(mesh.lab, mesh.web.node.netns, "gateway", mesh.workdir, mesh.ads)  # same snapshot
+        own.wait_live()
+        results = client_result(load)
+    finally:
+        own.stop()
+        serve_b(mesh, gw_res)
+        mesh.wait_synced(mesh.b)
+    failed = [i for i, (s, _) in enumerate(results) if s != 200]
+    assert failed, "the restart cost no request: the client did not straddle it"
+    assert failed == list(range(failed[0], failed[-1] + 1)), failed  # one window
+    after = results[failed[-1] + 1 :]
+    print(f"gateway restart: requests {failed[0]}-{failed[-1]} of {len(results)} failed, {len(after)} answered after")
+    assert len(after) >= 10 and all(xfcc_uri(b) == CLIENT for _, b in after), results[failed[-1] :][:3]
