@@ -10,7 +10,8 @@ source proxy's with the destination's inbound, which verifies the source's own S
 An SNI no exported Service has, a ClientHello without SNI, or a connection that is not TLS meets no chain: there is
 no `default_filter_chain`, so Envoy closes the connection and counts it in
 `listener.east_west_gateway.no_filter_chain_match` (the listener's `stat_prefix`). Forwarded connections count in
-`tcp.east_west_gateway.*`, per destination in `cluster.east-west:<sni>.*`.
+`tcp.east_west_gateway.*`, per destination in `cluster.east-west_<sni>.*` (the cluster `east-west:<sni>`; Envoy
+writes `:` as `_` in stat names).
 
 Several Services with one ServiceAccount and port share an SNI (the name carries the ServiceAccount, because the
 client checks the destination's SVID by it): their endpoints are one cluster, as any of those pods' inbound has
