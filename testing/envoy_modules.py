@@ -6,8 +6,11 @@ Envoy loads a module by name from `ENVOY_DYNAMIC_MODULES_SEARCH_PATH` (`lib<name
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKSPACE = ROOT / "envoy-modules"
@@ -28,3 +31,57 @@ def build() -> Path:
     if not (RELEASE / f"lib{QUIC_SNI}.so").is_file():
         raise RuntimeError(f"cargo built no lib{QUIC_SNI}.so in {RELEASE}")
     return RELEASE
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def gateway_bootstrap(
+    admin: Path, gateway_port: int, server_port: int, exported: Sequence[str], *, with_module: bool = True
+) -> dict[str, Any]:
+    """A static Envoy bootstrap: a UDP listener on 127.0.0.1:`gateway_port` with the `aether_quic_sni` filter
+    (exporting `exported`) before `udp_proxy` to one cluster at 127.0.0.1:`server_port`; `with_module=False` is
+    the same listener with `udp_proxy` alone (the control for cost)."""
+    module = {
+        "name": "quic_sni",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.udp.dynamic_modules.v3.DynamicModuleUdpListenerFilter",
+            "dynamic_module_config": {"name": QUIC_SNI},
+            "filter_name": "quic_sni",
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": ",".join(exported)},
+        },
+    }
+    route = {"@type": "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.Route", "cluster": "dest"}
+    proxy = {
+        "name": "envoy.filters.udp_listener.udp_proxy",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.UdpProxyConfig",
+            "stat_prefix": "gw",
+            "matcher": {"on_no_match": {"action": {"name": "route", "typed_config": route}}},
+        },
+    }
+    udp = {"protocol": "UDP", "address": "127.0.0.1"}
+    endpoint = {"endpoint": {"address": {"socket_address": {**udp, "port_value": server_port}}}}
+    return {
+        "admin": {"address": {"pipe": {"path": str(admin)}}},
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "gw-udp",
+                    "address": {"socket_address": {**udp, "port_value": gateway_port}},
+                    "listener_filters": [module, proxy] if with_module else [proxy],
+                }
+            ],
+            "clusters": [
+                {
+                    "name": "dest",
+                    "type": "STATIC",
+                    "load_assignment": {"cluster_name": "dest", "endpoints": [{"lb_endpoints": [endpoint]}]},
+                }
+            ],
+        },
+    }

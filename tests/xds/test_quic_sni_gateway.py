@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aioquic.asyncio.client import connect
@@ -27,61 +25,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from aether.testing.envoy import Envoy, allocate_base_id, envoy_path, start_envoy
-from aether.testing.envoy_modules import QUIC_SNI, build
+from aether.testing.envoy_modules import build, free_udp_port, gateway_bootstrap
 from aether.testing.wait import wait_for
 
 EXPORTED = "8080.web.default.mesh.local"
 STATS = "dynamicmodulescustom.quic_sni."
 LONG_ALPN = ["h3"] + [f"x-aether-test-{i:02d}-" + "p" * 43 for i in range(40)]  # a ~2.5 KB ClientHello
-
-
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def bootstrap(admin: Path, gateway_port: int, server_port: int) -> dict[str, Any]:
-    module = {
-        "name": "quic_sni",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.udp.dynamic_modules.v3.DynamicModuleUdpListenerFilter",
-            "dynamic_module_config": {"name": QUIC_SNI},
-            "filter_name": "quic_sni",
-            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": EXPORTED},
-        },
-    }
-    route = {"@type": "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.Route", "cluster": "dest"}
-    proxy = {
-        "name": "envoy.filters.udp_listener.udp_proxy",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.UdpProxyConfig",
-            "stat_prefix": "gw",
-            "matcher": {"on_no_match": {"action": {"name": "route", "typed_config": route}}},
-        },
-    }
-    udp = {"protocol": "UDP", "address": "127.0.0.1"}
-    endpoint = {"endpoint": {"address": {"socket_address": {**udp, "port_value": server_port}}}}
-    return {
-        "admin": {"address": {"pipe": {"path": str(admin)}}},
-        "static_resources": {
-            "listeners": [
-                {
-                    "name": "gw-udp",
-                    "address": {"socket_address": {**udp, "port_value": gateway_port}},
-                    "listener_filters": [module, proxy],
-                }
-            ],
-            "clusters": [
-                {
-                    "name": "dest",
-                    "type": "STATIC",
-                    "load_assignment": {"cluster_name": "dest", "endpoints": [{"lb_endpoints": [endpoint]}]},
-                }
-            ],
-        },
-    }
 
 
 @dataclass
@@ -109,7 +58,7 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
         capture_output=True,
     )
     gateway_port, server_port = free_udp_port(), free_udp_port()
-    boot = bootstrap(tmp_path / "admin.sock", gateway_port, server_port)
+    boot = gateway_bootstrap(tmp_path / "admin.sock", gateway_port, server_port, [EXPORTED])
     envoy = start_envoy(boot, tmp_path, name="gateway", args=["--concurrency", "1"], log_level="info")
     try:
         yield Rig(envoy, gateway_port, server_port, cert, key)
@@ -141,7 +90,9 @@ async def handshake(rig: Rig, sni: str, alpn: list[str], timeout: float) -> byte
 def test_the_module_loads_with_its_abi_version_matched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", str(build()))
     config = tmp_path / "gateway.json"
-    config.write_text(json.dumps(bootstrap(tmp_path / "admin.sock", free_udp_port(), free_udp_port())))
+    config.write_text(
+        json.dumps(gateway_bootstrap(tmp_path / "admin.sock", free_udp_port(), free_udp_port(), [EXPORTED]))
+    )
     argv = [str(envoy_path()), "--mode", "validate", "-c", str(config), "--disable-hot-restart"]
     argv += ["--base-id", str(allocate_base_id()), "-l", "info"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=180)
