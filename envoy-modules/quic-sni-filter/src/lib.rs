@@ -127,6 +127,10 @@ unsafe fn on_data(filter_envoy: FilterEnvoyPtr, filter: &mut Filter) -> Status {
         return Status::StopIteration;
     }
     let key: Key = (std::slice::from_raw_parts(addr.ptr, addr.length).to_vec(), port);
+    // A decided connection's datagrams are passed or dropped without being read or copied.
+    if let Some(verdict) = filter.gate.decided(&key) {
+        return status(verdict);
+    }
     let n = abi::envoy_dynamic_module_callback_udp_listener_filter_get_datagram_data_chunks_size(filter_envoy);
     let mut chunks = vec![
         EnvoyBuffer {
@@ -161,6 +165,10 @@ unsafe fn on_data(filter_envoy: FilterEnvoyPtr, filter: &mut Filter) -> Status {
             abi::envoy_dynamic_module_callback_udp_listener_filter_increment_counter(filter_envoy, id, 1);
         }
     }
+    status(verdict)
+}
+
+fn status(verdict: Verdict) -> Status {
     match verdict {
         Verdict::Pass => Status::Continue,
         Verdict::Drop => Status::StopIteration,

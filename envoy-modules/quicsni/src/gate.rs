@@ -47,9 +47,16 @@ impl<K: Hash + Eq + Clone> Gate<K> {
         }
     }
 
+    /// The verdict already taken for `key`, if any: the caller need not even copy the datagram.
+    pub fn decided(&self, key: &K) -> Option<Verdict> {
+        self.decided
+            .get(key)
+            .map(|&(_, pass)| if pass { Verdict::Pass } else { Verdict::Drop })
+    }
+
     pub fn on_datagram(&mut self, key: &K, datagram: &[u8]) -> (Verdict, Option<Count>) {
-        if let Some(&(_, pass)) = self.decided.get(key) {
-            return (if pass { Verdict::Pass } else { Verdict::Drop }, None);
+        if let Some(verdict) = self.decided(key) {
+            return (verdict, None);
         }
         match self.tracker.feed(key, datagram) {
             Ok(Progress::NeedMore) => (Verdict::Drop, Some(Count::Pending)),
