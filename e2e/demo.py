@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -138,6 +139,134 @@ class Clock:
         print(f"[{time.monotonic() - self.t0:5.1f}s] {msg}", flush=True)
 
 
+@dataclass(frozen=True)
+class _Lab:
+    """What `run` made: the node, the three client pods and the Services' VIPs."""
+
+    node: MeshNodeProxy
+    client: MeshPod
+    redirected: MeshPod
+    reporter: MeshPod
+    vips: dict[str, str]
+
+
+def _build(mesh: Mesh, clock: Clock) -> _Lab:
+    """The node, pods, backends, Services and the route, applied through the API; returns once every VIP answers."""
+    node = mesh.add_node(NODE)
+    mesh.start_node_proxies()
+    client = mesh.add_pod(node, "client", sa="client")
+    redirected = mesh.add_pod(node, "client-redirect", sa="client", capture=CaptureMode.REDIRECT)
+    reporter = mesh.add_pod(node, "reporter", sa=HTTP_CLIENTS["reporter"])
+    for backend in SERVICES.values():
+        mesh.add_backend(node, backend)
+    mesh.add_http_backend(node, "web-0", sa="web")
+    mesh.add_http_service(WEB, ["web-0"])
+    for svc, backend in SERVICES.items():
+        mesh.add_service(svc, [backend])
+    mesh.add_route(ROUTE, "bravo", "bravo")
+    vips = mesh.services
+    mesh.wait_arms(node, {vips[s]: f"udp:{NAMESPACE}/{s}" for s in SERVICES})
+    clock.say("operator wrote MeshNode node-1 (3 arms); waiting for the sidecar to program Envoy")
+    for svc, backend in SERVICES.items():
+        wait_answer(client.netns_path, vips[svc], backend)
+    clock.say(f"mesh ready: Programmed=True ({mesh.programmed(node)})")
+    return _Lab(node, client, redirected, reporter, vips)
+
+
+def _udp_sections(mesh: Mesh, lab: _Lab) -> bool:
+    """Sections 1-4: selection by VIP, a route re-pointed, the weighted split, the REDIRECT control. -> all as
+    expected."""
+    client, vips, node = lab.client, lab.vips, lab.node
+    before = {s: who_answers(client.netns_path, vips[s]) for s in SERVICES}
+    print("\n1. Per-service selection: one Envoy listener on 0.0.0.0:18082 in the client's netns,")
+    print("   the mark-and-divert capture keeps the VIP, Envoy picks the Service by destination IP:\n")
+    rows = [Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", before[s], SERVICES[s]) for s in SERVICES]
+    print(table(rows))
+
+    envoy_pid = node.envoy.proc.pid if node.envoy else None
+    t = time.monotonic()
+    mesh.repoint_route(ROUTE, "charlie")
+    wait_answer(client.netns_path, vips["bravo"], SERVICES["charlie"])
+    took = time.monotonic() - t
+    accepted = mesh.route_condition(ROUTE, "Accepted")
+    after = {s: who_answers(client.netns_path, vips[s]) for s in SERVICES}
+    print(f"\n2. UDPRoute {NAMESPACE}/{ROUTE} re-pointed from Service bravo to Service charlie (merge patch")
+    print(f"   through the API): took effect in {took:.1f}s, route Accepted={accepted}, same Envoy process")
+    print(f"   (pid {envoy_pid}, still running: {node.envoy is not None and node.envoy.proc.poll() is None}):\n")
+    expect = {**SERVICES, "bravo": SERVICES["charlie"]}
+    rows2 = [
+        Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", after[s], expect[s], before=before[s].backend) for s in SERVICES
+    ]
+    print(table(rows2))
+
+    split = weighted_split(mesh, client, vips["bravo"])
+    print(f"\n3. Weighted split: the same route given backendRefs charlie {SPLIT['charlie']} / alpha")
+    print(f"   {SPLIT['alpha']} / bravo {SPLIT['bravo']} (weights split new sessions). {SPLIT_PROBES} probes to")
+    print("   Service bravo, each from a fresh UDP socket (a new session), 10 in flight:\n")
+    print(split_table(SPLIT_NAMES, dict(split.by_backend), split.probes))
+    split_good = split_ok(SPLIT_NAMES, dict(split.by_backend), split.probes)
+
+    print("\n4. The negative control: the same datagrams from a pod captured with REDIRECT (the classic")
+    print("   iptables-style capture) instead of mark-and-divert. REDIRECT rewrites the destination to")
+    print("   127.0.0.1, the VIP is gone, and every Service lands on Envoy's no-match blackhole:\n")
+    red = [
+        Row(
+            f"{NAMESPACE}/client-redirect",
+            f"{NAMESPACE}/{s}",
+            who_answers(lab.redirected.netns_path, vips[s], 2, 0.3),
+            None,
+        )
+        for s in SERVICES
+    ]
+    print(table(red))
+    return all(r.ok for r in (*rows, *rows2, *red)) and split_good
+
+
+def _east_west_sections(mesh: Mesh, lab: _Lab) -> bool:
+    """Sections 5-7: each source's SPIFFE ID over its HTTP/3 twin, the recorded pairs, STRICT and the policy.
+    -> all as expected."""
+    client, reporter, node = lab.client, lab.reporter, lab.node
+    print("\n5. East-west HTTP/3 with per-source identity: each pod's request to Service web goes through its")
+    print("   own QUIC twin cluster carrying its own SVID (mTLS); the app reports the SPIFFE ID it received")
+    print("   in x-forwarded-client-cert:\n")
+    ids = [
+        identity_row(mesh, node, pod, sa)
+        for pod, sa in ((client, HTTP_CLIENTS["client"]), (reporter, HTTP_CLIENTS["reporter"]))
+    ]
+    print(identity_table(ids))
+    pairs = pair_rows(mesh, node)
+    print(
+        f"\n6. QUIC pairs: MeshNode {NODE} status.quic.pairs, written by the sidecar (kubectl get mn {NODE} -o yaml)."
+    )
+    print("   A twin exists only for a pair that dialled: each source's first request fetched its own on demand:\n")
+    print(pair_table(pairs))
+    access = inbound_rows(mesh, client, reporter)
+    print("\n7. Only the mesh gets in, and only whom a policy allows: web-0's inbound is STRICT (the pod takes")
+    print(f"   new flows only on the mesh's inbound port), and MeshAuthorizationPolicy {POLICY} lets only")
+    print(f"   {spiffe_id(NAMESPACE, HTTP_CLIENTS['client'])} call Service {WEB} (Accepted={access[0]}; Envoy's RBAC")
+    print("   filter on the destination's inbound, matched on the verified peer certificate):\n")
+    print(access_table(access[1]))
+    return all(r.ok for r in ids) and all(r.ok for r in pairs) and all(r.ok for r in access[1])
+
+
+def _keep_running(mesh: Mesh, lab: _Lab) -> None:
+    """--keep: print how to use the running mesh, then wait for Ctrl-C."""
+    print()
+    print(
+        keep_instructions(
+            mesh.kubeconfig,
+            lab.client.net.netns,
+            lab.vips["alpha"],
+            sys.executable,
+            str(Path(sys.executable).parent / "aether"),
+        ),
+        flush=True,
+    )
+    with contextlib.suppress(Interrupted):  # Ctrl-C is how --keep ends: not an error
+        while True:
+            time.sleep(3600)
+
+
 def run(keep: bool, clock: Clock, workdir: Path, control_plane: Kind) -> int:
     tag = "ae" + secrets.token_hex(3)
     print(f"aether demo: lab tag {tag}, working directory {workdir}", flush=True)
@@ -145,112 +274,16 @@ def run(keep: bool, clock: Clock, workdir: Path, control_plane: Kind) -> int:
         workdir=workdir, namespace=NAMESPACE, progress=clock.say, tag=tag, areas=AREAS, control_plane=control_plane
     )
     try:
-        node = mesh.add_node(NODE)
-        mesh.start_node_proxies()
-        client = mesh.add_pod(node, "client", sa="client")
-        redirected = mesh.add_pod(node, "client-redirect", sa="client", capture=CaptureMode.REDIRECT)
-        reporter = mesh.add_pod(node, "reporter", sa=HTTP_CLIENTS["reporter"])
-        for backend in SERVICES.values():
-            mesh.add_backend(node, backend)
-        mesh.add_http_backend(node, "web-0", sa="web")
-        mesh.add_http_service(WEB, ["web-0"])
-        for svc, backend in SERVICES.items():
-            mesh.add_service(svc, [backend])
-        mesh.add_route(ROUTE, "bravo", "bravo")
-        vips = mesh.services
-        mesh.wait_arms(node, {vips[s]: f"udp:{NAMESPACE}/{s}" for s in SERVICES})
-        clock.say("operator wrote MeshNode node-1 (3 arms); waiting for the sidecar to program Envoy")
-        for svc, backend in SERVICES.items():
-            wait_answer(client.netns_path, vips[svc], backend)
-        clock.say(f"mesh ready: Programmed=True ({mesh.programmed(node)})")
-
-        before = {s: who_answers(client.netns_path, vips[s]) for s in SERVICES}
-        print("\n1. Per-service selection: one Envoy listener on 0.0.0.0:18082 in the client's netns,")
-        print("   the mark-and-divert capture keeps the VIP, Envoy picks the Service by destination IP:\n")
-        rows = [Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", before[s], SERVICES[s]) for s in SERVICES]
-        print(table(rows))
-
-        envoy_pid = node.envoy.proc.pid if node.envoy else None
-        t = time.monotonic()
-        mesh.repoint_route(ROUTE, "charlie")
-        wait_answer(client.netns_path, vips["bravo"], SERVICES["charlie"])
-        took = time.monotonic() - t
-        accepted = mesh.route_condition(ROUTE, "Accepted")
-        after = {s: who_answers(client.netns_path, vips[s]) for s in SERVICES}
-        print(f"\n2. UDPRoute {NAMESPACE}/{ROUTE} re-pointed from Service bravo to Service charlie (merge patch")
-        print(f"   through the API): took effect in {took:.1f}s, route Accepted={accepted}, same Envoy process")
-        print(f"   (pid {envoy_pid}, still running: {node.envoy is not None and node.envoy.proc.poll() is None}):\n")
-        expect = {**SERVICES, "bravo": SERVICES["charlie"]}
-        rows2 = [
-            Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", after[s], expect[s], before=before[s].backend)
-            for s in SERVICES
-        ]
-        print(table(rows2))
-
-        split = weighted_split(mesh, client, vips["bravo"])
-        print(f"\n3. Weighted split: the same route given backendRefs charlie {SPLIT['charlie']} / alpha")
-        print(f"   {SPLIT['alpha']} / bravo {SPLIT['bravo']} (weights split new sessions). {SPLIT_PROBES} probes to")
-        print("   Service bravo, each from a fresh UDP socket (a new session), 10 in flight:\n")
-        print(split_table(SPLIT_NAMES, dict(split.by_backend), split.probes))
-        split_good = split_ok(SPLIT_NAMES, dict(split.by_backend), split.probes)
-
-        print("\n4. The negative control: the same datagrams from a pod captured with REDIRECT (the classic")
-        print("   iptables-style capture) instead of mark-and-divert. REDIRECT rewrites the destination to")
-        print("   127.0.0.1, the VIP is gone, and every Service lands on Envoy's no-match blackhole:\n")
-        red = [
-            Row(
-                f"{NAMESPACE}/client-redirect",
-                f"{NAMESPACE}/{s}",
-                who_answers(redirected.netns_path, vips[s], 2, 0.3),
-                None,
-            )
-            for s in SERVICES
-        ]
-        print(table(red))
-        print("\n5. East-west HTTP/3 with per-source identity: each pod's request to Service web goes through its")
-        print("   own QUIC twin cluster carrying its own SVID (mTLS); the app reports the SPIFFE ID it received")
-        print("   in x-forwarded-client-cert:\n")
-        ids = [
-            identity_row(mesh, node, pod, sa)
-            for pod, sa in ((client, HTTP_CLIENTS["client"]), (reporter, HTTP_CLIENTS["reporter"]))
-        ]
-        print(identity_table(ids))
-        pairs = pair_rows(mesh, node)
-        print(
-            f"\n6. QUIC pairs: MeshNode {NODE} status.quic.pairs, written by the sidecar (kubectl get mn {NODE} -o yaml)."
-        )
-        print("   A twin exists only for a pair that dialled: each source's first request fetched its own on demand:\n")
-        print(pair_table(pairs))
-        access = inbound_rows(mesh, client, reporter)
-        print("\n7. Only the mesh gets in, and only whom a policy allows: web-0's inbound is STRICT (the pod takes")
-        print(f"   new flows only on the mesh's inbound port), and MeshAuthorizationPolicy {POLICY} lets only")
-        print(
-            f"   {spiffe_id(NAMESPACE, HTTP_CLIENTS['client'])} call Service {WEB} (Accepted={access[0]}; Envoy's RBAC"
-        )
-        print("   filter on the destination's inbound, matched on the verified peer certificate):\n")
-        print(access_table(access[1]))
-        ok = all(r.ok for r in (*rows, *rows2, *red)) and all(r.ok for r in ids) and split_good
-        ok = ok and all(r.ok for r in pairs) and all(r.ok for r in access[1])
+        lab = _build(mesh, clock)
+        udp_ok = _udp_sections(mesh, lab)
+        ok = _east_west_sections(mesh, lab) and udp_ok
         good = (
             "every VIP reached the backend it should; the split followed its weights; each source's own SPIFFE ID "
             "arrived over HTTP/3; each pair is in the MeshNode; only the mesh and the allowed identity reached the app"
         )
         print(f"\nresult: {good if ok else 'SOMETHING UNEXPECTED (see above)'}")
         if keep:
-            print()
-            print(
-                keep_instructions(
-                    mesh.kubeconfig,
-                    client.net.netns,
-                    vips["alpha"],
-                    sys.executable,
-                    str(Path(sys.executable).parent / "aether"),
-                ),
-                flush=True,
-            )
-            with contextlib.suppress(Interrupted):  # Ctrl-C is how --keep ends: not an error
-                while True:
-                    time.sleep(3600)
+            _keep_running(mesh, lab)
         return 0 if ok else 1
     except (Exception, Interrupted):
         if not isinstance(sys.exc_info()[1], Interrupted):
