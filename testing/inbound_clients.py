@@ -183,6 +183,7 @@ from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.h3.connection import H3Connection
 from aioquic.h3.events import DataReceived, HeadersReceived
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import ConnectionTerminated
 ip, port, sni, cert, key, ca, authority = sys.argv[1:8]
 extra = json.loads(sys.argv[8])
 
@@ -190,8 +191,12 @@ class Client(QuicConnectionProtocol):
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.h3 = H3Connection(self._quic)
-        self.status, self.body, self.done = None, b"", asyncio.Event()
+        self.status, self.body, self.done, self.closed = None, b"", asyncio.Event(), None
     def quic_event_received(self, event):
+        if isinstance(event, ConnectionTerminated):  # e.g. the server refusing our certificate after our Finished
+            self.closed = event
+            self.done.set()
+            return
         for ev in self.h3.handle_event(event):
             if isinstance(ev, HeadersReceived):
                 self.status = int(dict(ev.headers)[b":status"])
@@ -211,6 +216,8 @@ async def main():
         c.h3.send_headers(sid, hdrs + [(k.encode(), v.encode()) for k, v in extra], end_stream=True)
         c.transmit()
         await c.done.wait()
+        if c.status is None and c.closed is not None:
+            return {"error": f"connection closed: error code {c.closed.error_code}, {c.closed.reason_phrase!r}"}
         return {"status": c.status, "body": c.body.decode(errors="replace")}
 try:
     print(json.dumps(asyncio.run(asyncio.wait_for(main(), 10))))
