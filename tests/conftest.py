@@ -16,6 +16,7 @@ import pytest
 
 from aether.testing import controlplane
 from aether.testing.apiserver import Kind, default_kind
+from aether.testing.controlplane import binaries
 from aether.testing.controlplane.cluster import STARTED
 from aether.testing.envoy import EnvoyNotFound, envoy_path
 from aether.testing.netlab import CREATED_TAGS, Lab, is_root, leftover_netns
@@ -48,12 +49,8 @@ def api_kind() -> Kind:
     a skip that names `make k8s`, and a failure under AETHER_REQUIRE_PRIVILEGED=1: never a silent emulator."""
     kind = default_kind()
     if kind == "real":
-        try:
+        with binaries.or_skip("the API-facing tests must run on it"):
             controlplane.bin_dir()
-        except controlplane.ControlPlaneMissing as exc:
-            if REQUIRE_PRIVILEGED:
-                pytest.fail(f"{exc} (AETHER_REQUIRE_PRIVILEGED=1: the API-facing tests must run on it)")
-            pytest.skip(str(exc))
     return kind
 
 

@@ -4,8 +4,10 @@ Nothing here builds: `make k8s` does, and a missing build is an error that says 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -54,3 +56,17 @@ def available() -> bool:
 
 def tool(name: str) -> str:
     return str(bin_dir() / name)
+
+
+@contextlib.contextmanager
+def or_skip(purpose: str) -> Iterator[None]:
+    """Around a test's use of the build: ControlPlaneMissing is a skip that names `make k8s`, and a failure under
+    AETHER_REQUIRE_PRIVILEGED=1 (as .ci/run sets), saying what could not run (`purpose`)."""
+    try:
+        yield
+    except ControlPlaneMissing as exc:
+        import pytest  # test support only: the callers run under pytest
+
+        if os.environ.get("AETHER_REQUIRE_PRIVILEGED") == "1":
+            pytest.fail(f"{exc} (AETHER_REQUIRE_PRIVILEGED=1: {purpose})")
+        pytest.skip(str(exc))

@@ -5,7 +5,6 @@ validation by `--dry-run=server`, RBAC by SubjectAccessReview)."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,12 +43,8 @@ def cni_install() -> ModuleType:
 def kustomize(root: Path) -> list[dict[str, Any]]:
     """`kubectl kustomize <root>` by the pinned kubectl; unbuilt, a skip naming `make k8s` (a failure under
     AETHER_REQUIRE_PRIVILEGED=1)."""
-    try:
+    with binaries.or_skip("deploy/ must be rendered by kubectl"):
         return manifests.kustomize(root)
-    except binaries.ControlPlaneMissing as exc:
-        if os.environ.get("AETHER_REQUIRE_PRIVILEGED") == "1":
-            pytest.fail(f"{exc} (AETHER_REQUIRE_PRIVILEGED=1: deploy/ must be rendered by kubectl)")
-        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 CHART = DEPLOY / "helm" / "aether"
 NS = "aether-system"
-REQUIRE_PRIVILEGED = os.environ.get("AETHER_REQUIRE_PRIVILEGED") == "1"
 # what Helm itself adds, and nothing else, is left out of the comparison with deploy/
 HELM_ANNOTATIONS = ("helm.sh/resource-policy",)
 MESH_CRDS = ("meshnodes", "meshserviceslices", "meshauthorizationpolicies")
@@ -51,12 +50,8 @@ CNI = f"{POD}.initContainers[0]"
 
 
 def tool(name: str) -> str:
-    try:
+    with binaries.or_skip("the chart's tests must run"):
         return binaries.tool(name)
-    except binaries.ControlPlaneMissing as exc:
-        if REQUIRE_PRIVILEGED:
-            pytest.fail(f"{exc} (AETHER_REQUIRE_PRIVILEGED=1: the chart's tests must run)")
-        pytest.skip(str(exc))
 
 
 @pytest.fixture(scope="module")
