@@ -85,7 +85,10 @@ def test_a_pod_sending_as_a_node_never_reaches_the_app(world: tuple[Mesh, Pod, P
     accepted_before = counter(target, "inbound_in", "10.250.0.0/16")
     for src in (node_b, "10.250.77.7"):
         subprocess.run(raw_send(rogue, src, target.ip, BACKEND_PORT, "udp"), check=True, timeout=30)
-    settled = lambda: guard_drops(mesh) >= drops_before + 2 or app_hits(hits) >= hits_before + 2  # noqa: E731
+
+    def settled() -> bool:
+        return guard_drops(mesh) >= drops_before + 2 or app_hits(hits) >= hits_before + 2
+
     wait_for(settled, 10, "both datagrams dropped by node-a's guard, or delivered")
     assert app_hits(hits) == hits_before, f"target's app got {hits.read_text()!r}"  # red without the guard
     assert counter(target, "inbound_in", "10.250.0.0/16") == accepted_before
