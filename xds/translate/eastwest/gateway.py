@@ -27,10 +27,10 @@ from aether.api.meshnode import MeshNode
 from aether.api.naming import quic_sni
 from aether.netns.contract import EAST_WEST_PORT
 from aether.netns.records import PodRecord
-from aether.xds.identity.sds import ADS
-from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, TYPE_URL_PREFIX, Resources, TranslateOptions, seconds
+from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, TYPE_URL_PREFIX, Resources, TranslateOptions
 from aether.xds.translate.eastwest.build import camel
 from aether.xds.translate.eastwest.inbound import TLS_INSPECTOR
+from aether.xds.translate.eastwest.outbound import eds_cluster, endpoints_assignment
 from aether.xds.translate.eastwest.plan import Destination, destinations
 
 LISTENER_NAME: Final = "east-west-gateway"
@@ -79,21 +79,6 @@ def listener(snis: Sequence[str], address: str) -> dict[str, Any]:
     }
 
 
-def _cluster(sni: str, connect_timeout_s: float, config_source: Mapping[str, Any] | None) -> dict[str, Any]:
-    name = cluster_name(sni)
-    return {
-        "name": name,
-        "type": "EDS",
-        "eds_cluster_config": {"service_name": name, "eds_config": dict(config_source or ADS)},
-        "connect_timeout": seconds(connect_timeout_s),
-    }
-
-
-def _load_assignment(sni: str, endpoints: Sequence[tuple[str, int]]) -> dict[str, Any]:
-    lb = [{"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}}} for ip, port in endpoints]
-    return {"cluster_name": cluster_name(sni), "endpoints": [{"lb_endpoints": lb}]}
-
-
 def build(
     exports: Sequence[Destination],
     address: str,
@@ -109,8 +94,8 @@ def build(
     snis = exported_snis(exports, mesh_domain)
     out: Resources = {
         LISTENER: {LISTENER_NAME: listener(list(snis), address)} if snis else {},
-        CLUSTER: {cluster_name(s): _cluster(s, connect_timeout_s, config_source) for s in snis},
-        ENDPOINT: {cluster_name(s): _load_assignment(s, eps) for s, eps in snis.items()},
+        CLUSTER: {cluster_name(s): eds_cluster(cluster_name(s), connect_timeout_s, config_source) for s in snis},
+        ENDPOINT: {cluster_name(s): endpoints_assignment(cluster_name(s), eps) for s, eps in snis.items()},
     }
     converted: Resources = camel(out)
     return converted

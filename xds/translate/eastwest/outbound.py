@@ -18,6 +18,7 @@ match (or QUIC off) goes to `h2:<ns>/<svc>`. The identity is stamped by a *netwo
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from aether.api.naming import h2_cluster, mesh_host, quic_sni, quic_twin
@@ -224,13 +225,18 @@ def route_config(
     return {"name": options.http_outbound_route, "validate_clusters": False, "virtual_hosts": vhosts}
 
 
-def _eds_cluster(name: str, options: EastWestOptions) -> dict[str, Any]:
+def eds_cluster(name: str, connect_timeout_s: float, config_source: Mapping[str, Any] | None) -> dict[str, Any]:
+    """An EDS cluster whose load assignment has the cluster's name, from `config_source` (ADS when None)."""
     return {
         "name": name,
         "type": "EDS",
-        "eds_cluster_config": {"service_name": name, "eds_config": _cs(options)},
-        "connect_timeout": seconds(options.connect_timeout_s),
+        "eds_cluster_config": {"service_name": name, "eds_config": dict(config_source) if config_source else dict(ADS)},
+        "connect_timeout": seconds(connect_timeout_s),
     }
+
+
+def _eds_cluster(name: str, options: EastWestOptions) -> dict[str, Any]:
+    return eds_cluster(name, options.connect_timeout_s, options.config_source)
 
 
 def h2_cluster_resource(
@@ -268,15 +274,11 @@ def twin_resource(
     }
 
 
+def endpoints_assignment(name: str, endpoints: Iterable[tuple[str, int]]) -> dict[str, Any]:
+    """The load assignment of cluster `name`: one locality, one lbEndpoint per (ip, port), in order."""
+    lb = [{"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}}} for ip, port in endpoints]
+    return {"cluster_name": name, "endpoints": [{"lb_endpoints": lb}]}
+
+
 def load_assignment(name: str, dest: Destination) -> dict[str, Any]:
-    return {
-        "cluster_name": name,
-        "endpoints": [
-            {
-                "lb_endpoints": [
-                    {"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}}}
-                    for ip, port in dest.endpoints
-                ]
-            }
-        ],
-    }
+    return endpoints_assignment(name, dest.endpoints)
