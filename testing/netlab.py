@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import ipaddress
 import os
 import secrets
@@ -59,15 +58,6 @@ class Pod:
     path: str
     ip: str
     host_if: str
-
-
-def die_with_parent() -> None:
-    """In a child before exec (`preexec_fn`): SIGKILL it when the process that started it dies, however that dies. A
-    test run killed with SIGKILL runs no finalizer, and every process a Lab or a control plane starts sits in a
-    session of its own, so without this it outlives the run. The kernel ties the signal to the thread that started
-    the child: start long-lived processes from a thread that outlives them (the main thread, as tests do)."""
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL))
 
 
 @dataclass
@@ -150,14 +140,12 @@ class Lab:
     def spawn(
         self, netns: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None, **kw: object
     ) -> subprocess.Popen[bytes]:
-        """Start a process (in `netns` if given) in its own process group; close() kills it, and so does the death of
-        this process (`die_with_parent`)."""
+        """Start a process (in `netns` if given) in its own process group; close() kills it."""
         cmd = list(argv) if netns is None else ["ip", "netns", "exec", netns, *argv]
         proc: subprocess.Popen[bytes] = subprocess.Popen(
             cmd,
             env={**os.environ, **(env or {})},
             start_new_session=True,
-            preexec_fn=die_with_parent,
             **kw,  # type: ignore[call-overload]
         )
         self._procs.append(proc)
