@@ -26,6 +26,17 @@ NETNS_DIR = Path("/run/netns")
 # Every Lab tag this process made: lets a test session check, at its end, that no Lab left a netns behind.
 CREATED_TAGS: set[str] = set()
 GATEWAY_LL = "169.254.1.1"  # the pod's next hop: the node side of every pod veth
+# argv prefix: the child gets SIGKILL when the thread that started it dies, however it dies (a test process killed
+# with SIGKILL runs no finalizer, and a Lab's processes sit in sessions of their own). util-linux's setpriv sets
+# PR_SET_PDEATHSIG and execs: nothing runs in the forked child before exec (subprocess's preexec_fn would force a
+# plain fork() and run Python there, next to gRPC's threads). The setting survives exec (`ip netns exec` included).
+DIE_WITH_PARENT = ("setpriv", "--pdeathsig", "KILL", "--")
+
+
+def die_with_parent(argv: Sequence[str]) -> list[str]:
+    """`argv` run so that it dies with the thread that starts it (start it from the main thread, as tests do: the
+    kernel sends the signal when that *thread* exits, not the process)."""
+    return [*DIE_WITH_PARENT, *argv]
 
 
 def sh(*argv: str, check: bool = True, netns: str | None = None, input: str | None = None) -> str:
@@ -140,10 +151,11 @@ class Lab:
     def spawn(
         self, netns: str | None, argv: Sequence[str], *, env: dict[str, str] | None = None, **kw: object
     ) -> subprocess.Popen[bytes]:
-        """Start a process (in `netns` if given) in its own process group; close() kills it."""
+        """Start a process (in `netns` if given) in its own process group; close() kills it, and it dies with this
+        process however this process dies (die_with_parent)."""
         cmd = list(argv) if netns is None else ["ip", "netns", "exec", netns, *argv]
         proc: subprocess.Popen[bytes] = subprocess.Popen(
-            cmd,
+            die_with_parent(cmd),
             env={**os.environ, **(env or {})},
             start_new_session=True,
             **kw,  # type: ignore[call-overload]

@@ -11,7 +11,6 @@ Our CRDs and the upstream Gateway API CRDs (crds/gateway-api/, one channel) are 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import shutil
 import signal
@@ -32,6 +31,7 @@ from aether.testing import kubeconfig
 from aether.testing.apitestbed.server import AuditRecord
 from aether.testing.controlplane import pki
 from aether.testing.controlplane.binaries import tool
+from aether.testing.netlab import die_with_parent
 
 SERVICE_CIDR = "10.96.0.0/12"  # covers the 10.96.x.y VIPs tests and the demo ask for
 CHANNELS = ("standard", "experimental")
@@ -74,14 +74,6 @@ def write_kubeconfig(path: Path, url: str, ca: Path, user: pki.Pair, name: str =
     )
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the process that started it dies, however it dies (a test run killed
-    with SIGKILL runs no finalizer, and the server is in a session of its own). The kernel ties this to the thread
-    that started the child: start a control plane from a thread that outlives it (the main thread, as tests do)."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-
-
 @dataclass
 class Process:
     name: str
@@ -91,8 +83,9 @@ class Process:
 
     def start(self) -> None:
         with self.log.open("ab") as out:
+            # dies with the thread that starts it, however the test process dies (netlab.die_with_parent)
             self.proc = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+                die_with_parent(self.argv), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
 
     def alive(self) -> bool:

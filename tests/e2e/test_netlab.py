@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +71,61 @@ def test_leaks():
     assert result.ret != 0
     assert "network namespaces left behind by this test session" in result.stdout.str()
     assert leaked in result.stdout.str()
+
+
+# a test process that starts a `sleep` the way tests start Envoys (Lab.spawn) and control planes (Process.start)
+CHILDREN = {
+    "lab": """
+import sys, time
+from aether.testing.netlab import Lab
+lab = Lab()
+proc = lab.spawn({netns!r}, ["sleep", "300"])
+print(proc.pid, flush=True)
+time.sleep(300)
+""",
+    "controlplane": """
+import sys, tempfile, time
+from pathlib import Path
+from aether.testing.controlplane.cluster import Process
+proc = Process("sleep", ["sleep", "300"], Path(tempfile.mkdtemp()) / "sleep.log")
+proc.start()
+print(proc.proc.pid, flush=True)
+time.sleep(300)
+""",
+}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state == "Z"
+
+
+@pytest.mark.parametrize(
+    ("starter", "in_netns"),
+    [("lab", False), ("lab", True), ("controlplane", False)],
+    ids=["lab-host", "lab-netns", "controlplane"],
+)
+def test_a_process_a_test_started_dies_with_the_test_process_however_it_dies(starter: str, in_netns: bool) -> None:
+    """A test run killed with SIGKILL runs no finalizer (no close(), no atexit), and the processes it started sit
+    in sessions of their own: each must still die with the process that started it (netlab.die_with_parent, a
+    `setpriv --pdeathsig KILL --` prefix; an Envoy left by a killed bench run was running 35 minutes later before
+    it). Seen red with the prefix taken out: the sleep outlived its parent."""
+    with Lab() as lab:
+        netns = lab.add_node("orphan").netns if in_netns else None
+        code = CHILDREN[starter].format(netns=netns)
+        parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        try:
+            assert parent.stdout is not None
+            pid = int(parent.stdout.readline())
+            wait_for(lambda: Path(f"/proc/{pid}/comm").read_text().strip() == "sleep", 10, "the sleep to exec")
+        finally:
+            parent.kill()
+            parent.wait()
+        try:
+            wait_for(lambda: _gone(pid), 10, f"the sleep (pid {pid}) to die with its parent")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
