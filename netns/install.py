@@ -3,7 +3,7 @@
 All of it runs with the calling thread inside the netns (`nsthread.call_in_netns`, which returns it home after):
 one libnftables transaction that creates table `inet aether` whole or - when it exists - adds, flushes and deletes it
 and re-creates it whole (re-apply leaves one copy; either transaction is atomic), then, for `tproxy`, the ip rule and
-the local route over rtnetlink. What loaded is read back and compared with what was asked: nft
+the local route over rtnetlink, for IPv4 and IPv6 both (table `inet aether` marks both families). What loaded is read back and compared with what was asked: nft
 rejects a statement after `redirect` and `-f` is atomic, so a silently empty ruleset is the failure to catch. If any
 step fails after the table loaded, everything is removed again: nothing is left half-installed.
 
@@ -32,7 +32,7 @@ from aether.netns.contract import (
 )
 from aether.netns.libnft import Nft, NftError, NftResult
 from aether.netns.nsthread import NetnsError, NetnsMissing, call_in_netns
-from aether.netns.rtnl import RT_SCOPE_HOST, RTN_LOCAL, Route, RtnlSocket, Rule
+from aether.netns.rtnl import AF_INET6, AF_UNSPEC, RT_SCOPE_HOST, RT_SCOPE_UNIVERSE, RTN_LOCAL, Route, RtnlSocket, Rule
 
 TYPE_CHECKING = False  # on the CNI plugin's start-up path: see aether.netns.lite
 if TYPE_CHECKING:
@@ -52,6 +52,12 @@ DIVERT_RULE = Rule(
     priority=CAPTURE_RULE_PRIORITY, fwmark=CAPTURE_DIVERT_FWMARK, fwmask=0xFFFFFFFF, table=CAPTURE_ROUTE_TABLE
 )
 LOCAL_ROUTE = Route(table=CAPTURE_ROUTE_TABLE, type=RTN_LOCAL, scope=RT_SCOPE_HOST, oif=LOOPBACK_IFINDEX, dst_len=0)
+# The same two objects for IPv6 (`ip -6 rule ... lookup 0xae71`, `ip -6 route add local ::/0 dev lo table 0xae71`):
+# table `inet aether` marks both families, and a marked IPv6 packet without them would leave on the pod's route.
+DIVERT_RULE6 = DIVERT_RULE._replace(family=AF_INET6)
+LOCAL_ROUTE6 = LOCAL_ROUTE._replace(family=AF_INET6, scope=RT_SCOPE_UNIVERSE)  # IPv6 routes are dumped universe
+DIVERT_RULES = (DIVERT_RULE, DIVERT_RULE6)
+LOCAL_ROUTES = (LOCAL_ROUTE, LOCAL_ROUTE6)
 
 # libnftables keeps some process-global state; one capture operation at a time per process (cheap: a builtin lock).
 _LOCK = _thread.allocate_lock()
@@ -118,10 +124,10 @@ class KernelEffects:
         return self._nft.run(command)
 
     def rules(self) -> list[Rule]:
-        return self._rtnl.rules()
+        return self._rtnl.rules(AF_UNSPEC)  # both families
 
     def routes(self, table: int) -> list[Route]:
-        return self._rtnl.routes(table)
+        return self._rtnl.routes(table, AF_UNSPEC)
 
     def add_rule(self, rule: Rule) -> bool:
         return self._rtnl.add_rule(rule)
@@ -161,6 +167,14 @@ def read_state(fx: CaptureEffects) -> CaptureState:
     return CaptureState(table=table, rules=[r for r in fx.rules() if _ours(r)], routes=fx.routes(CAPTURE_ROUTE_TABLE))
 
 
+def _ip_word(family: int) -> str:
+    return "ip -6" if family == AF_INET6 else "ip"
+
+
+def _route_word(family: int) -> str:
+    return "IPv6 route" if family == AF_INET6 else "route"
+
+
 def drift_reasons(
     state: CaptureState,
     mode: CaptureMode,
@@ -171,22 +185,33 @@ def drift_reasons(
     wanted = nftrules.canonical(build_ruleset(mode, ports, inbound))
     reasons = nftrules.diff(wanted, state.table)
     want_routing = CaptureMode(mode) is CaptureMode.TPROXY
-    divert_rules = [r for r in state.rules if r == DIVERT_RULE]
-    if want_routing and not divert_rules:
-        reasons.append(
-            f"missing ip rule: pref {CAPTURE_RULE_PRIORITY} fwmark {CAPTURE_DIVERT_FWMARK:#x} lookup {CAPTURE_ROUTE_TABLE}"
-        )
-    if len(divert_rules) > 1:
-        reasons.append(f"ip rule fwmark {CAPTURE_DIVERT_FWMARK:#x} installed {len(divert_rules)} times")
+    for wanted_rule in DIVERT_RULES:
+        ip = _ip_word(wanted_rule.family)
+        divert_rules = [r for r in state.rules if r == wanted_rule]
+        if want_routing and not divert_rules:
+            reasons.append(
+                f"missing {ip} rule: pref {CAPTURE_RULE_PRIORITY} fwmark {CAPTURE_DIVERT_FWMARK:#x} "
+                f"lookup {CAPTURE_ROUTE_TABLE}"
+            )
+        if len(divert_rules) > 1:
+            reasons.append(f"{ip} rule fwmark {CAPTURE_DIVERT_FWMARK:#x} installed {len(divert_rules)} times")
     for r in state.rules:
-        if r != DIVERT_RULE or not want_routing:
-            reasons.append(f"extra ip rule: pref {r.priority} fwmark {r.fwmark:#x}/{r.fwmask:#x} lookup {r.table}")
-    local = [r for r in state.routes if r == LOCAL_ROUTE]
-    if want_routing and not local:
-        reasons.append(f"missing route: local default dev lo table {CAPTURE_ROUTE_TABLE}")
+        if r not in DIVERT_RULES or not want_routing:
+            reasons.append(
+                f"extra {_ip_word(r.family)} rule: pref {r.priority} fwmark {r.fwmark:#x}/{r.fwmask:#x} lookup {r.table}"
+            )
+    for wanted_route in LOCAL_ROUTES:
+        if want_routing and wanted_route not in state.routes:
+            default = "::/0" if wanted_route.family == AF_INET6 else "default"
+            reasons.append(
+                f"missing {_route_word(wanted_route.family)}: local {default} dev lo table {CAPTURE_ROUTE_TABLE}"
+            )
     for rt in state.routes:
-        if rt != LOCAL_ROUTE or not want_routing:
-            reasons.append(f"extra route in table {CAPTURE_ROUTE_TABLE}: type {rt.type} /{rt.dst_len} oif {rt.oif}")
+        if rt not in LOCAL_ROUTES or not want_routing:
+            reasons.append(
+                f"extra {_route_word(rt.family)} in table {CAPTURE_ROUTE_TABLE}: type {rt.type} /{rt.dst_len} "
+                f"oif {rt.oif}"
+            )
     return reasons
 
 
@@ -213,17 +238,20 @@ def _load_table(fx: CaptureEffects, where: str, mode: CaptureMode, ruleset: dict
 
 def _route(fx: CaptureEffects, mode: CaptureMode) -> None:
     """Our ip rule and local route exactly as `mode` wants them: stale rules first, then the divert's own."""
-    stale = [r for r in fx.rules() if _ours(r) and r != DIVERT_RULE]
+    stale = [r for r in fx.rules() if _ours(r) and r not in DIVERT_RULES]
     for rule in stale:
         fx.delete_rule(rule)
     if mode is CaptureMode.TPROXY:
-        fx.add_rule(DIVERT_RULE)
+        for rule in DIVERT_RULES:
+            fx.add_rule(rule)
         for route in fx.routes(CAPTURE_ROUTE_TABLE):
-            if route != LOCAL_ROUTE:
+            if route not in LOCAL_ROUTES:
                 fx.delete_route(route)
-        fx.replace_route(LOCAL_ROUTE)
+        for route in LOCAL_ROUTES:
+            fx.replace_route(route)
     else:
-        fx.delete_rule(DIVERT_RULE)
+        for rule in DIVERT_RULES:
+            fx.delete_rule(rule)
         for route in fx.routes(CAPTURE_ROUTE_TABLE):
             fx.delete_route(route)
 

@@ -1,6 +1,7 @@
 """The two routing objects of the divert, over rtnetlink, with nothing but the standard library.
 
-`ip rule add pref 100 fwmark 0xae71 lookup <table>` and `ip route add local default dev lo table <table>` (IPv4).
+`ip rule add pref 100 fwmark 0xae71 lookup <table>` and `ip route add local default dev lo table <table>`, for IPv4
+and (with `family=AF_INET6`) IPv6; `rules(AF_UNSPEC)` and `routes(table, AF_UNSPEC)` dump both families.
 pyroute2 would do this too, but importing it costs ~250 ms and each `IPRoute(netns=...)` forks a child; the CNI
 plugin's whole budget is 50 ms. The message encoders and decoders are pure (unit-tested against the kernel's
 answers in the integration tests, and cross-checked with pyroute2 there); `RtnlSocket` is the thin shell. Open the
@@ -41,8 +42,11 @@ NLM_F_REPLACE: Final = 0x100
 NLM_F_EXCL: Final = 0x200
 NLM_F_CREATE: Final = 0x400
 
+AF_UNSPEC: Final = 0  # a dump of every family
+AF_INET6: Final = 10
 RT_TABLE_UNSPEC: Final = 0
 RTPROT_BOOT: Final = 3
+RT_SCOPE_UNIVERSE: Final = 0
 RT_SCOPE_HOST: Final = 254
 RTN_LOCAL: Final = 2
 FR_ACT_TO_TBL: Final = 1

@@ -109,8 +109,8 @@ class RecordingEffects:
 
     def replace_route(self, route: Route) -> None:
         self._call("replace_route", route)
-        key = (route.table, route.dst_len)
-        self.ip_routes = [r for r in self.ip_routes if (r.table, r.dst_len) != key] + [route]
+        key = (route.family, route.table, route.dst_len)
+        self.ip_routes = [r for r in self.ip_routes if (r.family, r.table, r.dst_len) != key] + [route]
 
     def delete_route(self, route: Route) -> bool:
         self._call("delete_route", route)

@@ -6,6 +6,11 @@ what this Lab made (by name or by PID), even when the test that made it fails.
 Topology: each node is a netns (its "host network": the node's Envoy and sidecar run there); each pod is
 a netns whose `eth0` is a veth to its node, with a /32 address and a default route via the node, so a VIP
 that exists nowhere still has a route (the capture diverts it before it leaves).
+
+IPv6 beside IPv4, per pod and per node link (`add_pod(..., ip6=...)`, `link_nodes(..., a_ip6=, b_ip6=)`): the pod
+gets `ip6/128` on eth0 and `default via fe80::1` (the node side of its veth, `GATEWAY6_LL`), the node a /128 route
+to it, linked nodes a /126 and routes to each other's pods. Addresses are ULA (fd00::/8) and skip duplicate
+address detection (`nodad`), so they are usable at once. Without `ip6` a pod is IPv4-only, as before.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ NETNS_DIR = Path("/run/netns")
 # Every Lab tag this process made: lets a test session check, at its end, that no Lab left a netns behind.
 CREATED_TAGS: set[str] = set()
 GATEWAY_LL = "169.254.1.1"  # the pod's next hop: the node side of every pod veth
+GATEWAY6_LL = "fe80::1"  # the same for IPv6: a link-local address on the node side of every pod veth
 # argv prefix: the child gets SIGKILL when the thread that started it dies, however it dies (a test process killed
 # with SIGKILL runs no finalizer, and a Lab's processes sit in sessions of their own). util-linux's setpriv sets
 # PR_SET_PDEATHSIG and execs: nothing runs in the forked child before exec (subprocess's preexec_fn would force a
@@ -59,6 +65,7 @@ class Node:
     netns: str
     path: str
     ip: str | None = None  # the node's address on the lab's node network, if any
+    ip6: str | None = None  # its IPv6 address there, when the link has one
 
 
 @dataclass
@@ -69,6 +76,7 @@ class Pod:
     path: str
     ip: str
     host_if: str
+    ip6: str | None = None  # the pod's IPv6 address (a ULA /128), when the lab gave it one
 
 
 @dataclass
@@ -82,6 +90,7 @@ class Lab:
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     _links: int = 0
     _peers: list[tuple[Node, Node, str, str]] = field(default_factory=list)
+    _peers6: list[tuple[Node, Node, str, str]] = field(default_factory=list)
     _closed: bool = False
 
     def __post_init__(self) -> None:
@@ -94,12 +103,15 @@ class Lab:
         sh("ip", "netns", "add", name)
         self._netns.append(name)
         sh("ip", "link", "set", "lo", "up", netns=name)
+        # no duplicate address detection on any link made here later: IPv6 addresses usable at once
+        sh("sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0", netns=name)
         return name, str(NETNS_DIR / name)
 
     def add_node(self, name: str) -> Node:
         ns, path = self._new_netns(name)
         node = Node(name=name, netns=ns, path=path)
         sh("sysctl", "-qw", "net.ipv4.ip_forward=1", netns=ns)
+        sh("sysctl", "-qw", "net.ipv6.conf.all.forwarding=1", netns=ns)
         self.nodes[name] = node
         return node
 
@@ -108,9 +120,12 @@ class Lab:
         base = f"{self.tag}{self._links:x}"  # <= 12 chars
         return f"{base}a", f"{base}b"
 
-    def add_pod(self, node: Node, name: str, ip: str) -> Pod:
-        """A pod netns with eth0 = ip/32, default via the node; the node routes ip to the pod."""
+    def add_pod(self, node: Node, name: str, ip: str, ip6: str | None = None) -> Pod:
+        """A pod netns with eth0 = ip/32, default via the node; the node routes ip to the pod. With `ip6`, the same
+        for IPv6 (ip6/128, default via fe80::1 on the node side)."""
         ipaddress.IPv4Address(ip)
+        if ip6 is not None:
+            ip6 = ipaddress.IPv6Address(ip6).compressed
         ns, path = self._new_netns(name)
         host_if, peer = self._veth_names()
         sh("ip", "link", "add", host_if, "netns", node.netns, "type", "veth", "peer", "name", peer, "netns", ns)
@@ -123,29 +138,51 @@ class Lab:
         sh("ip", "link", "set", host_if, "up", netns=node.netns)
         sh("sysctl", "-qw", f"net.ipv4.conf.{host_if}.proxy_arp=1", netns=node.netns)
         sh("ip", "route", "add", f"{ip}/32", "dev", host_if, netns=node.netns)
-        pod = Pod(name=name, node=node, netns=ns, path=path, ip=ip, host_if=host_if)
+        if ip6 is not None:
+            self._pod_ip6(node, ns, host_if, ip6)
+        pod = Pod(name=name, node=node, netns=ns, path=path, ip=ip, host_if=host_if, ip6=ip6)
         self.pods[name] = pod
         self._route_pods()
         return pod
 
-    def link_nodes(self, a: Node, b: Node, a_ip: str, b_ip: str) -> None:
-        """A veth between two nodes, with routes so each node reaches the other's pods (now and later)."""
+    @staticmethod
+    def _pod_ip6(node: Node, ns: str, host_if: str, ip6: str) -> None:
+        sh("ip", "-6", "addr", "add", f"{ip6}/128", "dev", "eth0", "nodad", netns=ns)
+        sh("ip", "-6", "route", "add", "default", "via", GATEWAY6_LL, "dev", "eth0", netns=ns)
+        sh("ip", "-6", "addr", "add", f"{GATEWAY6_LL}/64", "dev", host_if, "nodad", netns=node.netns)
+        sh("ip", "-6", "route", "add", f"{ip6}/128", "dev", host_if, netns=node.netns)
+
+    def link_nodes(
+        self, a: Node, b: Node, a_ip: str, b_ip: str, *, a_ip6: str | None = None, b_ip6: str | None = None
+    ) -> None:
+        """A veth between two nodes, with routes so each node reaches the other's pods (now and later); with
+        `a_ip6`/`b_ip6`, an IPv6 /126 on it too and routes to each other's pods' IPv6 addresses."""
         ia, ib = self._veth_names()
         sh("ip", "link", "add", ia, "netns", a.netns, "type", "veth", "peer", "name", ib, "netns", b.netns)
         for node, ifn, ip in ((a, ia, a_ip), (b, ib, b_ip)):
             sh("ip", "addr", "add", f"{ip}/30", "dev", ifn, netns=node.netns)
-            sh("ip", "link", "set", ifn, "up", netns=node.netns)
             node.ip = ip
+        if a_ip6 is not None and b_ip6 is not None:
+            for node, ifn, ip6 in ((a, ia, a_ip6), (b, ib, b_ip6)):
+                sh("ip", "-6", "addr", "add", f"{ip6}/126", "dev", ifn, "nodad", netns=node.netns)
+                node.ip6 = ipaddress.IPv6Address(ip6).compressed
+            self._peers6.append((a, b, a_ip6, b_ip6))
+        for node, ifn in ((a, ia), (b, ib)):
+            sh("ip", "link", "set", ifn, "up", netns=node.netns)
         self._peers.append((a, b, a_ip, b_ip))
         self._route_pods()
 
     def _route_pods(self) -> None:
-        for a, b, a_ip, b_ip in self._peers:
-            for pod in self.pods.values():
-                if pod.node is a:
-                    sh("ip", "route", "replace", f"{pod.ip}/32", "via", a_ip, netns=b.netns)
-                elif pod.node is b:
-                    sh("ip", "route", "replace", f"{pod.ip}/32", "via", b_ip, netns=a.netns)
+        for peers, family, full in ((self._peers, "-4", 32), (self._peers6, "-6", 128)):
+            for a, b, a_ip, b_ip in peers:
+                for pod in self.pods.values():
+                    addr = pod.ip if family == "-4" else pod.ip6
+                    if addr is None:
+                        continue
+                    if pod.node is a:
+                        sh("ip", family, "route", "replace", f"{addr}/{full}", "via", a_ip, netns=b.netns)
+                    elif pod.node is b:
+                        sh("ip", family, "route", "replace", f"{addr}/{full}", "via", b_ip, netns=a.netns)
 
     # -- processes -------------------------------------------------------------------------------
     def spawn(

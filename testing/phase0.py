@@ -10,6 +10,8 @@ Four cases over one pod netns (eth0 with a default route) and a VIP that exists 
 - MAIN: the socket is created inside the pod netns on a setns'd thread, but read (and answered) from the calling
   thread, which is in another netns -> still the VIP.
 
+An IPv6 VIP runs the same cases over IPv6 (the socket on `::`; REDIRECT shows `::1`).
+
 Every ruleset is built by `rules.build_ruleset` and installed by `install.install_capture`; before measuring, the
 rig checks what is installed (`check_capture`) and raises BrokenRig if it is not what the case needs.
 """
@@ -56,7 +58,7 @@ def _thread_netns_ino() -> int:
 
 def _client(pod: str, vip: str, port: int) -> socket.socket:
     def make() -> socket.socket:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock = socket.socket(socket.AF_INET6 if ":" in vip else socket.AF_INET, socket.SOCK_DGRAM)
         sock.connect((vip, port))
         return sock
 
@@ -87,7 +89,8 @@ def measure(
     pod: str, vip: str, port: int, *, read_in_netns: bool, wait: float
 ) -> tuple[str | None, tuple[str, int] | None, int]:
     """Send one datagram from the pod to vip:port; return (ipi_addr seen, reply source, reader netns inode)."""
-    server = run_in_netns(pod, lambda: transparent_udp_socket(port))
+    host = "::" if ":" in vip else "0.0.0.0"
+    server = run_in_netns(pod, lambda: transparent_udp_socket(port, host))
     client = _client(pod, vip, port)
     nonce = secrets.token_hex(8).encode()
     try:

@@ -32,17 +32,18 @@ def nft_rules(netns: str) -> list[dict[str, Any]]:
     return [o["rule"] for o in out["nftables"] if "rule" in o]
 
 
-def ip_rules(netns: str) -> list[dict[str, Any]]:
-    return [r for r in json.loads(sh("ip", "-j", "rule", "show", netns=netns)) if r.get("priority") == 100]
+def ip_rules(netns: str, family: str = "-4") -> list[dict[str, Any]]:
+    return [r for r in json.loads(sh("ip", family, "-j", "rule", "show", netns=netns)) if r.get("priority") == 100]
 
 
-def ip_routes(netns: str) -> list[dict[str, Any]]:
-    out = sh("ip", "-j", "route", "show", "table", str(CAPTURE_ROUTE_TABLE), netns=netns, check=False)
+def ip_routes(netns: str, family: str = "-4") -> list[dict[str, Any]]:
+    out = sh("ip", family, "-j", "route", "show", "table", str(CAPTURE_ROUTE_TABLE), netns=netns, check=False)
     return list(json.loads(out)) if out.strip() not in ("", "[") else []  # "[" and rc 2: the table does not exist
 
 
 def untouched(netns: str) -> bool:
-    return nft_tables(netns) == [] and ip_rules(netns) == [] and ip_routes(netns) == []
+    routing = [*ip_rules(netns), *ip_rules(netns, "-6"), *ip_routes(netns), *ip_routes(netns, "-6")]
+    return nft_tables(netns) == [] and routing == []
 
 
 def test_install_twice_leaves_one_copy(lab: Lab) -> None:
@@ -57,6 +58,9 @@ def test_install_twice_leaves_one_copy(lab: Lab) -> None:
     assert rules[0]["table"] == str(CAPTURE_ROUTE_TABLE)
     routes = ip_routes(ns.netns)
     assert [(r["type"], r["dst"], r["dev"], r["scope"]) for r in routes] == [("local", "default", "lo", "host")]
+    rules6 = ip_rules(ns.netns, "-6")  # table inet aether marks IPv6 too: the same rule and route for it
+    assert [(int(r["fwmark"], 16), r["table"]) for r in rules6] == [(CAPTURE_DIVERT_FWMARK, str(CAPTURE_ROUTE_TABLE))]
+    assert [(r["type"], r["dst"], r["dev"]) for r in ip_routes(ns.netns, "-6")] == [("local", "default", "lo")]
     check_capture(ns.path)
     # the root netns of this test process was never touched by the thread-scoped setns
     assert not any(r.get("fwmark") == hex(CAPTURE_DIVERT_FWMARK) for r in json.loads(sh("ip", "-j", "rule")))
@@ -89,6 +93,14 @@ def test_drift_is_detected(lab: Lab) -> None:
     install_capture(ns.path)
     sh("ip", "route", "flush", "table", str(CAPTURE_ROUTE_TABLE), netns=ns.netns)
     with pytest.raises(CaptureDrift, match="missing route"):
+        check_capture(ns.path)
+    install_capture(ns.path)
+    sh("ip", "-6", "rule", "del", "pref", "100", netns=ns.netns)
+    with pytest.raises(CaptureDrift, match=r"drifted: missing ip -6 rule: pref 100 fwmark 0xae71 lookup 44657$"):
+        check_capture(ns.path)
+    install_capture(ns.path)
+    sh("ip", "-6", "route", "flush", "table", str(CAPTURE_ROUTE_TABLE), netns=ns.netns)
+    with pytest.raises(CaptureDrift, match=r"drifted: missing IPv6 route: local ::/0 dev lo table 44657$"):
         check_capture(ns.path)
     install_capture(ns.path)
     sh("nft", "add", "rule", "inet", "aether", nftrules.DIVERT_CHAIN, "udp", "dport", "9999", "accept", netns=ns.netns)

@@ -17,7 +17,11 @@ from aether.netns import rules as nftrules
 from aether.netns.contract import CAPTURE_DIVERT_FWMARK, CAPTURE_ROUTE_TABLE, CAPTURED_PORTS, CaptureMode
 from aether.netns.install import (
     DIVERT_RULE,
+    DIVERT_RULE6,
+    DIVERT_RULES,
     LOCAL_ROUTE,
+    LOCAL_ROUTE6,
+    LOCAL_ROUTES,
     CaptureError,
     apply_capture,
     capture_state,
@@ -31,9 +35,9 @@ from aether.testing.capture_effects import RecordingEffects
 from aether.testing.netlab import Lab
 
 T = CAPTURE_ROUTE_TABLE
-INSTALLED = ["nft create", "rules", "add_rule", "routes", "replace_route"]
+INSTALLED = ["nft create", "rules", "add_rule", "add_rule", "routes", "replace_route", "replace_route"]
 READ_BACK = ["nft list", "rules", "routes"]
-REMOVED = ["nft delete", "rules", "delete_rule", "routes"]
+REMOVED = ["nft delete", "rules", "delete_rule", "delete_rule", "routes"]
 
 
 def install(fx: RecordingEffects, mode: CaptureMode = CaptureMode.TPROXY) -> None:
@@ -48,8 +52,9 @@ def test_a_fresh_install_loads_the_table_then_routes_then_reads_back() -> None:
     fx = RecordingEffects()
     install(fx)
     assert fx.names() == INSTALLED + READ_BACK
-    assert fx.calls[2] == ("add_rule", DIVERT_RULE) and fx.calls[4] == ("replace_route", LOCAL_ROUTE)
-    assert fx.ip_rules == [DIVERT_RULE] and fx.ip_routes == [LOCAL_ROUTE]
+    assert fx.calls[2:4] == [("add_rule", DIVERT_RULE), ("add_rule", DIVERT_RULE6)]
+    assert fx.calls[5:7] == [("replace_route", LOCAL_ROUTE), ("replace_route", LOCAL_ROUTE6)]
+    assert fx.ip_rules == list(DIVERT_RULES) and fx.ip_routes == list(LOCAL_ROUTES)
     assert drift_reasons(read_state(fx), CaptureMode.TPROXY, CAPTURED_PORTS) == []
 
 
@@ -59,7 +64,7 @@ def test_a_second_install_replaces_the_table_whole_and_adds_no_second_rule() -> 
     fx.calls.clear()
     install(fx)
     assert fx.names() == ["nft create", "nft replace", *INSTALLED[1:], *READ_BACK]
-    assert fx.ip_rules == [DIVERT_RULE] and fx.ip_routes == [LOCAL_ROUTE]
+    assert fx.ip_rules == list(DIVERT_RULES) and fx.ip_routes == list(LOCAL_ROUTES)
 
 
 def test_stale_rules_and_routes_go_before_the_divert_is_added() -> None:
@@ -67,16 +72,18 @@ def test_stale_rules_and_routes_go_before_the_divert_is_added() -> None:
     stale_route = Route(table=T, type=1, scope=0, oif=2, dst_len=24)
     fx = RecordingEffects(ip_rules=[stale_rule], ip_routes=[stale_route])
     install(fx)
-    assert fx.calls[:7] == [
+    assert fx.calls[:9] == [
         ("nft", "create"),
         ("rules",),
         ("delete_rule", stale_rule),
         ("add_rule", DIVERT_RULE),
+        ("add_rule", DIVERT_RULE6),
         ("routes", T),
         ("delete_route", stale_route),
         ("replace_route", LOCAL_ROUTE),
+        ("replace_route", LOCAL_ROUTE6),
     ]
-    assert fx.ip_rules == [DIVERT_RULE] and fx.ip_routes == [LOCAL_ROUTE]
+    assert fx.ip_rules == list(DIVERT_RULES) and fx.ip_routes == list(LOCAL_ROUTES)
 
 
 def test_a_switch_to_redirect_removes_the_rule_and_the_route() -> None:
@@ -84,7 +91,10 @@ def test_a_switch_to_redirect_removes_the_rule_and_the_route() -> None:
     install(fx)
     fx.calls.clear()
     install(fx, CaptureMode.REDIRECT)
-    assert fx.names() == ["nft create", "nft replace", "rules", "delete_rule", "routes", "delete_route", *READ_BACK]
+    assert fx.names() == [
+        *["nft create", "nft replace", "rules", "delete_rule", "delete_rule"],
+        *["routes", "delete_route", "delete_route", *READ_BACK],
+    ]
     assert fx.ip_rules == [] and fx.ip_routes == [] and fx.table is not None
     assert drift_reasons(read_state(fx), CaptureMode.REDIRECT, CAPTURED_PORTS) == []
 
@@ -101,8 +111,8 @@ def test_a_routing_failure_removes_everything_table_first() -> None:
     fx = RecordingEffects(fail={"replace_route": OSError(1, "Operation not permitted (injected)")})
     with pytest.raises(CaptureError, match=r"installing the tproxy capture in ns failed \(rolled back\)"):
         install(fx)
-    assert fx.names() == INSTALLED + REMOVED
-    assert fx.calls[-2] == ("delete_rule", DIVERT_RULE)
+    assert fx.names() == INSTALLED[:-1] + REMOVED  # the first replace_route failed
+    assert fx.calls[-3:-1] == [("delete_rule", DIVERT_RULE), ("delete_rule", DIVERT_RULE6)]
     assert fx.untouched()
 
 
@@ -116,7 +126,7 @@ def test_a_silently_empty_load_is_caught_by_the_read_back_and_removed(monkeypatc
     fx = RecordingEffects()
     with pytest.raises(CaptureError, match="did not load as asked: missing chain 'divert_out'"):
         install(fx)
-    assert fx.names() == INSTALLED + READ_BACK + [*REMOVED, "delete_route"]
+    assert fx.names() == INSTALLED + READ_BACK + [*REMOVED, "delete_route", "delete_route"]
     assert fx.untouched()
 
 
@@ -133,7 +143,7 @@ def test_an_interruption_is_rolled_back_and_let_through() -> None:
     fx = RecordingEffects(fail={"replace_route": Interrupted()})
     with pytest.raises(Interrupted):
         install(fx)
-    assert fx.names() == INSTALLED + REMOVED
+    assert fx.names() == INSTALLED[:-1] + REMOVED  # the first replace_route failed
     assert fx.untouched()
 
 
@@ -147,8 +157,10 @@ def test_remove_deletes_the_table_then_our_rules_then_our_routes() -> None:
         ("nft", "delete"),
         ("rules",),
         ("delete_rule", DIVERT_RULE),
+        ("delete_rule", DIVERT_RULE6),
         ("routes", T),
         ("delete_route", LOCAL_ROUTE),
+        ("delete_route", LOCAL_ROUTE6),
     ]
     assert fx.table is None and fx.ip_rules == [foreign] and fx.ip_routes == []
     fx.calls.clear()
@@ -169,3 +181,19 @@ def test_install_capture_opens_the_injected_effects_inside_the_netns_and_closes_
     install_capture(ns.path, effects=lambda: fx)
     assert fx.names() == [*INSTALLED, *READ_BACK, "close"] and fx.closed
     assert capture_state(ns.path).rules == []  # the real netns: nothing installed
+
+
+def test_check_names_the_ipv6_rule_and_route_when_only_they_are_gone() -> None:
+    """CHECK sees IPv6 drift on its own: the IPv4 half intact, the IPv6 rule and route removed."""
+    fx = RecordingEffects()
+    install(fx)
+    fx.ip_rules.remove(DIVERT_RULE6)
+    fx.ip_routes.remove(LOCAL_ROUTE6)
+    assert drift_reasons(read_state(fx), CaptureMode.TPROXY, CAPTURED_PORTS) == [
+        f"missing ip -6 rule: pref 100 fwmark {CAPTURE_DIVERT_FWMARK:#x} lookup {T}",
+        f"missing IPv6 route: local ::/0 dev lo table {T}",
+    ]
+    fx.ip_rules.append(DIVERT_RULE6._replace(fwmask=0xFF))
+    assert f"extra ip -6 rule: pref 100 fwmark {CAPTURE_DIVERT_FWMARK:#x}/0xff lookup {T}" in drift_reasons(
+        read_state(fx), CaptureMode.TPROXY, CAPTURED_PORTS
+    )
