@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKSPACE = ROOT / "envoy-modules"
 RELEASE = WORKSPACE / "target" / "release"
 QUIC_SNI = "aether_quic_sni"
+LB_POLICY = "envoy.load_balancing_policies.dynamic_modules"
 
 
 def cargo() -> str:
@@ -85,3 +86,40 @@ def gateway_bootstrap(
             ],
         },
     }
+
+
+def per_sni_gateway_bootstrap(admin: Path, gateway_port: int, servers: dict[str, int]) -> dict[str, Any]:
+    """The gateway with per-SNI endpoints: the filter exports `servers`' SNIs, `udp_proxy` routes to one cluster
+    whose load balancer is the module's (`lb_policy_name: quic_sni`), and each endpoint 127.0.0.1:`port` carries the
+    SNI it serves in `filter_metadata["aether.quic_sni"]["sni"]`."""
+    boot = gateway_bootstrap(admin, gateway_port, 0, sorted(servers))
+    cluster = boot["static_resources"]["clusters"][0]
+    cluster["load_assignment"]["endpoints"] = [
+        {
+            "lb_endpoints": [
+                {
+                    "endpoint": {
+                        "address": {"socket_address": {"protocol": "UDP", "address": "127.0.0.1", "port_value": port}}
+                    },
+                    "metadata": {"filter_metadata": {"aether.quic_sni": {"sni": sni}}},
+                }
+                for sni, port in sorted(servers.items())
+            ]
+        }
+    ]
+    lb = "type.googleapis.com/envoy.extensions.load_balancing_policies.dynamic_modules.v3.DynamicModulesLoadBalancerConfig"
+    cluster["load_balancing_policy"] = {
+        "policies": [
+            {
+                "typed_extension_config": {
+                    "name": LB_POLICY,
+                    "typed_config": {
+                        "@type": lb,
+                        "dynamic_module_config": {"name": QUIC_SNI},
+                        "lb_policy_name": "quic_sni",
+                    },
+                }
+            }
+        ]
+    }
+    return boot

@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aioquic.asyncio.client import connect
-from aioquic.asyncio.server import serve
-from aioquic.quic.configuration import QuicConfiguration
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from aether.testing import quic_passthrough
 from aether.testing.envoy import Envoy, allocate_base_id, envoy_path, start_envoy
 from aether.testing.envoy_modules import build, free_udp_port, gateway_bootstrap
+from aether.testing.quic_passthrough import Server, self_signed
 from aether.testing.wait import wait_for
 
 EXPORTED = "8080.web.default.mesh.local"
@@ -48,15 +47,7 @@ class Rig:
 @pytest.fixture
 def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
     monkeypatch.setenv("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", str(build()))
-    cert, key = tmp_path / "server.pem", tmp_path / "server.key"
-    openssl = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    openssl += ["-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", f"/CN={EXPORTED}"]
-    openssl += ["-addext", f"subjectAltName=DNS:{EXPORTED},DNS:other.default.mesh.local"]
-    subprocess.run(
-        openssl,
-        check=True,
-        capture_output=True,
-    )
+    cert, key = self_signed(tmp_path, EXPORTED, "other.default.mesh.local")
     gateway_port, server_port = free_udp_port(), free_udp_port()
     boot = gateway_bootstrap(tmp_path / "admin.sock", gateway_port, server_port, [EXPORTED])
     envoy = start_envoy(boot, tmp_path, name="gateway", args=["--concurrency", "1"], log_level="info")
@@ -69,22 +60,8 @@ def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
 async def handshake(rig: Rig, sni: str, alpn: list[str], timeout: float) -> bytes | None:
     """Serve QUIC on the server port, connect through the gateway with `sni`; the DER certificate the client
     verified, or None when no handshake completed within `timeout`."""
-    server_config = QuicConfiguration(is_client=False, alpn_protocols=alpn)
-    server_config.load_cert_chain(str(rig.cert), str(rig.key))
-    server = await serve("127.0.0.1", rig.server_port, configuration=server_config)
-    client_config = QuicConfiguration(is_client=True, alpn_protocols=alpn, server_name=sni)
-    client_config.load_verify_locations(str(rig.cert))
-    try:
-        async with asyncio.timeout(timeout):
-            async with connect("127.0.0.1", rig.gateway_port, configuration=client_config) as client:
-                await client.ping()
-                peer = client._quic.tls._peer_certificate
-                assert peer is not None
-                return peer.public_bytes(Encoding.DER)
-    except (TimeoutError, ConnectionError):
-        return None
-    finally:
-        server.close()
+    server = Server(rig.server_port, rig.cert, rig.key)
+    return await quic_passthrough.handshake(rig.gateway_port, sni, [server], rig.cert, alpn, timeout)
 
 
 def test_the_module_loads_with_its_abi_version_matched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -55,3 +55,37 @@ extern "C" {
         value: u64,
     ) -> u32;
 }
+
+// The load-balancing-policy extension (`envoy.load_balancing_policies.dynamic_modules`): the per-worker load
+// balancer's view of its cluster. Indices are into a priority's hosts, except `healthy_host` ones (and the
+// index `on_lb_choose_host` answers), which are into its healthy hosts.
+pub type LbEnvoyPtr = *mut c_void;
+
+/// `envoy_dynamic_module_type_host_health`.
+pub const HOST_HEALTHY: u32 = 2;
+
+extern "C" {
+    pub fn envoy_dynamic_module_callback_lb_get_priority_set_size(lb: LbEnvoyPtr) -> usize;
+    pub fn envoy_dynamic_module_callback_lb_get_hosts_count(lb: LbEnvoyPtr, priority: u32) -> usize;
+    pub fn envoy_dynamic_module_callback_lb_get_healthy_hosts_count(lb: LbEnvoyPtr, priority: u32) -> usize;
+    pub fn envoy_dynamic_module_callback_lb_get_host_address(
+        lb: LbEnvoyPtr,
+        priority: u32,
+        index: usize,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_lb_get_healthy_host_address(
+        lb: LbEnvoyPtr,
+        priority: u32,
+        index: usize,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+    pub fn envoy_dynamic_module_callback_lb_get_host_metadata_string(
+        lb: LbEnvoyPtr,
+        priority: u32,
+        index: usize,
+        filter_name: ModuleBuffer,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+}

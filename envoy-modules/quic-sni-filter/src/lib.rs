@@ -7,6 +7,7 @@
 //! Counters: `quic_sni_forwarded`, `quic_sni_unknown`, `quic_sni_refused`, `quic_sni_pending`.
 
 pub mod abi;
+pub mod lb;
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -129,7 +130,7 @@ unsafe fn on_data(filter_envoy: FilterEnvoyPtr, filter: &mut Filter) -> Status {
     let key: Key = (std::slice::from_raw_parts(addr.ptr, addr.length).to_vec(), port);
     // A decided connection's datagrams are passed or dropped without being read or copied.
     if let Some(verdict) = filter.gate.decided(&key) {
-        return status(verdict);
+        return handoff(filter, &key, verdict);
     }
     let n = abi::envoy_dynamic_module_callback_udp_listener_filter_get_datagram_data_chunks_size(filter_envoy);
     let mut chunks = vec![
@@ -165,6 +166,17 @@ unsafe fn on_data(filter_envoy: FilterEnvoyPtr, filter: &mut Filter) -> Status {
             abi::envoy_dynamic_module_callback_udp_listener_filter_increment_counter(filter_envoy, id, 1);
         }
     }
+    handoff(filter, &key, verdict)
+}
+
+/// A passed datagram leaves its connection's SNI for the load balancer (`lb::CURRENT`): `udp_proxy` runs next on
+/// this worker and, when it opens a session for the datagram, asks the gateway cluster's load balancer for a host.
+fn handoff(filter: &Filter, key: &Key, verdict: Verdict) -> Status {
+    let sni = match verdict {
+        Verdict::Pass => filter.gate.sni(key).cloned(),
+        Verdict::Drop => None,
+    };
+    lb::CURRENT.with(|c| *c.borrow_mut() = sni);
     status(verdict)
 }
 

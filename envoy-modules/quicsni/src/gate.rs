@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::Hash;
+use std::sync::Arc;
 
 use crate::{Progress, Tracker, TrackerLimits};
 
@@ -29,7 +30,8 @@ pub enum Count {
 pub struct Gate<K> {
     exported: HashSet<String>,
     tracker: Tracker<K>,
-    decided: HashMap<K, (u64, bool)>,
+    /// Per 4-tuple: the decision's sequence number and, for a passed connection, its SNI.
+    decided: HashMap<K, (u64, Option<Arc<str>>)>,
     order: VecDeque<(K, u64)>,
     seq: u64,
     max_decided: usize,
@@ -51,7 +53,13 @@ impl<K: Hash + Eq + Clone> Gate<K> {
     pub fn decided(&self, key: &K) -> Option<Verdict> {
         self.decided
             .get(key)
-            .map(|&(_, pass)| if pass { Verdict::Pass } else { Verdict::Drop })
+            .map(|(_, sni)| if sni.is_some() { Verdict::Pass } else { Verdict::Drop })
+    }
+
+    /// The exported SNI a passed connection named (`None` for a dropped or undecided one): what the gateway's
+    /// load balancer picks the Service's endpoint by.
+    pub fn sni(&self, key: &K) -> Option<&Arc<str>> {
+        self.decided.get(key).and_then(|(_, sni)| sni.as_ref())
     }
 
     pub fn on_datagram(&mut self, key: &K, datagram: &[u8]) -> (Verdict, Option<Count>) {
@@ -61,21 +69,21 @@ impl<K: Hash + Eq + Clone> Gate<K> {
         match self.tracker.feed(key, datagram) {
             Ok(Progress::NeedMore) => (Verdict::Drop, Some(Count::Pending)),
             Ok(Progress::ServerName(name)) if self.exported.contains(&name) => {
-                self.decide(key, true);
+                self.decide(key, Some(Arc::from(name)));
                 (Verdict::Pass, Some(Count::Forwarded))
             }
             Ok(Progress::ServerName(_)) => {
-                self.decide(key, false);
+                self.decide(key, None);
                 (Verdict::Drop, Some(Count::UnknownSni))
             }
             Err(_) => {
-                self.decide(key, false);
+                self.decide(key, None);
                 (Verdict::Drop, Some(Count::Refused))
             }
         }
     }
 
-    fn decide(&mut self, key: &K, pass: bool) {
+    fn decide(&mut self, key: &K, sni: Option<Arc<str>>) {
         while self.decided.len() >= self.max_decided {
             let Some((k, s)) = self.order.pop_front() else { break };
             if self.decided.get(&k).is_some_and(|(seq, _)| *seq == s) {
@@ -83,7 +91,7 @@ impl<K: Hash + Eq + Clone> Gate<K> {
             }
         }
         self.seq += 1;
-        self.decided.insert(key.clone(), (self.seq, pass));
+        self.decided.insert(key.clone(), (self.seq, sni));
         self.order.push_back((key.clone(), self.seq));
     }
 }

@@ -14,6 +14,7 @@ mod error;
 mod frames;
 pub mod gate;
 mod initial;
+pub mod pick;
 mod tracker;
 mod wire;
 

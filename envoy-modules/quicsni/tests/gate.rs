@@ -34,6 +34,9 @@ fn an_exported_name_passes_and_its_later_datagrams_pass_without_reading() {
     // Retransmissions of the first two, and a short-header packet, now pass as the same connection.
     assert_eq!(g.on_datagram(&1, &long[0]), (Verdict::Pass, None));
     assert_eq!(g.on_datagram(&1, &[0x40, 1, 2, 3]), (Verdict::Pass, None));
+    // The connection's SNI is kept for the load balancer (lower-cased, as exported); no other key has one.
+    assert_eq!(g.sni(&1).map(|s| &**s), Some(sni.as_str()));
+    assert_eq!(g.sni(&2), None);
 }
 
 #[test]
