@@ -61,5 +61,5 @@ async def handshake(
     except (TimeoutError, ConnectionError):
         return None
     finally:
-        for server in running:
-            server.close()
+        for quic_server in running:
+            quic_server.close()
