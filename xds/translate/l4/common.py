@@ -8,6 +8,7 @@ re-encoding it (bench/xds_translate.py). Resource dicts are therefore shared: tr
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -98,6 +99,23 @@ def endpoints_by_cluster(arms: Iterable[ServiceArm], skip: str) -> dict[str, End
 def arms_key(arms: Iterable[ServiceArm]) -> Arms:
     """The matcher's content: (vip, cluster) per arm, sorted by VIP then service."""
     return tuple((a.vip, a.cluster) for a in sorted(arms, key=lambda a: (a.vip, a.service)))
+
+
+def is_ipv6(address: str) -> bool:
+    """An IPv6 address (the API writes them RFC 5952 style; an IPv4 address never has a colon)."""
+    return ":" in address
+
+
+def match_key(address: str) -> str:
+    """The address as Envoy's `DestinationIPInput` prints a datagram's destination: IPv4 as is, IPv6 in its
+    canonical compressed form (RFC 5952, what inet_ntop writes), so `FD00:96:0::A` still matches."""
+    return ipaddress.ip_address(address).compressed if is_ipv6(address) else address
+
+
+def families(arms: Arms) -> tuple[bool, bool]:
+    """(any IPv4 VIP, any IPv6 VIP) in the arms: which capture listeners a pod needs."""
+    v6 = sum(1 for vip, _cluster in arms if is_ipv6(vip))
+    return v6 < len(arms), v6 > 0
 
 
 def stat_name(text: str) -> str:

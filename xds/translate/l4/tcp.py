@@ -1,8 +1,10 @@
 """The raw TCP floor on TCP 18082: one transparent listener per local pod, a filter chain per VIP.
 
 Each arm of `status.tcp.services` becomes a filter chain matching the original destination (`prefix_ranges`
-VIP/32, kept by the mark-and-divert capture) whose `tcp_proxy` goes to the arm's `tcp:<ns>/<svc>` EDS cluster.
-A pod gets the listener only when the node has TCP arms (Envoy rejects a listener without filter chains);
+VIP/32, or /128 for an IPv6 VIP, kept by the mark-and-divert capture) whose `tcp_proxy` goes to the arm's `tcp:<ns>/<svc>` EDS cluster.
+IPv4 VIPs' chains sit on a listener on 0.0.0.0:18082,
+IPv6 VIPs' on a second one on [::]:18082 (IPv6 only). A pod gets each listener only when the node has TCP arms of
+that family (Envoy rejects a listener without filter chains);
 a connection to an unknown VIP matches no chain and is closed.
 """
 
@@ -22,6 +24,7 @@ from aether.xds.translate.l4.common import (
     arms_key,
     eds_cluster,
     endpoints_by_cluster,
+    is_ipv6,
     load_assignment,
     local_pods,
     stat_name,
@@ -30,16 +33,17 @@ from aether.xds.translate.l4.common import (
 TCP_PROXY_FILTER: Final = "envoy.filters.network.tcp_proxy"
 TCP_PROXY_CONFIG: Final = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy"
 LISTENER_PREFIX: Final = "capture-tcp:"
+LISTENER6_PREFIX: Final = "capture-tcp6:"
 
 
-def listener_name(namespace: str, pod: str) -> str:
-    return f"{LISTENER_PREFIX}{namespace}/{pod}"
+def listener_name(namespace: str, pod: str, ipv6: bool = False) -> str:
+    return f"{LISTENER6_PREFIX if ipv6 else LISTENER_PREFIX}{namespace}/{pod}"
 
 
 def _chain(vip: str, cluster: str, stat_prefix: str) -> ResourceDict:
     return {
         "name": f"{vip}/{cluster}",
-        "filterChainMatch": {"prefixRanges": [{"addressPrefix": vip, "prefixLen": 32}]},
+        "filterChainMatch": {"prefixRanges": [{"addressPrefix": vip, "prefixLen": 128 if is_ipv6(vip) else 32}]},
         "filters": [
             {
                 "name": TCP_PROXY_FILTER,
@@ -50,11 +54,11 @@ def _chain(vip: str, cluster: str, stat_prefix: str) -> ResourceDict:
 
 
 @lru(maxsize=4096)
-def capture_listener(name: str, netns: str, arms: Arms, stat_prefix: str) -> ResourceDict:
+def capture_listener(name: str, netns: str, arms: Arms, stat_prefix: str, address: str = "0.0.0.0") -> ResourceDict:
     return {
         "name": name,
         "address": {
-            "socketAddress": {"address": "0.0.0.0", "portValue": L4_OUTBOUND_PORT, "networkNamespaceFilepath": netns}
+            "socketAddress": {"address": address, "portValue": L4_OUTBOUND_PORT, "networkNamespaceFilepath": netns}
         },
         "transparent": True,
         "filterChains": [_chain(vip, cluster, stat_prefix) for vip, cluster in arms],
@@ -67,11 +71,16 @@ def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOp
     listeners: dict[str, ResourceDict] = {}
     if arms:
         key = arms_key(arms)
+        by_family = (
+            (False, "0.0.0.0", tuple(a for a in key if not is_ipv6(a[0]))),
+            (True, "::", tuple(a for a in key if is_ipv6(a[0]))),
+        )
         for pod, record in local_pods(node, records):
-            name = listener_name(pod.namespace, pod.name)
-            listeners[name] = capture_listener(
-                name, record.netns, key, stat_name(f"tcp_capture_{pod.namespace}_{pod.name}")
-            )
+            for v6, address, family_arms in by_family:
+                if family_arms:  # Envoy refuses a listener without filter chains
+                    name = listener_name(pod.namespace, pod.name, v6)
+                    stat = stat_name(f"tcp_capture{'6' if v6 else ''}_{pod.namespace}_{pod.name}")
+                    listeners[name] = capture_listener(name, record.netns, family_arms, stat, address)
     clusters: dict[str, ResourceDict] = {}
     assignments: dict[str, ResourceDict] = {}
     for cluster, endpoints in sorted(endpoints_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):

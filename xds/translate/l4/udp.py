@@ -1,7 +1,7 @@
 """Per-service plaintext UDP (R1): one transparent UDP listener per local pod, a destination-IP matcher.
 
-For each local pod (MeshNode lists it and the CNI wrote its record) one listener on UDP 0.0.0.0:18082 bound
-into the pod netns (`network_namespace_filepath`, `transparent: true`), whose `udp_proxy` matcher maps every
+For each local pod (MeshNode lists it and the CNI wrote its record) one listener on UDP 0.0.0.0:18082 (and, when
+any arm has an IPv6 VIP, a second one on [::]:18082, IPv6 only, with the same matcher) bound into the pod netns (`network_namespace_filepath`, `transparent: true`), whose `udp_proxy` matcher maps every
 arm's VIP (`DestinationIPInput`, exact) to the arm's `udp:<ns>/<svc>` cluster, `on_no_match` -> blackhole.
 One EDS cluster per UDP service (EDS name = cluster name) with endpoints at the backend's application port.
 Listener count scales with local pods, never with services, with one exception: a Service with its own session
@@ -10,7 +10,7 @@ idle timeout (`ServiceArm.idle_timeout_seconds`, from its annotation) gets one m
 datagram to the most specific bound socket, so the VIP's flows land there and the wildcard listener sees the rest.
 A weighted arm (a UDPRoute split) names its own cluster, one locality per backend (`aether.xds.translate.l4.split`).
 
-Every datagram a UDP socket can carry (to 65,507 bytes) passes both ways: both the capture listener and
+Every datagram a UDP socket can carry (to 65,507 bytes over IPv4, 65,527 over IPv6) passes both ways: both the capture listener and
 udp_proxy's upstream sockets set `max_rx_datagram_size` (Envoy's default, 1,500, drops anything larger as soon
 as GRO is off), and replies leave through Envoy's default writer. The GSO batch writer is opt-in only: it is
 QUIC's writer and refuses any reply over 1,452 bytes with EMSGSIZE, so a DNS answer of 1.5-4 KB would be lost,
@@ -30,7 +30,7 @@ from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
 from aether.xds.memo import lru, register
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions, seconds
-from aether.xds.translate.l4.common import Arms, ClusterShape, local_pods, stat_name
+from aether.xds.translate.l4.common import Arms, ClusterShape, families, local_pods, match_key, stat_name
 from aether.xds.translate.l4.memo import DigestMemo
 from aether.xds.translate.l4.split import split_resources
 
@@ -41,6 +41,7 @@ DESTINATION_IP_INPUT: Final = (
     "type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.DestinationIPInput"
 )
 LISTENER_PREFIX: Final = "capture-udp:"
+LISTENER6_PREFIX: Final = "capture-udp6:"
 GSO_WRITER: Final = "envoy.udp_packet_writer.gso"
 GSO_WRITER_CONFIG: Final = "type.googleapis.com/envoy.extensions.udp_packet_writer.v3.UdpGsoBatchWriterFactory"
 # the receive buffer per datagram on both sides: the largest UDP payload (65,507 on IPv4, 65,527 on IPv6) fits
@@ -63,9 +64,13 @@ def matcher(arms: Arms) -> ResourceDict:
     if arms:
         out["matcherTree"] = {
             "input": {"name": "destination-ip", "typedConfig": {"@type": DESTINATION_IP_INPUT}},
-            "exactMatchMap": {"map": {vip: _route(cluster) for vip, cluster in arms}},
+            "exactMatchMap": {"map": {match_key(vip): _route(cluster) for vip, cluster in arms}},
         }
     return out
+
+
+def listener6_name(namespace: str, pod: str) -> str:
+    return f"{LISTENER6_PREFIX}{namespace}/{pod}"
 
 
 def vip_listener_name(namespace: str, pod: str, vip: str) -> str:
@@ -150,6 +155,7 @@ def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOp
     special = [a for a in node.status.udp.services if a.backends or a.idle_timeout_seconds is not None]
     timed = sorted({(a.vip, a.cluster, a.idle_timeout_seconds or 0.0) for a in special if a.idle_timeout_seconds})
     listeners: dict[str, ResourceDict] = {}
+    has_ipv6 = families(key)[1]
     for pod, record in local_pods(node, records):
         name = listener_name(pod.namespace, pod.name)
         stat = stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
@@ -158,6 +164,16 @@ def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOp
         if listener is None:
             listener = dig.remember(memo_key, capture_listener(name, record.netns, key, options, stat))
         listeners[name] = listener
+        if has_ipv6:
+            # IPv6 VIPs: the same matcher on an IPv6-only socket on [::]:18082 (two sockets, not one dual-stack
+            # one: the IPv4 listener stays exactly as it was, and each socket reads its own family's PKTINFO)
+            name6 = listener6_name(pod.namespace, pod.name)
+            stat6 = stat_name(f"udp_capture6_{pod.namespace}_{pod.name}")
+            memo6 = (name6, record.netns, stat6, options)
+            listener6 = dig.listeners.get(memo6)
+            if listener6 is None:
+                listener6 = dig.remember(memo6, capture_listener(name6, record.netns, key, options, stat6, "::"))
+            listeners[name6] = listener6
         for vip, cluster, idle in timed:
             # the Service's own idle timeout: a listener bound to its VIP in the same pod netns. The kernel
             # delivers a datagram to the most specific bound socket, so this VIP's flows land here and every
