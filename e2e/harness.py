@@ -151,14 +151,14 @@ class Mesh:
         if self.shared_ca:
             self._ca = BuiltinCA()
             write_bundle(self.certs_dir, self._ca.bundle())
+        self.start_operator()
+
+    def start_operator(self) -> None:
+        """`aether operator` on this mesh's API (again after a stop: what a restart of the operator's pod does)."""
         self.progress("starting the operator: aether operator --kubeconfig ...")
         log = open(self.dir / "operator.log", "ab")  # noqa: SIM115 (the process owns it)
-        self.operator = self.lab.spawn(
-            None,
-            [sys.executable, "-m", "aether.cli", "operator", "--kubeconfig", self.kubeconfig, *self.operator_args],
-            stdout=log,
-            stderr=log,
-        )
+        argv = [sys.executable, "-m", "aether.cli", "operator", "--kubeconfig", self.kubeconfig, *self.operator_args]
+        self.operator = self.lab.spawn(None, argv, stdout=log, stderr=log)
 
     # -- nodes --------------------------------------------------------------------------------------
     def add_node(self, name: str) -> MeshNodeProxy:
@@ -194,22 +194,9 @@ class Mesh:
         self.progress(f"node {node.name}: xds sidecar started (aether xds --node {node.name}: MeshNode + slices)")
 
     def _start_envoy(self, node: MeshNodeProxy) -> None:
-        boot = subprocess.run(
-            [
-                *XDS_CLI,
-                "bootstrap",
-                "--node",
-                node.name,
-                "--xds",
-                f"unix:{node.ads_sock}",
-                "--admin",
-                f"unix:{node.admin_sock}",
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout
+        argv = [*XDS_CLI, "bootstrap", "--node", node.name, "--xds", f"unix:{node.ads_sock}"]
+        argv += ["--admin", f"unix:{node.admin_sock}"]
+        boot = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
         config = json.loads(boot)
         config["static_resources"].setdefault("listeners", []).extend(node.static_listeners)
         if self.envoy_runtime:

@@ -1,6 +1,6 @@
-"""Lifecycle steps on a running `aether.e2e.harness.Mesh`: restart a node's sidecar or its Envoy, delete a pod (the
-kubelet's CNI DEL and the API object), re-list a Service's endpoints, and read a node's QUIC pair state as a user
-would (`kubectl get meshnodes`, the MeshNode status).
+"""Lifecycle steps on a running `aether.e2e.harness.Mesh`: restart a node's sidecar, its Envoy or the operator,
+delete a pod (the kubelet's CNI DEL and the API object), add a raw TCP floor Service, re-list a Service's endpoints,
+and read a node's QUIC pair state as a user would (`kubectl get meshnodes`, the MeshNode status).
 
 Restarts reuse the node's sockets and directories: a restarted sidecar listens on the same unix socket (Envoy
 reconnects with its own backoff), a restarted Envoy is a new process (a new generation: it holds nothing).
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from aether.e2e import cni_runtime
-from aether.e2e.harness import HTTP_APP_PORT, Mesh
+from aether.e2e.harness import BACKEND_PORT, HTTP_APP_PORT, Mesh
 from aether.e2e.node_proxy import MeshNodeProxy, connected
-from aether.netns.contract import INBOUND_ANNOTATION
+from aether.netns.contract import INBOUND_ANNOTATION, L4_OUTBOUND_PORT
 from aether.testing.wait import wait_for
 from aether.xds.sidecar.bootstrap import XDS_CLUSTER
 
@@ -128,3 +128,19 @@ def set_http_endpoints(mesh: Mesh, service: str, backends: list[str]) -> None:
     """The EndpointSlice controller's part for an HTTP Service: ready endpoints are exactly these pods."""
     ready = [(mesh.pods[b].ip, b) for b in backends]
     mesh.kube.endpoint_slice(mesh.namespace, service, HTTP_APP_PORT, ready, "TCP")
+
+
+def restart_operator(mesh: Mesh) -> None:
+    """Stop the operator (SIGTERM: kopf's shutdown) and start a new one on the same API."""
+    if mesh.operator is not None:
+        mesh.lab.stop(mesh.operator, timeout=15.0)
+    mesh.start_operator()
+
+
+def add_tcp_floor_service(mesh: Mesh, name: str, backends: list[str]) -> str:
+    """A TCP Service on the raw TCP floor (18082) with a VIP, its ready endpoints the pods' BACKEND_PORT."""
+    vip = next(mesh._vips)
+    mesh.kube.service(mesh.namespace, name, vip, L4_OUTBOUND_PORT, "TCP")
+    mesh.services[name] = vip
+    mesh.kube.endpoint_slice(mesh.namespace, name, BACKEND_PORT, [(mesh.pods[b].ip, b) for b in backends], "TCP")
+    return vip

@@ -1,0 +1,222 @@
+"""A soak under churn with the design record's gates: every traffic class paced and continuous from several pods and
+ServiceAccounts, churn on a seeded schedule, every failure classified, and the zero-count invariants counted.
+
+    .venv/bin/python -m bench.soak --minutes M --json OUT [--seed S] [--interval 0.25] [--churn-every 15]
+
+The mesh (aether.e2e.harness.Mesh: the real control plane, the operator, per node a sidecar and a real Envoy, pods
+captured by the real aether-cni), two nodes:
+
+    node-a: client-a1 (SA alpha), client-a2 (SA beta); dns-2, w1-0, web-1, the new ServiceAccounts' pods
+    node-b: client-b1 (SA gamma); echo-0, dns-1, w2-0, web-0, floor-0
+
+Services: `echo` (UDP echo, rolled), `dns` (dnsmasq on dns-1 and dns-2), `split` (UDPRoute: w1 and w2 by weight),
+`web` (HTTP east-west: HTTP/3 twins, SA web, a MeshAuthorizationPolicy naming its callers), `floor` (raw TCP 18082).
+Traffic classes: bench.soak_traffic; churn events: bench.soak_churn; process watch: bench.soak_watch; the report
+(JSON fields, documented windows, slopes): bench.soak_report. Needs root (netns, nftables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from aether.e2e.harness import Mesh
+from aether.e2e.lifecycle import add_tcp_floor_service, restart_sidecar
+from aether.e2e.node_proxy import MeshNodeProxy
+from aether.testing.controlplane.cluster import free_port
+from aether.testing.udp_clients import dnsmasq_argv
+from bench.soak_churn import POLICY, Churn
+from bench.soak_report import DOCUMENTED, classes, event_records, failure_record, slopes, table, worst
+from bench.soak_traffic import PROBES, Prober, Recorder
+from bench.soak_watch import Watcher
+
+NS = "soak"
+CLIENTS = {"client-a1": ("node-a", "alpha"), "client-a2": ("node-a", "beta"), "client-b1": ("node-b", "gamma")}
+DNS = {"dns-1": ("node-b", "192.0.2.1"), "dns-2": ("node-a", "192.0.2.2")}
+RESTARTS = ("sidecar_restart", "envoy_restart", "operator_restart")
+NOT_DONE = {
+    "h2": "not run: every meshed source gets its HTTP/3 twin on demand and the sidecar has no switch to send a "
+    "destination over h2 instead (EastWestOptions.quic is not a flag of `aether xds`), so no request of this "
+    "mesh takes the h2 cluster; h3/h2 CPU per request is bench.quic_cpu's figure, not this soak's",
+    "h3_h2_cpu_per_request": "not measured: each Envoy carries every class at once, so its CPU cannot be split "
+    "per class here (bench.quic_cpu measures it alone)",
+}
+
+
+def _progress(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def soak_mesh(workdir: Path | None) -> Iterator[tuple[Mesh, dict[str, int]]]:
+    """The two-node mesh above, every Service answering; (the mesh, node -> its sidecar's metrics port)."""
+    mesh = Mesh(workdir=workdir, namespace=NS, areas="udp,tcp-floor,eastwest", shared_ca=True, progress=_progress)
+    try:
+        a, b = mesh.add_node("node-a"), mesh.add_node("node-b")
+        mesh.start_node_proxies()
+        ports = {n: free_port() for n in mesh.nodes}
+        for node in (a, b):  # each sidecar with its own metrics endpoint (both run in the harness's netns)
+            mesh.sidecar_args = ("--metrics", f"127.0.0.1:{ports[node.name]}")
+            restart_sidecar(mesh, node)
+        for pod, (where, sa) in CLIENTS.items():
+            mesh.add_pod(mesh.nodes[where], pod, sa=sa)
+        _backends(mesh, a, b)
+        yield mesh, ports
+    finally:
+        mesh.close()
+
+
+def _backends(mesh: Mesh, a: MeshNodeProxy, b: MeshNodeProxy) -> None:
+    for name, (node, answer) in DNS.items():
+        mesh.add_backend(mesh.nodes[node], name, partial(_dnsmasq, answer=answer, workdir=mesh.dir))
+    mesh.add_backend(b, "echo-0")
+    mesh.add_backend(a, "w1-0")
+    mesh.add_backend(b, "w2-0")
+    floor = [sys.executable, "-m", "aether.testing.http_echo", "floor-0"]
+    mesh.add_backend(b, "floor-0", lambda ip, port: [*floor, str(port)])
+    mesh.add_http_backend(b, "web-0", sa="web")
+    mesh.add_http_backend(a, "web-1", sa="web")
+    mesh.add_service("echo", ["echo-0"])
+    mesh.add_service("dns", list(DNS))
+    mesh.add_service("w1", ["w1-0"])
+    mesh.add_service("w2", ["w2-0"])
+    mesh.add_service("split", ["w1-0"])
+    mesh.weighted_route("split", "split", {"w1": 50, "w2": 50})
+    add_tcp_floor_service(mesh, "floor", ["floor-0"])
+    mesh.add_http_service("web", ["web-0", "web-1"])
+    mesh.programmed(a)
+    mesh.programmed(b)
+
+
+def _dnsmasq(ip: str, port: int, answer: str, workdir: Path) -> list[str]:
+    return dnsmasq_argv(ip, port, answer, workdir)
+
+
+def _recorder(mesh: Mesh, ports: dict[str, int]) -> Recorder:
+    rec = Recorder(mesh, metrics_ports=ports)
+    rec.allow("echo", "echo-0")
+    rec.allow("dns", *(ip for _, ip in DNS.values()))
+    rec.allow("split", "w1-0", "w2-0")
+    rec.allow("web", "web-0", "web-1")
+    rec.allow("floor", "floor-0")
+    return rec
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    rng = random.Random(seed)
+    load = {"before": os.getloadavg()}
+    workdir = Path(args.workdir) if args.workdir else None
+    if workdir is not None:
+        workdir.mkdir(parents=True, exist_ok=True)
+    with soak_mesh(workdir) as (mesh, ports):
+        rec = _recorder(mesh, ports)
+        swap = threading.Lock()
+        probers: list[Prober] = []
+
+        def start(node: str, pod: str, sa: str, kinds: tuple[str, ...] = ("h3",)) -> list[Prober]:
+            started = [Prober(rec, k, mesh.pods[pod], sa, args.interval, rng.randrange(1 << 30)) for k in kinds]
+            for p in started:
+                p.start()
+            probers.extend(started)
+            return started
+
+        def metrics_args(node: MeshNodeProxy) -> tuple[str, ...]:
+            return ("--metrics", f"127.0.0.1:{ports[node.name]}")
+
+        callers = [sa for _, sa in CLIENTS.values()]
+        churn = Churn(mesh, rec, rng, start, metrics_args, swap, callers)
+        churn._policy()
+        for sa in callers:
+            churn._rbac_has(f"spiffe://cluster.local/ns/{NS}/sa/{sa}")
+        watcher = Watcher(mesh, rec, swap, metrics_args, lambda: {p.sa for p in probers if p.is_alive()})
+        watcher.sample_every = args.sample_every
+        for pod, (node, sa) in CLIENTS.items():
+            start(node, pod, sa, tuple(PROBES))
+        t0 = time.monotonic()
+        watcher.start()
+        _progress(f"soak: {args.minutes} min, seed {seed}, {len(probers)} probers, an event every {args.churn_every}s")
+        _churn(churn, t0 + args.minutes * 60, args.churn_every)
+        for p in probers:
+            p.stop.set()
+        for p in probers:
+            p.join(timeout=10)
+        watcher.finish()
+        load["after"] = os.getloadavg()
+        return _report(args, seed, t0, rec, churn, watcher, load)
+
+
+def _churn(churn: Churn, deadline: float, every: float) -> None:
+    while time.monotonic() < deadline:
+        for kind in churn.schedule():
+            began = time.monotonic()
+            if began >= deadline:
+                return
+            e = churn.run(kind)
+            _progress(f"event {e.kind} {e.target} took {e.end - e.start if e.end else 0:.1f}s {e.detail}")
+            time.sleep(max(0.0, min(every - (time.monotonic() - began), deadline - time.monotonic())))
+
+
+def _report(
+    args: argparse.Namespace, seed: int, t0: float, rec: Recorder, churn: Churn, w: Watcher, load: dict[str, Any]
+) -> dict[str, Any]:
+    t_end = time.monotonic()
+    per_process = slopes(w.samples, t0 + (t_end - t0) / 2)
+    failures = [o for o in rec.outcomes if o.kind != "ok"]
+    return {
+        "command": " ".join([sys.executable, "-m", "bench.soak", *sys.argv[1:]]),
+        "seed": seed,
+        "minutes": args.minutes,
+        "interval_s": args.interval,
+        "churn_every_s": args.churn_every,
+        "wall_s": round(t_end - t0, 1),
+        "load_average": load,
+        "classes": classes(rec.outcomes, churn.events),
+        "nc503_after_first_use": rec.nc503_after_first_use,
+        "inuse_twins_pruned": sum(1 for p in w.prunes if p.in_use),
+        "prunes": [asdict(p) | {"t": round(p.t - t0, 1)} for p in w.prunes],
+        "crashes": len(w.crashes),
+        "crash_list": [c | {"t": round(c["t"] - t0, 1)} for c in w.crashes],
+        "restarts_requested": {k: sum(1 for e in churn.events if e.kind == k) for k in RESTARTS},
+        "rss_slope_kib_per_min": worst(per_process, "rss_kib"),
+        "fd_slope_per_min": worst(per_process, "fds"),
+        "slopes": per_process,
+        "documented_windows": DOCUMENTED,
+        "events": event_records(churn.events, t0),
+        "events_failed": [f"{e.kind}:{e.target}: {e.detail}" for e in churn.events if "FAILED" in e.detail],
+        "failures_listed": [failure_record(o, churn.events, t0) for o in failures[:200]],
+        "not_done": NOT_DONE,
+        "policy": POLICY,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, required=True)
+    p.add_argument("--json", required=True, help="where the report goes")
+    p.add_argument("--seed", type=int, help="the churn schedule's seed (default: from the clock, printed)")
+    p.add_argument("--interval", type=float, default=0.25, help="seconds between one prober's requests")
+    p.add_argument("--churn-every", type=float, default=15.0, help="seconds from one event's start to the next's")
+    p.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/fd samples")
+    p.add_argument("--workdir", help="keep the mesh's logs here (default: a temporary directory, removed)")
+    args = p.parse_args(argv)
+    report = run(args)
+    Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(table(report))
+    print(f"report: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The soak's bookkeeping and report (pure): every request's outcome, the churn events and the windows the docs
+describe, the processes' RSS and fd samples, and what they add up to (the JSON `bench.soak` writes and its table).
+
+A failure is *in a documented window* only when a window the docs already describe covers it: today that is one,
+a node's Envoy restarted (docs/operations.md, upgrades step 3: "while a node's pod restarts, Envoy is down: diverted
+traffic on that node has no listener"), from the moment the old Envoy is stopped until the soak sees the new one
+connected with as many active listeners as before. It covers requests whose source pod is on that node, and
+east-west requests whose destination pod is (its inbound listener is in that Envoy). Every other failure is outside.
+
+RSS and fd slopes: per process, over the second half of the run, the least-squares slope of its samples (one every
+`sample_every` seconds) against time, for the longest-lived process of that role and node in that half (a restart
+the churn asked for starts a new process). "Within noise": the slope's 95 % interval (2 standard errors) contains 0.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OK = "ok"
+EAST_WEST = ("h3",)  # classes whose destination side runs through the destination node's Envoy
+ENVOY_RESTART = "envoy_restart"
+DOCUMENTED = {ENVOY_RESTART: "docs/operations.md (upgrades, step 3): a node's Envoy down, its traffic has no listener"}
+MAX_LISTED = 200  # failures kept in the JSON with their detail (all are counted)
+
+
+@dataclass
+class Outcome:
+    cls: str
+    source: str  # pod
+    node: str  # the source pod's node
+    start: float  # monotonic
+    end: float
+    kind: str  # ok, timeout, wrong backend, wrong identity, 503 NC, 503, 403, error
+    detail: str = ""
+    dest_node: str | None = None  # the pod that answered (or was meant to), east-west only
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Event:
+    kind: str
+    target: str  # a node, a pod, a route...
+    start: float
+    end: float | None = None
+    detail: str = ""
+
+    def overlaps(self, start: float, end: float, slack: float = 0.0) -> bool:
+        return self.start <= end and (self.end is None or self.end + slack >= start)
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float
+    role: str  # sidecar, envoy, operator
+    node: str  # "" for the operator
+    pid: int
+    rss_kib: int
+    fds: int
+
+
+@dataclass(frozen=True)
+class Prune:
+    t: float
+    node: str
+    cause: str
+    twin: str
+    in_use: bool
+    line: str
+
+
+def in_window(o: Outcome, events: Sequence[Event]) -> str | None:
+    """The documented window covering failure `o` (its name), or None."""
+    for e in events:
+        if e.kind != ENVOY_RESTART or not e.overlaps(o.start, o.end):
+            continue
+        if e.target == o.node or (o.cls in EAST_WEST and o.dest_node == e.target):
+            return ENVOY_RESTART
+    return None
+
+
+def failure_record(o: Outcome, events: Sequence[Event], t0: float) -> dict[str, Any]:
+    """One failure as the JSON lists it: times relative to the run's start, the events in effect."""
+    return {
+        "class": o.cls,
+        "source": o.source,
+        "node": o.node,
+        "t": round(o.start - t0, 3),
+        "took": round(o.end - o.start, 3),
+        "response": o.kind,
+        "detail": o.detail[:300],
+        "dest_node": o.dest_node,
+        "events_in_effect": [f"{e.kind}:{e.target}" for e in events if e.overlaps(o.start, o.end)],
+        "events_just_before": [f"{e.kind}:{e.target}" for e in events if e.overlaps(o.start - 5.0, o.start)],
+        "documented_window": in_window(o, events),
+        "counters": o.counters,
+    }
+
+
+def classes(outcomes: Iterable[Outcome], events: Sequence[Event]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for o in outcomes:
+        c = out.setdefault(o.cls, {"sent": 0, "ok": 0, "failed_in_windows": 0, "failed_outside_windows": 0})
+        c.setdefault("by_response", Counter())
+        c["sent"] += 1
+        if o.kind == OK:
+            c["ok"] += 1
+            continue
+        c["by_response"][o.kind] += 1
+        c["failed_in_windows" if in_window(o, events) else "failed_outside_windows"] += 1
+    for c in out.values():
+        counted = c["sent"] - c["failed_in_windows"]
+        c["success_outside_windows"] = round((counted - c["failed_outside_windows"]) / counted, 6) if counted else None
+        c["by_response"] = dict(c["by_response"])
+    return out
+
+
+def slope(samples: Sequence[tuple[float, float]]) -> dict[str, float] | None:
+    """Least squares of (minutes, value): slope per minute, its standard error, the residuals' spread."""
+    if len(samples) < 4:
+        return None
+    xs, ys = [s[0] for s in samples], [s[1] for s in samples]
+    if max(xs) - min(xs) <= 0:
+        return None
+    fit = statistics.linear_regression(xs, ys)
+    resid = [y - (fit.slope * x + fit.intercept) for x, y in samples]
+    n = len(samples)
+    sxx = sum((x - statistics.fmean(xs)) ** 2 for x in xs)
+    se = math.sqrt(sum(r * r for r in resid) / (n - 2) / sxx) if n > 2 else math.inf
+    return {
+        "per_min": round(fit.slope, 3),
+        "stderr": round(se, 3),
+        "resid_sd": round(statistics.pstdev(resid), 3),
+        "minutes": round(max(xs) - min(xs), 2),
+        "samples": n,
+        "within_noise": bool(abs(fit.slope) <= 2 * se),
+    }
+
+
+def slopes(samples: Sequence[Sample], t_mid: float) -> dict[str, dict[str, Any]]:
+    """(role, node) -> the RSS (KiB/min) and fd (per min) slope of its longest-lived process in the second half."""
+    groups: dict[tuple[str, str], dict[int, list[Sample]]] = {}
+    for s in samples:
+        if s.t >= t_mid:
+            groups.setdefault((s.role, s.node), {}).setdefault(s.pid, []).append(s)
+    out: dict[str, dict[str, Any]] = {}
+    for (role, node), by_pid in sorted(groups.items()):
+        pid, run = max(by_pid.items(), key=lambda kv: (kv[1][-1].t - kv[1][0].t, len(kv[1])))
+        out[f"{role}/{node}" if node else role] = {
+            "pid": pid,
+            "processes_in_half": len(by_pid),
+            "rss_kib": slope([((s.t - t_mid) / 60, s.rss_kib) for s in run]),
+            "fds": slope([((s.t - t_mid) / 60, s.fds) for s in run]),
+            "rss_kib_first_last": [run[0].rss_kib, run[-1].rss_kib],
+            "fds_first_last": [run[0].fds, run[-1].fds],
+        }
+    return out
+
+
+def worst(per_process: dict[str, dict[str, Any]], metric: str) -> dict[str, float | None]:
+    """role -> the slope (per minute) of the worse of its processes (largest |slope|); None: not measured."""
+    out: dict[str, float | None] = {"sidecar": None, "operator": None, "envoy": None}
+    for key, v in per_process.items():
+        role = key.split("/")[0]
+        got = v[metric]
+        if got is None:
+            continue
+        if out[role] is None or abs(got["per_min"]) > abs(out[role] or 0.0):
+            out[role] = got["per_min"]
+    return out
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report as text: one line per class, then the invariants and slopes."""
+    lines = [f"{'class':<14}{'sent':>8}{'ok':>8}{'in windows':>12}{'outside':>9}{'success outside':>17}  failures"]
+    for name, c in sorted(report["classes"].items()):
+        ratio = c["success_outside_windows"]
+        shown = f"{100 * ratio:.3f} %" if ratio is not None else "-"
+        lines.append(
+            f"{name:<14}{c['sent']:>8}{c['ok']:>8}{c['failed_in_windows']:>12}{c['failed_outside_windows']:>9}"
+            f"{shown:>17}  {c['by_response'] or ''}"
+        )
+    lines.append(
+        f"503 NC after first use: {report['nc503_after_first_use']}; in-use twins pruned: "
+        f"{report['inuse_twins_pruned']} (prunes {len(report['prunes'])}); unrequested crashes: {report['crashes']}"
+    )
+    lines.append(f"RSS slope KiB/min: {report['rss_slope_kib_per_min']}; fd slope /min: {report['fd_slope_per_min']}")
+    for key, v in report["slopes"].items():
+        rss, fds = v["rss_kib"] or {}, v["fds"] or {}
+        lines.append(
+            f"  {key:<16} rss {rss.get('per_min')} +- {rss.get('stderr')} KiB/min (noise: {rss.get('within_noise')}),"
+            f" fds {fds.get('per_min')} +- {fds.get('stderr')} /min (noise: {fds.get('within_noise')})"
+        )
+    return "\n".join(lines)
+
+
+def event_records(events: Sequence[Event], t0: float) -> list[dict[str, Any]]:
+    out = []
+    for e in events:
+        d = asdict(e)
+        d["start"] = round(e.start - t0, 3)
+        d["end"] = None if e.end is None else round(e.end - t0, 3)
+        out.append(d)
+    return out

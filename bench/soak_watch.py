@@ -1,0 +1,141 @@
+"""The soak's watcher: once a second, under the churn's swap lock (so a restart the churn asked for is never taken
+for a crash), it checks that the operator, every sidecar and every Envoy still run (one that exited unasked is a
+crash: recorded with its exit code and log tail, then started again so the soak goes on); every `sample_every`
+seconds it samples their RSS and open fds from /proc; and it reads the sidecars' logs for QUIC pair prunes, each
+judged in use when its source ServiceAccount still had a caller and a 200 on that pair in the last IN_USE_S.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aether.e2e.harness import Mesh
+from aether.e2e.lifecycle import restart_envoy, restart_sidecar
+from aether.e2e.node_proxy import MeshNodeProxy
+from bench.soak_report import Prune, Sample
+from bench.soak_traffic import Recorder
+
+IN_USE_S = 60.0
+PRUNED = re.compile(
+    r"QUIC pair pruned \((?P<cause>[^)]*)\): (?P<src>\S+) -> (?P<dst>\S+), twin (?P<twin>\S+) withdrawn"
+)
+
+
+def proc_sample(pid: int) -> tuple[int, int] | None:
+    """(VmRSS in KiB, open fds) of a running process; None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+    m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    return (int(m.group(1)), fds) if m else None
+
+
+@dataclass
+class Watcher:
+    mesh: Mesh
+    rec: Recorder
+    swap: threading.Lock
+    sidecar_args: Callable[[MeshNodeProxy], tuple[str, ...]]
+    callers: Callable[[], set[str]]  # the ServiceAccounts with a running caller now
+    sample_every: float = 10.0
+    samples: list[Sample] = field(default_factory=list)
+    crashes: list[dict[str, Any]] = field(default_factory=list)
+    prunes: list[Prune] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    _offsets: dict[str, int] = field(default_factory=dict)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        for node in self.mesh.nodes.values():  # prunes before the soak started are not the soak's
+            log = node.workdir / "sidecar.log"
+            self._offsets[node.name] = log.stat().st_size if log.exists() else 0
+        self._thread = threading.Thread(target=self._loop, name="soak-watch", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self._prunes()
+
+    def _loop(self) -> None:
+        next_sample = time.monotonic()
+        while not self.stop.wait(1.0):
+            with self.swap:
+                self._check()
+                if time.monotonic() >= next_sample:
+                    self._sample()
+                    next_sample += self.sample_every
+            self._prunes()
+
+    def _processes(self) -> list[tuple[str, str, subprocess.Popen[bytes] | None]]:
+        out: list[tuple[str, str, subprocess.Popen[bytes] | None]] = [("operator", "", self.mesh.operator)]
+        for node in self.mesh.nodes.values():
+            out.append(("sidecar", node.name, node.sidecar))
+            out.append(("envoy", node.name, node.envoy.proc if node.envoy else None))
+        return out
+
+    def _check(self) -> None:
+        for role, name, proc in self._processes():
+            if proc is None or proc.poll() is None:
+                continue
+            crash = {"role": role, "node": name, "pid": proc.pid, "returncode": proc.returncode, "t": time.monotonic()}
+            crash["log_tail"] = self._tail(role, name)
+            self.crashes.append(crash)
+            with contextlib.suppress(Exception):  # started again so the soak goes on (its failure is in the log)
+                self._restart(role, name)
+
+    def _restart(self, role: str, name: str) -> None:
+        if role == "operator":
+            self.mesh.start_operator()
+            return
+        node = self.mesh.nodes[name]
+        if role == "envoy":
+            restart_envoy(self.mesh, node)
+        else:
+            self.mesh.sidecar_args = self.sidecar_args(node)
+            restart_sidecar(self.mesh, node)
+
+    def _tail(self, role: str, name: str) -> str:
+        path = self.mesh.dir / "operator.log" if role == "operator" else self.mesh.dir / name / f"{role}.log"
+        with contextlib.suppress(OSError):
+            return path.read_text(errors="replace")[-1500:]
+        return ""
+
+    def _sample(self) -> None:
+        now = time.monotonic()
+        for role, name, proc in self._processes():
+            got = proc_sample(proc.pid) if proc is not None and proc.poll() is None else None
+            if got is not None:
+                self.samples.append(Sample(now, role, name, proc.pid if proc else 0, got[0], got[1]))
+
+    def _prunes(self) -> None:
+        for node in self.mesh.nodes.values():
+            log = node.workdir / "sidecar.log"
+            with contextlib.suppress(OSError), log.open("rb") as fh:
+                fh.seek(self._offsets.get(node.name, 0))
+                data = fh.read()
+                cut = data.rfind(b"\n") + 1
+                self._offsets[node.name] = self._offsets.get(node.name, 0) + cut
+                for line in data[:cut].decode(errors="replace").splitlines():
+                    m = PRUNED.search(line)
+                    if m:
+                        self.prunes.append(self._judge(node.name, m, line))
+
+    def _judge(self, node: str, m: re.Match[str], line: str) -> Prune:
+        now = time.monotonic()
+        sa = m.group("twin").rpartition("@")[2].rpartition("/")[2]
+        last = self.rec.last_ok.get(sa)
+        in_use = sa in self.callers() and last is not None and now - last <= IN_USE_S
+        return Prune(now, node, m.group("cause"), m.group("twin"), in_use, line.strip()[-300:])
