@@ -135,8 +135,14 @@ class QuicDestination(_Model):
     )
     gateways: list[str] = _unwritten_when_empty(
         "addresses of the east-west gateways of the cluster the Service runs in, when that is not this one: sources "
-        "reach it through them on TCP 18009, over h2 (no twin). Not written by the operator yet: discovery across "
-        "clusters is not built"
+        "reach it through them on TCP 18009, over h2 (no twin). The operator writes it for a ServiceImport from its "
+        "MeshPeer's spec.gateways (docs/architecture.md#discovery-across-clusters)"
+    )
+    exported: bool = Field(
+        default=False,
+        exclude_if=lambda v: not v,
+        description="a ServiceExport names this Service: this cluster's east-west gateways export it (written only "
+        "when true)",
     )
 
 

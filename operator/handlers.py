@@ -18,13 +18,15 @@ import kubernetes
 import urllib3
 
 from aether.api import authz
+from aether.api import multicluster as mc
 from aether.api.client import OPERATOR_USER_AGENT, ApiException, api_client, served_version
 from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
 from aether.api.slices import SLICE_PLURAL
 from aether.operator.kubeapi import UDPROUTE_VERSIONS, UDPROUTES, KubeWriter
+from aether.operator.mcsctl import MulticlusterController
 from aether.operator.policyctl import PolicyController
-from aether.operator.reconcile import gateway, views
+from aether.operator.reconcile import gateway, multicluster, views
 from aether.operator.reconcile.model import Kind, View
 from aether.operator.reconciler import Reconciler
 
@@ -42,6 +44,9 @@ WATCHED: dict[Kind, tuple[tuple[str, ...], Callable[[dict[str, Any]], View]]] = 
     "slice": (("discovery.k8s.io", "v1", "endpointslices"), views.parse_slice),
     "route": ((GATEWAY, UDPROUTE_VERSIONS[0], UDPROUTES), gateway.parse_route),
     "grant": ((GATEWAY, "v1beta1", "referencegrants"), gateway.parse_grant),
+    "export": ((mc.MCS_GROUP, mc.MCS_VERSION, mc.SERVICE_EXPORTS), multicluster.parse_export),
+    "import": ((mc.MCS_GROUP, mc.MCS_VERSION, mc.SERVICE_IMPORTS), multicluster.parse_import),
+    "peer": ((API_GROUP, API_VERSION, mc.PEER_PLURAL), multicluster.parse_peer),
 }
 
 
@@ -114,13 +119,14 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
         writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT), route_version)
         reconciler = _start_reconciler(config, writer, indexes, kwargs, state)
         _start_policies(config, writer, indexes, kwargs, state)
+        _start_multicluster(config, writer, indexes, reconciler, state)
         config.reconciler.append(reconciler)
 
     _probe(registry, config, state)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        for key in ("task", "policy_task"):
+        for key in ("task", "policy_task", "mcs_task"):
             task: asyncio.Task[None] | None = state.pop(key, None)
             if task is not None:
                 task.cancel()
@@ -168,6 +174,8 @@ def _watch(
             reconciler.touch(kind, _key(body))
         if kind in POLICY_INPUTS and (policy_ctl := state.get("policies")) is not None:
             policy_ctl.touch()
+        if (mcs := state.get("multicluster")) is not None:  # every kind can change an export's or import's status
+            mcs.touch()
 
     kopf.on.event(*resource, registry=registry, id=f"aether_{kind}_event")(event)
 
@@ -286,6 +294,23 @@ def _start_policies(
     state["policies"] = policy_ctl
     state["policy_task"] = asyncio.create_task(policy_ctl.run(), name="aether-policies")
     policy_ctl.touch()
+
+
+def _start_multicluster(
+    config: OperatorConfig, writer: KubeWriter, indexes: dict[Kind, Any], reconciler: Reconciler, state: dict[str, Any]
+) -> None:
+    """The ServiceExport/ServiceImport status loop (`state["multicluster"]`, `state["mcs_task"]`), touched once."""
+    ctl = MulticlusterController(
+        writer,
+        lambda: _values(indexes["export"]),
+        lambda: _values(indexes["import"]),
+        reconciler.model,
+        settled=reconciler.idle,
+        debounce=config.debounce,
+    )
+    state["multicluster"] = ctl
+    state["mcs_task"] = asyncio.create_task(ctl.run(), name="aether-multicluster")
+    ctl.touch()
 
 
 def _probe(registry: kopf.OperatorRegistry, config: OperatorConfig, state: dict[str, Any]) -> None:

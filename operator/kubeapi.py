@@ -11,6 +11,7 @@ import kubernetes
 
 from aether.api.client import ApiException, now
 from aether.api.meshnode import API_GROUP, API_VERSION, KIND, PLURAL
+from aether.api.multicluster import MCS_GROUP, MCS_VERSION
 from aether.api.slices import MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE_LABEL, SLICE_KIND, SLICE_PLURAL
 
 MERGE = "application/merge-patch+json"
@@ -155,6 +156,10 @@ class KubeWriter:
         self._event_about(
             policy, f"{API_GROUP}/{API_VERSION}", "MeshAuthorizationPolicy", "policy", type_, reason, message
         )
+
+    def post_mcs_event(self, kind: str, meta: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """An Event about a ServiceExport or ServiceImport (`meta`: its namespace, name, uid)."""
+        self._event_about({"metadata": meta}, f"{MCS_GROUP}/{MCS_VERSION}", kind, kind.lower(), type_, reason, message)
 
     def _event_about(
         self, obj: dict[str, Any], api_version: str, kind: str, fallback: str, type_: str, reason: str, message: str

@@ -14,6 +14,15 @@ from typing import Any, Literal
 from aether.api.meshnode import EffectiveStatus
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
 from aether.operator.reconcile.gateway import GrantView, RouteView, parse_grant, parse_route
+from aether.operator.reconcile.multicluster import (
+    PEERS,
+    ExportView,
+    ImportView,
+    PeerView,
+    parse_export,
+    parse_import,
+    parse_peer,
+)
 from aether.operator.reconcile.namespace import NamespaceResult, compute_namespace
 from aether.operator.reconcile.nodes import NodeDesired, Tables, dependency_set, meshed_pods
 from aether.operator.reconcile.routes import Verdict
@@ -30,8 +39,19 @@ from aether.operator.reconcile.views import (
     parse_slice,
 )
 
-Kind = Literal["namespace", "node", "pod", "service", "slice", "route", "grant"]
-View = NamespaceView | NodeView | PodView | ServiceView | SliceView | RouteView | GrantView
+Kind = Literal["namespace", "node", "pod", "service", "slice", "route", "grant", "export", "import", "peer"]
+View = (
+    NamespaceView
+    | NodeView
+    | PodView
+    | ServiceView
+    | SliceView
+    | RouteView
+    | GrantView
+    | ExportView
+    | ImportView
+    | PeerView
+)
 PARSERS: dict[str, Any] = {
     "namespace": parse_namespace,
     "node": parse_node,
@@ -40,6 +60,9 @@ PARSERS: dict[str, Any] = {
     "slice": parse_slice,
     "route": parse_route,
     "grant": parse_grant,
+    "export": parse_export,
+    "import": parse_import,
+    "peer": parse_peer,
 }
 
 
@@ -67,6 +90,7 @@ class _Reader:
     def __init__(self, model: ClusterModel) -> None:
         self.m = model
         self.read: set[str] = set()
+        self.trust_domain = model.trust_domain
 
     def namespace(self, name: str) -> NamespaceView | None:
         self.read.add(name)
@@ -97,6 +121,18 @@ class _Reader:
         self.read.add(namespace)
         return self.m.pods.get((namespace, name))
 
+    def export(self, namespace: str, name: str) -> ExportView | None:
+        self.read.add(namespace)
+        return self.m.exports[namespace].get(name)
+
+    def imports_in(self, namespace: str) -> Iterable[ImportView]:
+        self.read.add(namespace)
+        return self.m.imports[namespace].values()
+
+    def peer(self, name: str) -> PeerView | None:
+        self.read.add(PEERS)
+        return self.m.peers.get(name)
+
     def pods_matching(self, namespace: str, selector: frozenset[tuple[str, str]]) -> Iterable[PodView]:
         self.read.add(namespace)
         if not selector:
@@ -125,6 +161,9 @@ class ClusterModel:
         self.slices_by_service: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.routes: dict[str, dict[str, RouteView]] = defaultdict(dict)
         self.grants: dict[str, dict[str, GrantView]] = defaultdict(dict)
+        self.exports: dict[str, dict[str, ExportView]] = defaultdict(dict)  # ServiceExports
+        self.imports: dict[str, dict[str, ImportView]] = defaultdict(dict)  # ServiceImports
+        self.peers: dict[str, PeerView] = {}  # MeshPeers (cluster-scoped)
         self.vip_claims: dict[str, set[tuple[str, str]]] = defaultdict(set)  # ClusterIP -> Services with it
         self.results: dict[str, NamespaceResult] = {}
         self.readers: dict[str, set[str]] = defaultdict(set)  # namespace -> results that read it
@@ -194,8 +233,30 @@ class ClusterModel:
             self.grants[ns].pop(name, None)
             if isinstance(view, GrantView):
                 self.grants[ns][name] = view
+        else:
+            self._apply_multicluster(kind, key, view)
         if kind in ("service", "route", "grant"):
             self.dirty_ns.add(ns)
+
+    def _apply_multicluster(self, kind: Kind, key: tuple[str, str], view: View | None) -> None:
+        """ServiceExports and ServiceImports dirty their namespace; a MeshPeer every namespace that looked one up."""
+        ns, name = key
+        if kind == "export":
+            self.exports[ns].pop(name, None)
+            if isinstance(view, ExportView):
+                self.exports[ns][name] = view
+            self.dirty_ns.add(ns)
+        elif kind == "import":
+            self.imports[ns].pop(name, None)
+            if isinstance(view, ImportView):
+                self.imports[ns][name] = view
+            self.dirty_ns.add(ns)
+        elif kind == "peer":
+            old = self.peers.pop(name, None)
+            if isinstance(view, PeerView):
+                self.peers[name] = view
+            if old != view:
+                self.dirty_ns.add(PEERS)
 
     def _claim(self, vip: str, key: tuple[str, str], add: bool) -> None:
         """Track who claims a ClusterIP; every namespace with a claimant is recomputed (the owner may change)."""
@@ -219,7 +280,8 @@ class ClusterModel:
         return frozenset(n for n, v in self.namespaces.items() if v.meshed)
 
     def _all_namespaces(self) -> set[str]:
-        return set(self.namespaces) | set(self.services) | set(self.routes) | set(self.pods_ns())
+        every = set(self.namespaces) | set(self.services) | set(self.routes) | set(self.pods_ns())
+        return every | set(self.exports) | set(self.imports)
 
     def pods_ns(self) -> set[str]:
         return {ns for ns, _ in self.pods}
@@ -233,6 +295,7 @@ class ClusterModel:
         todo = set(self.dirty_ns)
         for ns in self.dirty_ns:
             todo |= self.readers.get(ns, set())
+        todo.discard(PEERS)  # not a namespace: its readers are
         changed_ns: set[str] = set()
         shaped: set[str] = set()  # changed in what a MeshNode shows (not an endpoint moving inside a slice)
         for ns in sorted(todo):

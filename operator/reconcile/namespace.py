@@ -20,6 +20,7 @@ from aether.api.meshnode import (
 from aether.api.naming import ref, tcp_cluster, udp_cluster
 from aether.netns.contract import INBOUND_PORT
 from aether.operator.reconcile.gateway import RouteView
+from aether.operator.reconcile.multicluster import import_verdict
 from aether.operator.reconcile.routes import (
     Verdict,
     attach_routes,
@@ -178,6 +179,8 @@ def compute_namespace(world: World, namespace: str) -> NamespaceResult:
         _one_service(world, svc, meshed, winners, verdicts)
         for svc in sorted(world.services_in(namespace), key=lambda s: s.name)
     )
+    if meshed:
+        contributions = tuple(sorted((*contributions, *_imported(world, namespace)), key=lambda c: c.service))
     by_route: dict[tuple[str, str], list[Verdict]] = {}
     for (rns, rname, _), v in sorted(verdicts.items()):
         by_route.setdefault((rns, rname), []).append(v)
@@ -189,6 +192,18 @@ def compute_namespace(world: World, namespace: str) -> NamespaceResult:
         route_verdicts={k: tuple(v) for k, v in by_route.items()},
         meshed=meshed,
     )
+
+
+def _imported(world: World, namespace: str) -> list[Contribution]:
+    """The namespace's ServiceImports that are Ready, each a QUIC destination through its peer's gateways (what
+    is not Ready is in the import's status: multicluster.import_verdict)."""
+    out = []
+    for imp in sorted(world.imports_in(namespace), key=lambda i: i.name):
+        peer = world.peer(imp.peer) if imp.peer else None
+        verdict = import_verdict(imp, peer, world.service(namespace, imp.name), world.trust_domain)
+        if verdict.destination is not None:
+            out.append(Contribution(imp.name, destinations=(verdict.destination,)))
+    return out
 
 
 def _one_service(
@@ -242,6 +257,8 @@ def _one_service(
             tcp_arms.append(tcp_arm)
         tcp_shapes.extend(shapes)
     q = _quic(world, svc)
+    if isinstance(q, QuicDestination) and world.export(svc.namespace, svc.name) is not None:
+        q = q.model_copy(update={"exported": True})
     return Contribution(
         svc.name,
         tuple(udp_arms),

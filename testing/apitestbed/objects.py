@@ -1,5 +1,6 @@
 """Builders for the raw objects tests and the demo apply: namespaces, nodes, pods, Services, EndpointSlices,
-UDPRoutes, ReferenceGrants, MeshAuthorizationPolicies. Plain dicts in API shape, so they work with any client and any cluster."""
+UDPRoutes, ReferenceGrants, MeshAuthorizationPolicies, ServiceExports, ServiceImports, MeshPeers. Plain dicts in API
+shape, so they work with any client and any cluster."""
 
 from __future__ import annotations
 
@@ -137,3 +138,34 @@ def authorization_policy(ns: str, name: str, targets: Sequence[str], rules: Sequ
         "metadata": {"name": name, "namespace": ns},
         "spec": spec,
     }
+
+
+MCS: Final = "multicluster.x-k8s.io/v1beta1"
+
+
+def service_export(ns: str, name: str) -> Obj:
+    """A ServiceExport (KEP-1645): exports the Service of the same namespace and name."""
+    return {"apiVersion": MCS, "kind": "ServiceExport", "metadata": {"name": name, "namespace": ns}}
+
+
+def service_import(
+    ns: str,
+    name: str,
+    ports: Sequence[Port],
+    peer: str | None,
+    service_account: str | None,
+    type_: str = "ClusterSetIP",
+) -> Obj:
+    """A ServiceImport as a user (or automation) applies it in the importing cluster: upstream's spec, our two
+    annotations naming the MeshPeer and the exported Service's ServiceAccount (docs/architecture.md)."""
+    notes = (("mesh.aether.dev/peer", peer), ("mesh.aether.dev/service-account", service_account))
+    meta: Obj = {"name": name, "namespace": ns, "annotations": {k: v for k, v in notes if v is not None}}
+    spec = {"type": type_, "ports": [{"name": n, "port": p, "protocol": proto} for n, p, proto in ports]}
+    return {"apiVersion": MCS, "kind": "ServiceImport", "metadata": meta, "spec": spec}
+
+
+def mesh_peer(name: str, gateways: Sequence[str], trust_domain: str | None = None) -> Obj:
+    spec: Obj = {"gateways": list(gateways)}
+    if trust_domain is not None:
+        spec["trustDomain"] = trust_domain
+    return {"apiVersion": "mesh.aether.dev/v1alpha1", "kind": "MeshPeer", "metadata": {"name": name}, "spec": spec}

@@ -7,7 +7,8 @@ The API server runs RBAC and Node authorization, the default admission chain (Va
 and a service CIDR, so Services get their ClusterIPs from the real allocator. The controller manager runs the
 EndpointSlice, garbage-collector, namespace, service-account and token controllers. No kubelet, scheduler or
 kube-proxy: the harness plays the kubelet (it creates Pods with `spec.nodeName` and writes their status).
-Our CRDs and the upstream Gateway API CRDs (crds/gateway-api/, one channel) are applied as shipped."""
+Our CRDs, the upstream Gateway API CRDs (crds/gateway-api/, one channel) and the upstream multicluster Services API
+CRDs (crds/mcs-api/) are applied as shipped."""
 
 from __future__ import annotations
 
@@ -65,7 +66,13 @@ def gateway_api_crds(channel: str) -> list[Path]:
 
 
 def mesh_crds() -> list[Path]:
-    return [crds_dir() / n for n in ("meshnode.yaml", "meshserviceslices.yaml", "meshauthorizationpolicy.yaml")]
+    names = ("meshnode.yaml", "meshserviceslices.yaml", "meshauthorizationpolicy.yaml", "meshpeer.yaml")
+    return [crds_dir() / n for n in names]
+
+
+def mcs_crds() -> list[Path]:
+    """The vendored upstream multicluster Services API CRDs, ServiceExport and ServiceImport (crds/mcs-api/VERSION)."""
+    return sorted((crds_dir() / "mcs-api").glob("*.yaml"))
 
 
 def write_kubeconfig(path: Path, url: str, ca: Path, user: pki.Pair, name: str = "aether-control-plane") -> Path:
@@ -155,7 +162,7 @@ class ControlPlane:
             self.version = json.loads(self.get("/version"))["gitVersion"]
             STARTED.append(self.version)
             if crds:
-                self.install(mesh_crds() + gateway_api_crds(self.channel))
+                self.install(mesh_crds() + gateway_api_crds(self.channel) + mcs_crds())
         except BaseException:
             self.stop()
             raise

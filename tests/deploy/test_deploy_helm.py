@@ -34,7 +34,7 @@ CHART = DEPLOY / "helm" / "aether"
 NS = "aether-system"
 # what Helm itself adds, and nothing else, is left out of the comparison with deploy/
 HELM_ANNOTATIONS = ("helm.sh/resource-policy",)
-MESH_CRDS = ("meshnodes", "meshserviceslices", "meshauthorizationpolicies")
+MESH_CRDS = ("meshnodes", "meshserviceslices", "meshauthorizationpolicies", "meshpeers")
 CLUSTER_SCOPED = {
     "Namespace",
     "CustomResourceDefinition",

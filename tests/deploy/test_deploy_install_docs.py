@@ -116,7 +116,7 @@ def test_the_documented_install_commands_run(cp: controlplane.ControlPlane, tmp_
 
     route_crd = get("crd", "udproutes.gateway.networking.k8s.io")
     assert [v["name"] for v in route_crd["spec"]["versions"] if v["served"]] == ["v1"]  # the standard channel
-    for crd in ("meshnodes", "meshserviceslices", "meshauthorizationpolicies"):
+    for crd in ("meshnodes", "meshserviceslices", "meshauthorizationpolicies", "meshpeers"):
         get("crd", f"{crd}.mesh.aether.dev")
     pods = {
         "deployment/aether-operator": {f"registry.example/aether-operator:{VERSION}"},

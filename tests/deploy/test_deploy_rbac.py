@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 # (verb, apiGroup, resource, subresource): what the code asks, read from operator/handlers.py (kopf indexes and
 # event handlers on WATCHED: list + watch), operator/kubeapi.py (MeshNode get/create/delete/status patch, UDPRoute
-# get/status patch, core Events) and kopf (CRD observation; events for handler failures).
+# get/status patch, core Events), operator/mcsctl.py (ServiceExport/ServiceImport status patch) and kopf (CRD
+# observation; events for handler failures).
 OPERATOR_CALLS = [
     *[(v, "", r, "") for r in ("namespaces", "nodes", "pods", "services") for v in ("list", "watch")],
     *[(v, "discovery.k8s.io", "endpointslices", "") for v in ("list", "watch")],
@@ -41,6 +42,9 @@ OPERATOR_CALLS = [
     *[(v, "mesh.aether.dev", "meshserviceslices", "") for v in ("get", "list", "watch", "create", "patch", "delete")],
     *[(v, "mesh.aether.dev", "meshauthorizationpolicies", "") for v in ("list", "watch")],
     ("patch", "mesh.aether.dev", "meshauthorizationpolicies", "status"),
+    *[(v, "multicluster.x-k8s.io", r, "") for r in ("serviceexports", "serviceimports") for v in ("list", "watch")],
+    *[("patch", "multicluster.x-k8s.io", r, "status") for r in ("serviceexports", "serviceimports")],
+    *[(v, "mesh.aether.dev", "meshpeers", "") for v in ("list", "watch")],
     *[(v, "apiextensions.k8s.io", "customresourcedefinitions", "") for v in ("list", "watch")],
     ("create", "", "events", ""),
 ]
@@ -70,6 +74,9 @@ OPERATOR_FORBIDDEN = [
     ("patch", "mesh.aether.dev", "meshauthorizationpolicies", ""),  # a policy's spec is its author's
     ("update", "gateway.networking.k8s.io", "udproutes", ""),
     ("patch", "gateway.networking.k8s.io", "udproutes", ""),
+    # a ServiceExport's or ServiceImport's spec is its author's, a MeshPeer the user's
+    *[(v, "multicluster.x-k8s.io", r, "") for r in ("serviceexports", "serviceimports") for v in ("create", "patch")],
+    *[(v, "mesh.aether.dev", "meshpeers", "") for v in ("create", "patch", "delete")],
 ]
 
 
@@ -252,6 +259,10 @@ OPERATOR_RUN_CALLS = [
     for c in OPERATOR_CALLS
     if not (c[1] == "mesh.aether.dev" and c[0] in ("get", "delete"))
     and c[:3] != ("patch", "mesh.aether.dev", "meshserviceslices")
+    # the API test bed serves no multicluster Services API and no MeshPeer CRD: test_operator_multicluster.py runs
+    # those calls on the real control plane (the SubjectAccessReview test above checks the role grants them)
+    and c[1] != "multicluster.x-k8s.io"
+    and c[2] != "meshpeers"
 ]
 
 

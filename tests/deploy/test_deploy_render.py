@@ -24,6 +24,7 @@ EXPECTED = {
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", "meshnodes.mesh.aether.dev"),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", "meshserviceslices.mesh.aether.dev"),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", "meshauthorizationpolicies.mesh.aether.dev"),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", "meshpeers.mesh.aether.dev"),
     ("v1", "ServiceAccount", "aether-system", "aether-operator"),
     ("v1", "ServiceAccount", "aether-system", "aether-node"),
     ("rbac.authorization.k8s.io/v1", "ClusterRole", "", "aether-operator"),
