@@ -47,6 +47,17 @@ class MeshPod(_Model):
     name: str = Field(min_length=1)
     ip: str | None = None
     service_account: str = "default"
+    ips: list[str] = Field(
+        default_factory=list,
+        exclude_if=lambda v: len(v) < 2,
+        description="every address of the pod (status.podIPs: one per IP family, the first is `ip`); written only "
+        "when the pod has more than one, so a single-stack pod's entry is as before (readers: `ips` or [`ip`])",
+    )
+
+    @property
+    def addresses(self) -> list[str]:
+        """Every address of the pod, `ip` first."""
+        return list(self.ips) or ([self.ip] if self.ip else [])
 
 
 class Endpoint(_Model):
@@ -130,8 +141,9 @@ class QuicDestination(_Model):
     ports: list[int] = Field(default_factory=list)
     endpoints: list[Endpoint] = Field(default_factory=list)
     unready_ips: list[str] = _unwritten_when_empty(
-        "IPs of the Service's other endpoints (not ready, or terminating) and of the pods its selector selects that "
-        "no EndpointSlice lists: no traffic goes to them; " + _GUARD_NOTE
+        "IPs of the Service's other endpoints (not ready, or terminating; on a dual-stack Service, those of the family "
+        "after its primary one, since h2 and HTTP/3 dial a pod on its primary family's address) and of the pods its "
+        "selector selects that no EndpointSlice lists: no traffic goes to them; " + _GUARD_NOTE
     )
     gateways: list[str] = _unwritten_when_empty(
         "addresses of the east-west gateways of the cluster the Service runs in, when that is not this one: sources "
@@ -212,6 +224,17 @@ class AuthorizationSummary(_Model):
     not_accepted: int = Field(default=0, description="of those, the ones not Accepted (they allow nothing)")
 
 
+class GatewayRole(_Model):
+    """The operator's: this node's proxy plays the east-west gateway (its Node is labelled
+    mesh.aether.dev/east-west-gateway=true) and exports the QUIC destinations a ServiceExport names (`exported`)."""
+
+    address: str = Field(
+        min_length=1,
+        description="the node's InternalIP the gateway listens on (TCP and UDP 18009), which the "
+        "other clusters' MeshPeers name",
+    )
+
+
 class MeshNodeStatus(_Model):
     """A MeshNode's status as the API stores it (the CRD's status schema): what is the node's own. Its service
     tables (UDP and TCP arms with their unsupported shapes, QUIC destinations) are in the MeshServiceSlices that
@@ -219,8 +242,13 @@ class MeshNodeStatus(_Model):
 
     conditions: list[Condition] = Field(default_factory=list)
     pods: list[MeshPod] = Field(default_factory=list)
+    addresses: list[str] = _unwritten_when_empty(
+        "the node's InternalIP addresses (Node status.addresses), of both IP families on a dual-stack node, in the "
+        "kubelet's order"
+    )
     quic: QuicStatus = Field(default_factory=QuicStatus)
     service_slices: ServiceSlices | None = None
+    gateway: GatewayRole | None = None
     summary: Summary | None = None
     authorization: AuthorizationSummary | None = None
     observed_generation: int | None = None

@@ -20,6 +20,14 @@ def udp_cluster(namespace: str, service: str) -> str:
     return f"udp:{namespace}/{service}"
 
 
+def in_family(cluster: str, family: str) -> str:
+    """The cluster of one IP family (`IPv4` or `IPv6`, the API's spelling): a cluster carries one family's endpoints,
+    so a dual-stack Service's two VIPs name two clusters. IPv4's keeps the plain name (`udp:<ns>/<svc>`), IPv6's is
+    `<name>@ipv6`: a name never depends on which family a Service lists first, so a backend's cluster is one
+    whichever parent points at it."""
+    return cluster if family == "IPv4" else f"{cluster}@{family.lower()}"
+
+
 def udp_split_cluster(namespace: str, service: str) -> str:
     """The cluster of a weighted UDP arm: the parent Service's own, one locality per backendRef."""
     return f"udp-split:{namespace}/{service}"

@@ -20,6 +20,7 @@ from aether.testing import controlplane
 from aether.testing.apitestbed import TestBed
 from aether.testing.apitestbed import start as start_bed
 from aether.testing.apitestbed.faults import Faults
+from aether.testing.controlplane.families import IpFamily
 from aether.testing.controlplane.faultproxy import FaultProxy
 
 Kind = Literal["real", "emulated"]
@@ -62,12 +63,14 @@ def api_server(
     port: int = 0,
     audit: Path | None = None,
     faults: bool = False,
+    ip_family: IpFamily = "ipv4",
 ) -> Iterator[Server]:
     """Start one; stop it (and remove what it made) on exit. A real control plane that is not built raises
     controlplane.ControlPlaneMissing, never falls back to the emulator. `faults`: on the real one, the kubeconfig
-    goes through a FaultProxy (the emulator injects faults itself)."""
+    goes through a FaultProxy (the emulator injects faults itself). `ip_family` (ipv4, ipv6, dual): the real one's
+    service CIDRs (controlplane.families); the emulator allocates no ClusterIP, so only ipv4 is served by it."""
     if kind == "real":
-        cp = controlplane.start(crds=crds, channel=channel or "experimental")
+        cp = controlplane.start(crds=crds, channel=channel or "experimental", ip_family=ip_family)
         proxy: FaultProxy | None = None
         try:
             proxy = FaultProxy(cp) if faults else None
@@ -82,6 +85,10 @@ def api_server(
                 proxy.stop()
             cp.stop()
         return
+    if ip_family != "ipv4":
+        raise ValueError(
+            f"ip_family {ip_family!r}: the API test bed allocates no ClusterIP; use the real control plane"
+        )
     bed = start_bed(port, kubeconfig, audit, crds=crds, channel=channel)
     try:
         yield Server(str(bed.kubeconfig_path), bed=bed)

@@ -219,12 +219,12 @@ class ClusterModel:
             self.dirty_ns.add(ns)
         elif kind == "service":
             old_svc = self.services[ns].pop(name, None)
-            if old_svc is not None and old_svc.cluster_ip:
-                self._claim(old_svc.cluster_ip, key, False)
+            for vip in old_svc.vips if old_svc is not None else ():
+                self._claim(vip, key, False)
             if isinstance(view, ServiceView):
                 self.services[ns][name] = view
-                if view.cluster_ip:
-                    self._claim(view.cluster_ip, key, True)
+                for vip in view.vips:  # every family's ClusterIP
+                    self._claim(vip, key, True)
         elif kind == "route":
             self.routes[ns].pop(name, None)
             if isinstance(view, RouteView):
@@ -346,7 +346,12 @@ class ClusterModel:
                 results = tuple(self.results[d] for d in sorted(deps) if d in self.results)
                 shared = tables[deps] = Tables(results, bool(deps) and deps == mesh)
             out.desired[node] = NodeDesired(
-                tuple(pods), shared.results, self.trust_domain, shared.every_mesh_namespace, shared
+                tuple(pods),
+                shared.results,
+                self.trust_domain,
+                shared.every_mesh_namespace,
+                shared,
+                self.nodes[node].addresses,
             )
             self.known_nodes.add(node)
         self.dirty_nodes.clear()

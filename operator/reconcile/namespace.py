@@ -17,7 +17,7 @@ from aether.api.meshnode import (
     ServiceArm,
     UnsupportedShape,
 )
-from aether.api.naming import ref, tcp_cluster, udp_cluster
+from aether.api.naming import in_family, ref, tcp_cluster, udp_cluster
 from aether.netns.contract import INBOUND_PORT
 from aether.operator.reconcile.gateway import RouteView
 from aether.operator.reconcile.multicluster import import_verdict
@@ -29,12 +29,13 @@ from aether.operator.reconcile.routes import (
     resolve_route_on,
 )
 from aether.operator.reconcile.slicing import Contribution, plan
-from aether.operator.reconcile.views import ServiceView
+from aether.operator.reconcile.views import ServiceView, family_of
 from aether.operator.reconcile.world import World
 
 MULTIPLE_UDP_PORTS, MULTIPLE_TCP_PORTS = "MultipleUDPPorts", "MultipleTCPPorts"
 INVALID_SERVICE, NO_CLUSTER_IP, DUPLICATE_VIP = "InvalidService", "NoClusterIP", "DuplicateVIP"
-INVALID_IDLE_TIMEOUT = "InvalidIdleTimeout"
+INVALID_IDLE_TIMEOUT, NO_ENDPOINTS_IN_FAMILY = "InvalidIdleTimeout", "NoEndpointsInFamily"
+UNSUPPORTED_ADDRESS_TYPE = "UnsupportedAddressType"
 NO_READY_ENDPOINTS, MIXED_SERVICE_ACCOUNTS, UNKNOWN_ENDPOINT_PODS = (
     "NoReadyEndpoints",
     "MixedServiceAccounts",
@@ -78,15 +79,16 @@ class NamespaceResult:
         return self.meshed and bool(self.tables.udp_shapes or self.tables.tcp_shapes)
 
 
-def _plain_arm(world: World, svc: ServiceView, protocol: str) -> tuple[ServiceArm | None, list[UnsupportedShape]]:
+def _plain_arms(world: World, svc: ServiceView, protocol: str) -> tuple[list[ServiceArm], list[UnsupportedShape]]:
+    """One arm per ClusterIP (spec.clusterIPs: one per IP family), each carrying its family's endpoints only."""
     ports = svc.ports_of(protocol)
     if not ports:
-        return None, []
+        return [], []
     sref = ref(svc.namespace, svc.name)
     if svc.cluster_ip is None:
         if protocol == "UDP" and not svc.bad_vip:  # a bad one is reported as InvalidService
-            return None, [UnsupportedShape(route=sref, reason=NO_CLUSTER_IP, message=svc.no_vip)]
-        return None, []
+            return [], [UnsupportedShape(route=sref, reason=NO_CLUSTER_IP, message=svc.no_vip)]
+        return [], []
     shapes = []
     if len(ports) > 1:
         reason = MULTIPLE_UDP_PORTS if protocol == "UDP" else MULTIPLE_TCP_PORTS
@@ -99,24 +101,71 @@ def _plain_arm(world: World, svc: ServiceView, protocol: str) -> tuple[ServiceAr
             )
         )
     cluster = udp_cluster(svc.namespace, svc.name) if protocol == "UDP" else tcp_cluster(svc.namespace, svc.name)
-    arm = ServiceArm(
-        service=sref,
-        vip=svc.cluster_ip,
-        cluster=cluster,
-        backend=sref,
-        endpoints=list(endpoints_at(world, svc, ports[0])),
-        idle_timeout_seconds=svc.udp_idle_timeout_s if protocol == "UDP" else None,
-    )
-    return arm, shapes
+    arms = [
+        ServiceArm(
+            service=sref,
+            vip=vip,
+            cluster=in_family(cluster, family_of(vip)),
+            backend=sref,
+            endpoints=list(endpoints_at(world, svc, ports[0], family_of(vip))),
+            idle_timeout_seconds=svc.udp_idle_timeout_s if protocol == "UDP" else None,
+        )
+        for vip in svc.vips
+    ]
+    return arms, shapes
+
+
+def family_gaps(svc: ServiceView, arms: list[ServiceArm], protocol: str) -> list[UnsupportedShape]:
+    """A dual-stack Service whose VIP of one family has no endpoint while the other's has some (its pods have no
+    address of that family, or a route's backends are single-stack): that family's datagrams and connections go
+    nowhere, and the Service says so (NoEndpointsInFamily) rather than looking served."""
+
+    def count(arm: ServiceArm) -> int:
+        return len(arm.endpoints) + sum(len(b.endpoints) for b in arm.backends or ())
+
+    if len(arms) < 2 or not any(count(a) for a in arms):
+        return []
+    return [
+        UnsupportedShape(
+            route=ref(svc.namespace, svc.name),
+            reason=NO_ENDPOINTS_IN_FAMILY,
+            discarded=[a.vip],
+            message=f"{protocol} ClusterIP {a.vip} ({family_of(a.vip)}) has no {family_of(a.vip)} endpoint while "
+            f"the Service's other family has some: dialled on that VIP, nothing answers (its pods have no "
+            f"{family_of(a.vip)} podIP, or its backends are single-stack)",
+        )
+        for a in arms
+        if not count(a)
+    ]
+
+
+def _not_ip_slices(world: World, svc: ServiceView) -> list[UnsupportedShape]:
+    """EndpointSlices of the Service whose addressType is not IPv4 or IPv6 (FQDN: names, which a VIP's datagrams
+    cannot be sent to without a resolver; deprecated by the API): their endpoints are not used, and it says so."""
+    odd = sorted((sl.name, sl.address_type) for sl in world.slices_of(svc.namespace, svc.name) if not sl.holds_ips)
+    if not odd:
+        return []
+    return [
+        UnsupportedShape(
+            route=ref(svc.namespace, svc.name),
+            reason=UNSUPPORTED_ADDRESS_TYPE,
+            discarded=[name for name, _ in odd],
+            message="EndpointSlices of addressType "
+            + ", ".join(f"{name}: {kind}" for name, kind in odd)
+            + ": the mesh sends to IPv4 and IPv6 endpoints only, so their endpoints are not used",
+        )
+    ]
 
 
 def duplicate_vip(svc: ServiceView, owner: ServiceView) -> UnsupportedShape:
-    """The shape of a Service whose ClusterIP an older Service keeps: no UDP or TCP arm, the winner named."""
+    """The shape of a Service whose ClusterIP (of any family) an older Service keeps: no UDP or TCP arm, the winner
+    named."""
+    shared = next((v for v in svc.vips if v in owner.vips), svc.cluster_ip)
     return UnsupportedShape(
         route=ref(svc.namespace, svc.name),
         reason=DUPLICATE_VIP,
         discarded=[ref(svc.namespace, svc.name)],
-        message=f"ClusterIP {svc.cluster_ip} is also Service {ref(owner.namespace, owner.name)}'s, which keeps it "
+        message=f"ClusterIP {shared} is also Service {ref(owner.namespace, owner.name)}'s, which keeps it "
         "(the older Service, ties by namespace/name): this Service gets no arm",
     )
 
@@ -139,10 +188,13 @@ def _quic(world: World, svc: ServiceView) -> QuicDestination | IneligibleDestina
     accounts: set[str] = set()
     unknown: list[str] = []
     every.update(selected_ips(world, svc))  # a pod the selector selects is guarded whatever the slices say
+    # h2/h3 east-west dials a pod on its address of the Service's primary family (ipFamilies[0]); a policy guards
+    # every family's
+    primary = family_of(svc.cluster_ip) if svc.cluster_ip else None
     for sl in world.slices_of(svc.namespace, svc.name):
         for ep in sl.endpoints:
             every.add(ep.ip)
-            if not ep.ready:
+            if not ep.ready or primary not in (None, family_of(ep.ip)):
                 continue
             ips.add(ep.ip)
             pod = world.pod(svc.namespace, ep.pod) if ep.pod else None
@@ -219,8 +271,8 @@ def _one_service(
     udp_shapes: list[UnsupportedShape] = []
     tcp_arms: list[ServiceArm] = []
     tcp_shapes: list[UnsupportedShape] = []
-    owner = world.vip_owner(svc.cluster_ip) if svc.cluster_ip else None
-    lost = owner is not None and owner.key != svc.key
+    owner = next((o for v in svc.vips if (o := world.vip_owner(v)) is not None and o.key != svc.key), None)
+    lost = owner is not None
     winner = None if lost else winners.get(svc.key)
     if lost and owner is not None:
         if meshed:
@@ -232,17 +284,19 @@ def _one_service(
             arm, verdict = resolve_route_on(world, route, route.parents[i], svc)
             verdicts[(route.namespace, route.name, i)] = verdict
             found = found or (arm, verdict)
-        if found is not None:
+        if found is not None:  # and the arm of each other family's VIP, from the same parentRef
             udp_arms.append(found[0])
+            first = route.parents[indexes[0]]
+            udp_arms.extend(resolve_route_on(world, route, first, svc, vip)[0] for vip in svc.vips[1:])
     elif meshed:
-        udp_arm, shapes = _plain_arm(world, svc, "UDP")
-        if udp_arm is not None:
-            udp_arms.append(udp_arm)
+        arms, shapes = _plain_arms(world, svc, "UDP")
+        udp_arms.extend(arms)
         udp_shapes.extend(shapes)
     if not meshed:
         return Contribution(svc.name, tuple(udp_arms))
     if svc.problems:
         udp_shapes.append(UnsupportedShape(route=sref, reason=INVALID_SERVICE, message="; ".join(svc.problems)))
+    udp_shapes.extend(_not_ip_slices(world, svc))
     if svc.idle_timeout_problem and svc.ports_of("UDP"):
         udp_shapes.append(
             UnsupportedShape(
@@ -252,10 +306,11 @@ def _one_service(
             )
         )
     if not lost:
-        tcp_arm, shapes = _plain_arm(world, svc, "TCP")
-        if tcp_arm is not None:
-            tcp_arms.append(tcp_arm)
+        arms, shapes = _plain_arms(world, svc, "TCP")
+        tcp_arms.extend(arms)
         tcp_shapes.extend(shapes)
+    udp_shapes.extend(family_gaps(svc, udp_arms, "UDP"))
+    tcp_shapes.extend(family_gaps(svc, tcp_arms, "TCP"))
     q = _quic(world, svc)
     if isinstance(q, QuicDestination) and world.export(svc.namespace, svc.name) is not None:
         q = q.model_copy(update={"exported": True})

@@ -109,10 +109,12 @@ class Tables:
 
 def _pod_wire(p: PodView) -> dict[str, Any]:
     """MeshPod's wire form, built directly (thousands per pass)."""
-    out = {"uid": p.uid or f"{p.namespace}/{p.name}", "namespace": p.namespace, "name": p.name}
+    out: dict[str, Any] = {"uid": p.uid or f"{p.namespace}/{p.name}", "namespace": p.namespace, "name": p.name}
     if p.ip is not None:
         out["ip"] = p.ip
     out["serviceAccount"] = p.service_account
+    if len(p.ips) > 1:  # a dual-stack pod: MeshPod.ips, both families
+        out["ips"] = list(p.ips)
     return out
 
 
@@ -128,17 +130,23 @@ class NodeDesired:
     trust_domain: str = DEFAULT_TRUST_DOMAIN
     every_mesh_namespace: bool = False  # the dependency set is every mesh namespace (default egress)
     tables: Tables | None = None  # shared with the nodes of the same dependency set (built here when absent)
+    addresses: tuple[str, ...] = ()  # the Node's InternalIPs, both families (MeshNode status.addresses)
 
     @cached_property
     def shared(self) -> Tables:
         return self.tables if self.tables is not None else Tables(self.results, self.every_mesh_namespace)
 
     def status(self) -> EffectiveStatus:
-        return assemble(list(self.pods), self.results, self.trust_domain)
+        status = assemble(list(self.pods), self.results, self.trust_domain)
+        status.addresses = list(self.addresses)
+        return status
 
     @cached_property
     def digest(self) -> str:
-        own = json.dumps([[p.uid, p.namespace, p.name, p.ip, p.service_account, p.running] for p in self.pods])
+        own = json.dumps(
+            [[p.uid, p.namespace, p.name, p.ip, p.ips, p.service_account, p.running] for p in self.pods]
+            + [list(self.addresses)]
+        )
         h = hashlib.blake2b(own.encode(), digest_size=16)
         h.update(f"{self.trust_domain}|{self.shared.digest}".encode())
         return h.hexdigest()
@@ -150,6 +158,7 @@ class NodeDesired:
         return {
             "conditions": [c.wire() for c in conditions],
             "pods": [_pod_wire(p) for p in self.pods],
+            **({"addresses": list(self.addresses)} if self.addresses else {}),
             "quic": {"identities": identities(self.pods, self.trust_domain), "destinations": [], "ineligible": []},
             "serviceSlices": refs,
             "summary": {"pods": len(self.pods), "namespaces": len(refs["namespaces"]), "slices": len(refs["names"])},

@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from aether.api.meshnode import ArmBackend, Endpoint, ServiceArm
-from aether.api.naming import BLACKHOLE_CLUSTER, ref, udp_cluster, udp_split_cluster
+from aether.api.naming import BLACKHOLE_CLUSTER, in_family, ref, udp_cluster, udp_split_cluster
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.operator.reconcile.gateway import BackendRef, ParentRef, RouteView
 from aether.operator.reconcile.split import Share, SplitRef, compute_split
-from aether.operator.reconcile.views import ServicePort, ServiceView
+from aether.operator.reconcile.views import ServicePort, ServiceView, family_of
 from aether.operator.reconcile.world import World
 
 # Gateway API reasons (Accepted / ResolvedRefs) and ours for discarded backends.
@@ -84,16 +84,19 @@ def rules_note(rules: int) -> str:
     return f"; {rules} rules: UDPRoute rules have no matches, so their backendRefs are served as one set (v1: one rule)"
 
 
-def endpoints_at(world: World, svc: ServiceView, port: ServicePort) -> tuple[Endpoint, ...]:
+def endpoints_at(world: World, svc: ServiceView, port: ServicePort, family: str | None = None) -> tuple[Endpoint, ...]:
     """The endpoints of svc for one of its ports (matched to slice ports by name and protocol): the ready ones, and
     the terminating ones still serving marked `draining` (an address ready in any slice is ready). With no ready
-    endpoint, the serving terminating ones take new flows unmarked, as kube-proxy does."""
+    endpoint, the serving terminating ones take new flows unmarked, as kube-proxy does. `family` (IPv4, IPv6): only
+    that family's addresses, what the Service's VIP of that family carries (its slices of that addressType)."""
     found: dict[tuple[str, int], bool] = {}  # (ip, port) -> draining
     for sl in world.slices_of(svc.namespace, svc.name):
         numbers = [p.port for p in sl.ports if p.name == port.name and p.protocol == port.protocol]
-        if not numbers:
+        if not numbers or not sl.holds_ips:
             continue
         for ep in sl.endpoints:
+            if family is not None and family_of(ep.ip) != family:
+                continue
             if ep.ready or ep.draining:
                 key = (ep.ip, numbers[0])
                 found[key] = found.get(key, True) and ep.draining
@@ -184,7 +187,9 @@ class _Candidate:
     endpoints: tuple[Endpoint, ...]
 
 
-def _resolve_backend(world: World, route: RouteView, b: BackendRef) -> tuple[_Candidate | None, str, str]:
+def _resolve_backend(
+    world: World, route: RouteView, b: BackendRef, family: str = "IPv4"
+) -> tuple[_Candidate | None, str, str]:
     """-> (candidate, reason, message); candidate None when the ref cannot be used."""
     if b.problem:
         return None, UNSUPPORTED_VALUE, b.problem
@@ -202,21 +207,27 @@ def _resolve_backend(world: World, route: RouteView, b: BackendRef) -> tuple[_Ca
     ports = [p for p in svc.ports_of("UDP") if p.port == b.port]
     if not ports:
         return None, BACKEND_NOT_FOUND, f"backendRef {b.ref}: Service has no UDP port {b.port}"
-    return _Candidate(b, udp_cluster(b.namespace, b.name), endpoints_at(world, svc, ports[0])), RESOLVED, ""
+    cluster = in_family(udp_cluster(b.namespace, b.name), family)
+    return _Candidate(b, cluster, endpoints_at(world, svc, ports[0], family)), RESOLVED, ""
 
 
 def _split_message(shares: tuple[Share, ...]) -> str:
     return ", ".join(f"{s.backend} {s.share:g}%" + (f" ({s.reason})" if s.reason else "") for s in shares)
 
 
-def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: ServiceView) -> tuple[ServiceArm, Verdict]:
-    """The arm a route gives its parent Service, and the route's verdict for that parent."""
+def resolve_route_on(
+    world: World, route: RouteView, parent: ParentRef, svc: ServiceView, vip: str | None = None
+) -> tuple[ServiceArm, Verdict]:
+    """The arm a route gives its parent Service's VIP `vip` (its primary ClusterIP when None), and the route's
+    verdict for that parent. The arm carries the backends' endpoints of the VIP's family only."""
+    vip = vip or svc.cluster_ip or ""
+    family = family_of(vip) if vip else "IPv4"
     bad: list[tuple[str, str, str]] = []  # (ref, reason, message)
     usable: list[_Candidate] = []
     refs: list[SplitRef] = []
     endpoints: dict[tuple[str, int | None], tuple[Endpoint, ...]] = {}
     for b in route.backends:
-        cand, reason, message = _resolve_backend(world, route, b)
+        cand, reason, message = _resolve_backend(world, route, b, family)
         if cand is None:
             bad.append((b.ref, reason, message))
             refs.append(SplitRef(b.ref, b.port, b.weight, reason))
@@ -224,7 +235,6 @@ def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: Ser
             usable.append(cand)
             refs.append(SplitRef(b.ref, b.port, b.weight))
             endpoints[(b.ref, b.port)] = cand.endpoints
-    vip = svc.cluster_ip or ""
     sref, route_ref = ref(svc.namespace, svc.name), ref(route.namespace, route.name)
     resolved_reason = RESOLVED
     for r in (REF_NOT_PERMITTED, INVALID_KIND, BACKEND_NOT_FOUND, UNSUPPORTED_VALUE):
@@ -254,7 +264,7 @@ def resolve_route_on(world: World, route: RouteView, parent: ParentRef, svc: Ser
         )
         message, chosen = f"routes {sref} to {single.cluster}", single.cluster
     else:
-        cluster = udp_split_cluster(svc.namespace, svc.name)
+        cluster = in_family(udp_split_cluster(svc.namespace, svc.name), family)
         backends = [
             ArmBackend(
                 backend=s.backend,

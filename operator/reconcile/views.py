@@ -52,6 +52,21 @@ def _ip(value: Any) -> str | None:
         return None
 
 
+def family_of(ip: str) -> str:
+    """`IPv4` or `IPv6`: the API's spelling of an address's family (Service ipFamilies, EndpointSlice addressType)."""
+    return "IPv6" if ":" in ip else "IPv4"
+
+
+def _ips(values: Any, key: str | None = None) -> tuple[str, ...]:
+    """The valid, distinct IPs of a list (of strings, or of objects holding one under `key`), in order."""
+    out: list[str] = []
+    for v in _l(values):
+        ip = _ip(_d(v).get(key) if key is not None else v)
+        if ip is not None and ip not in out:
+            out.append(ip)
+    return tuple(out)
+
+
 def _port(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535 else None
 
@@ -80,11 +95,13 @@ def parse_namespace(obj: Raw) -> NamespaceView:
 class NodeView:
     name: str
     uid: str
+    addresses: tuple[str, ...] = ()  # status.addresses of type InternalIP, both families, in the kubelet's order
 
 
 def parse_node(obj: Raw) -> NodeView:
     meta = _meta(obj)
-    return NodeView(str(meta.get("name", "")), str(meta.get("uid", "")))
+    internal = [a for a in _l(_d(obj.get("status")).get("addresses")) if _d(a).get("type") == "InternalIP"]
+    return NodeView(str(meta.get("name", "")), str(meta.get("uid", "")), _ips(internal, "address"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +115,7 @@ class PodView:
     phase: str
     host_network: bool
     labels: frozenset[tuple[str, str]] = frozenset()  # metadata.labels: what Service selectors match
+    ips: tuple[str, ...] = ()  # status.podIPs (one per family; the first is podIP), or (podIP,) without them
 
     @property
     def key(self) -> tuple[str, str]:
@@ -116,16 +134,19 @@ class PodView:
 def parse_pod(obj: Raw) -> PodView:
     meta, spec, status = _meta(obj), _d(obj.get("spec")), _d(obj.get("status"))
     sa = _s(spec.get("serviceAccountName")) or _s(spec.get("serviceAccount")) or "default"
+    ip = _ip(status.get("podIP"))
+    ips = _ips(status.get("podIPs"), "ip") or ((ip,) if ip else ())
     return PodView(
         uid=str(meta.get("uid", "")),
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         node=_s(spec.get("nodeName")),
-        ip=_ip(status.get("podIP")),
+        ip=ip or (ips[0] if ips else None),
         service_account=sa,
         phase=str(status.get("phase") or "Pending"),
         host_network=spec.get("hostNetwork") is True,
         labels=_labels(meta.get("labels")),
+        ips=ips,
     )
 
 
@@ -180,6 +201,14 @@ class ServiceView:
     external_name: str | None = None  # spec.externalName of a type ExternalName Service (a DNS alias, no ClusterIP)
     # spec.selector: empty means selector-less (its EndpointSlices are written by someone else), as the API says
     selector: frozenset[tuple[str, str]] = frozenset()
+    # spec.clusterIPs: one VIP per family, the primary (ipFamilies[0], = cluster_ip) first; one arm each
+    cluster_ips: tuple[str, ...] = ()
+    ip_family_policy: str | None = None  # SingleStack, PreferDualStack or RequireDualStack
+
+    @property
+    def vips(self) -> tuple[str, ...]:
+        """Every VIP of the Service, primary first (an object with clusterIP only has that one)."""
+        return self.cluster_ips or ((self.cluster_ip,) if self.cluster_ip else ())
 
     def selects(self, pod: PodView) -> bool:
         """Whether the Service's selector matches `pod` (same namespace, every selector label on the pod)."""
@@ -206,18 +235,34 @@ class ServiceView:
         return tuple(sorted((p for p in self.ports if p.protocol == protocol), key=lambda p: (p.name, p.port)))
 
 
+def _cluster_ips(spec: Raw, problems: list[str]) -> tuple[tuple[str, ...], bool]:
+    """spec.clusterIPs (spec.clusterIP alone on a server or object without them) -> (the usable VIPs, primary first,
+    at most one per family; whether one is set but unusable). `None` and empty are headless, not a problem."""
+    raw = _l(spec.get("clusterIPs")) or [spec.get("clusterIP")]
+    vips: list[str] = []
+    bad = False
+    for i, value in enumerate(raw):
+        where = f"spec.clusterIPs[{i}]" if i else "spec.clusterIP"  # the API keeps clusterIPs[0] == clusterIP
+        ip = _ip(value)
+        if value in (None, "", "None"):
+            continue
+        if ip is None:
+            problems.append(f"{where} {value!r} is not an IP address")
+            bad = True
+        elif (why := unroutable_vip(ip)) is not None:
+            problems.append(f"{where} {value!r} is {why}: no pod can dial it as a Service VIP")
+            bad = True
+        elif any(family_of(v) == family_of(ip) for v in vips):
+            problems.append(f"{where} {value!r}: a second {family_of(ip)} ClusterIP (one per family)")
+        else:
+            vips.append(ip)
+    return tuple(vips), bad
+
+
 def parse_service(obj: Raw) -> ServiceView:
     meta, spec = _meta(obj), _d(obj.get("spec"))
     problems: list[str] = []
-    raw_ip = spec.get("clusterIP")
-    cluster_ip = _ip(raw_ip)
-    bad_vip = False
-    if raw_ip not in (None, "", "None") and cluster_ip is None:
-        problems.append(f"spec.clusterIP {raw_ip!r} is not an IP address")
-        bad_vip = True
-    elif cluster_ip is not None and (why := unroutable_vip(cluster_ip)) is not None:
-        problems.append(f"spec.clusterIP {raw_ip!r} is {why}: no pod can dial it as a Service VIP")
-        cluster_ip, bad_vip = None, True
+    cluster_ips, bad_vip = _cluster_ips(spec, problems)
     ports = []
     for i, p in enumerate(_l(spec.get("ports"))):
         p = _d(p)
@@ -237,7 +282,7 @@ def parse_service(obj: Raw) -> ServiceView:
     return ServiceView(
         str(meta.get("namespace", "")),
         str(meta.get("name", "")),
-        cluster_ip,
+        cluster_ips[0] if cluster_ips and not bad_vip else None,
         tuple(ports),
         tuple(problems),
         str(meta.get("creationTimestamp") or ""),
@@ -246,6 +291,8 @@ def parse_service(obj: Raw) -> ServiceView:
         idle_problem,
         str(spec.get("externalName") or "") if spec.get("type") == "ExternalName" else None,
         _labels(spec.get("selector")) if spec.get("type") != "ExternalName" else frozenset(),
+        cluster_ips if not bad_vip else (),
+        _s(spec.get("ipFamilyPolicy")),
     )
 
 
@@ -274,14 +321,23 @@ class SliceView:
     service: str | None
     ports: tuple[ServicePort, ...]
     endpoints: tuple[SliceEndpoint, ...]
+    # addressType: IPv4 or IPv6 (the EndpointSlice controller writes one slice per family of the pods' podIPs);
+    # FQDN, or a type the operator does not know, holds no endpoint it can use (the Service's shapes say so);
+    # "" (not set: an object no API server validated): its IPs of either family
+    address_type: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
 
+    @property
+    def holds_ips(self) -> bool:
+        return self.address_type in ("", "IPv4", "IPv6")
+
 
 def parse_slice(obj: Raw) -> SliceView:
     meta = _meta(obj)
+    address_type = _s(obj.get("addressType")) or ""
     ports = []
     for p in _l(obj.get("ports")):
         p = _d(p)
@@ -299,7 +355,7 @@ def parse_slice(obj: Raw) -> SliceView:
         pod = _s(ref.get("name")) if ref.get("kind", "Pod") == "Pod" else None
         for a in _l(e.get("addresses")):
             ip = _ip(a)
-            if ip is not None:
+            if ip is not None and address_type in ("", family_of(ip)):  # an FQDN slice's names are never used
                 endpoints.append(SliceEndpoint(ip, ready, pod, serving, terminating))
     return SliceView(
         str(meta.get("namespace", "")),
@@ -307,4 +363,5 @@ def parse_slice(obj: Raw) -> SliceView:
         _s(_d(meta.get("labels")).get(SERVICE_NAME_LABEL)),
         tuple(ports),
         tuple(endpoints),
+        address_type,
     )

@@ -24,6 +24,11 @@ def node(name: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
 
 
+def node_status(*internal_ips: str) -> Obj:
+    """What a kubelet reports of its node's addresses: one InternalIP per family (a dual-stack node has two)."""
+    return {"status": {"addresses": [{"type": "InternalIP", "address": a} for a in internal_ips]}}
+
+
 def pod(ns: str, name: str, node_name: str, sa: str = "default") -> Obj:
     return {
         "apiVersion": "v1",
@@ -33,11 +38,13 @@ def pod(ns: str, name: str, node_name: str, sa: str = "default") -> Obj:
     }
 
 
-def pod_status(ip: str, phase: str = "Running", ready: bool = True) -> Obj:
+def pod_status(ip: str, phase: str = "Running", ready: bool = True, also: Sequence[str] = ()) -> Obj:
     """What a kubelet reports for a started pod: phase, addresses and the Ready condition (which the EndpointSlice
-    controller of a real control plane reads)."""
+    controller of a real control plane reads). `also`: the pod's addresses of its other family (a dual-stack pod's
+    podIPs list one per family, podIP first)."""
     conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
-    return {"status": {"phase": phase, "podIP": ip, "podIPs": [{"ip": ip}], "conditions": conditions}}
+    ips = [{"ip": a} for a in (ip, *also)]
+    return {"status": {"phase": phase, "podIP": ip, "podIPs": ips, "conditions": conditions}}
 
 
 def service(
@@ -86,7 +93,7 @@ def endpoint_slice(
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {"name": name or f"{svc}-1", "namespace": ns, "labels": {SERVICE_NAME_LABEL: svc}},
-        "addressType": "IPv4",
+        "addressType": "IPv6" if endpoints and ":" in endpoints[0][0] else "IPv4",  # one family per slice
         "ports": [{"name": n, "port": p, "protocol": proto} for n, p, proto in ports],
         "endpoints": eps,
     }

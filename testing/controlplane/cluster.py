@@ -4,7 +4,8 @@ kube-controller-manager at the pinned version (`make k8s`), with certificates ma
     cp = start()                       # -> ControlPlane; .kubeconfig_path, .url, .version, .kubectl(...), .stop()
 
 The API server runs RBAC and Node authorization, the default admission chain (ValidatingAdmissionPolicy included)
-and a service CIDR, so Services get their ClusterIPs from the real allocator. The controller manager runs the
+and a service CIDR per IP family asked for (`start(ip_family="ipv4"|"ipv6"|"dual")`, families.py), so Services get
+their ClusterIPs from the real allocator per `ipFamilyPolicy` and `ipFamilies`. The controller manager runs the
 EndpointSlice, garbage-collector, namespace, service-account and token controllers. No kubelet, scheduler or
 kube-proxy: the harness plays the kubelet (it creates Pods with `spec.nodeName` and writes their status).
 Our CRDs, the upstream Gateway API CRDs (crds/gateway-api/, one channel) and the upstream multicluster Services API
@@ -32,9 +33,10 @@ from aether.testing import kubeconfig
 from aether.testing.apitestbed.server import AuditRecord
 from aether.testing.controlplane import pki
 from aether.testing.controlplane.binaries import tool
+from aether.testing.controlplane.families import SERVICE_CIDR_V4, IpFamily, check, kubernetes_vips, service_cidrs
 from aether.testing.netlab import die_with_parent
 
-SERVICE_CIDR = "10.96.0.0/12"  # covers the 10.96.x.y VIPs tests and the demo ask for
+SERVICE_CIDR = SERVICE_CIDR_V4  # the IPv4 control plane's (the default); families.py has the others
 CHANNELS = ("standard", "experimental")
 # kube-controller-manager --controllers: what a mesh's API objects depend on, nothing that needs a kubelet
 CONTROLLERS = (
@@ -126,6 +128,7 @@ class ControlPlane:
     channel: str
     owns_workdir: bool
     apiserver_args: tuple[str, ...] = ()  # extra kube-apiserver flags, e.g. ("--watch-cache=false",)
+    ip_family: IpFamily = "ipv4"  # the service CIDRs' families (families.py): ipv4, ipv6 or dual
     url: str = ""
     version: str = ""
     kubeconfig_path: Path = field(default=Path())
@@ -142,7 +145,7 @@ class ControlPlane:
         serving = ca.issue(
             "apiserver",
             "kube-apiserver",
-            ips=("127.0.0.1", "10.96.0.1"),
+            ips=("127.0.0.1", *kubernetes_vips(self.ip_family)),
             server=True,
             dns=("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"),
         )
@@ -211,7 +214,7 @@ class ControlPlane:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={sa.cert}",
                 f"--service-account-signing-key-file={sa.key}",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--service-cluster-ip-range={','.join(service_cidrs(self.ip_family))}",
                 "--authorization-mode=Node,RBAC",
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
@@ -382,12 +385,14 @@ def start(
     crds: bool = True,
     channel: str = "experimental",
     apiserver_args: tuple[str, ...] = (),
+    ip_family: IpFamily = "ipv4",
 ) -> ControlPlane:
-    """Boot a control plane in `workdir` (a new temporary directory, removed at stop, when None)."""
+    """Boot a control plane in `workdir` (a new temporary directory, removed at stop, when None) whose Services get
+    ClusterIPs of `ip_family` (ipv4, ipv6 or dual: families.service_cidrs)."""
     if channel not in CHANNELS:
         raise ValueError(f"unknown Gateway API channel {channel!r} (known: {', '.join(CHANNELS)})")
     owns = workdir is None
     where = Path(tempfile.mkdtemp(prefix="aether-k8s-")) if workdir is None else workdir
-    cp = ControlPlane(where, channel, owns, apiserver_args)
+    cp = ControlPlane(where, channel, owns, apiserver_args, check(ip_family))
     cp.boot(crds)
     return cp

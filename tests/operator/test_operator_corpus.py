@@ -440,7 +440,9 @@ SLICES: list[tuple[str, list[tuple[str, bool, str | None]], Any, list[dict[str, 
         SL,
         [{"ip": "10.97.240.5", "port": 5353}],
     ),
-    ("eps-ipv6", [("fd00::5", True, None)], SL, [{"ip": "fd00::5", "port": 5353}]),
+    # an IPv6 slice on an IPv4-only Service: each VIP carries its own family's endpoints (an IPv4 datagram is
+    # never sent on to an IPv6 pod address); the IPv6 Service's case is test_operator_dual_stack_model.py's
+    ("eps-ipv6-on-an-ipv4-service", [("fd00::5", True, None)], SL, []),
 ]
 
 
