@@ -82,7 +82,7 @@ PORT_ROLES: Final[tuple[PortRole, ...]] = (
         "EAST_WEST_PORT",
         EAST_WEST_PORT,
         frozenset({Transport.TCP, Transport.UDP}),
-        {Transport.TCP: "mTLS SNI tunnel", Transport.UDP: "QUIC, mTLS (not built)"},
+        {Transport.TCP: "mTLS SNI tunnel", Transport.UDP: "QUIC SNI passthrough"},
     ),
     PortRole(
         "HTTP_OUTBOUND_PORT",

@@ -40,9 +40,16 @@ def self_signed(workdir: Path, name: str, *more_names: str) -> tuple[Path, Path]
 
 
 async def handshake(
-    gateway_port: int, sni: str, servers: Sequence[Server], trust: Path, alpn: list[str], timeout: float
+    gateway_port: int,
+    sni: str,
+    servers: Sequence[Server],
+    trust: Path,
+    alpn: list[str],
+    timeout: float,
+    *,
+    host: str = "127.0.0.1",
 ) -> bytes | None:
-    """`servers` serve; a client naming `sni` and trusting only `trust` connects to 127.0.0.1:`gateway_port`.
+    """`servers` serve; a client naming `sni` and trusting only `trust` connects to `host`:`gateway_port`.
     The DER certificate it verified, or None when no handshake completed within `timeout`."""
     running = []
     for server in servers:
@@ -53,7 +60,7 @@ async def handshake(
     client_config.load_verify_locations(str(trust))
     try:
         async with asyncio.timeout(timeout):
-            async with connect("127.0.0.1", gateway_port, configuration=client_config) as client:
+            async with connect(host, gateway_port, configuration=client_config) as client:
                 await client.ping()
                 peer = client._quic.tls._peer_certificate
                 assert peer is not None

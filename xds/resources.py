@@ -70,6 +70,9 @@ class TranslateOptions:
     authorization: tuple[CompiledPolicy, ...] = ()
     # this node plays the east-west gateway on <address>:18009 (eastwest/gateway.py; `aether xds --east-west-gateway`)
     east_west_gateway: str | None = None
+    # ... and its QUIC half on UDP 18009 (eastwest/gateway_quic.py): needs the aether_quic_sni module in Envoy's
+    # ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the sidecar sets it when the module is there)
+    east_west_gateway_quic: bool = False
 
 
 def seconds(value: float) -> str:

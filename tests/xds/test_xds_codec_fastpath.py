@@ -71,6 +71,8 @@ LISTENER_KINDS: Final = {
     "UDP listener: DestinationIPInput Route UdpProxyConfig",  # UDP capture
     "UDP listener: DestinationIPInput Route UdpGsoBatchWriterFactory UdpProxyConfig",  # with --udp-gso
     "UDP listener: Route UdpProxyConfig",  # UDP capture, no service: the blackhole only
+    # the east-west gateway's QUIC half (eastwest/gateway_quic.py): the SNI module before udp_proxy on UDP 18009
+    "UDP listener: DynamicModuleUdpListenerFilter Route StringValue UdpProxyConfig",
     # inbound h2 and h3, with their JSON access log on stdout (and the tests' text file)
     # (each HCM runs the one-SPIFFE-ID check, an RBAC matcher on UriSanInput, then the rule-less RBAC filter: a
     # policy's rules ride on the inbound routes, RBACPerRoute)
@@ -92,6 +94,7 @@ CLUSTER_KINDS: Final = {
     "EDS cluster: -",  # udp: and tcp: clusters
     "EDS cluster: HttpProtocolOptions UpstreamTlsContext filter_state_override.Config on_demand_secret.Config",  # h2:
     "EDS cluster: HttpProtocolOptions QuicUpstreamTransport",  # QUIC twins
+    "EDS cluster: DynamicModulesLoadBalancerConfig",  # the gateway's QUIC cluster, its load balancer our module
 }
 
 
@@ -259,6 +262,8 @@ def corpus() -> tuple[tuple[str, Resources], ...]:
         guarded = replace(OPTS, authorization=compile_bodies(_POLICIES, "cluster.local"))
         cases.append((f"{label}/eastwest-authz", eastwest_build(node, records, guarded)))
         cases += _by_area(f"{label}/gateway", node, records, replace(OPTS, east_west_gateway="10.199.0.2"))
+        with_quic = replace(OPTS, east_west_gateway="10.199.0.2", east_west_gateway_quic=True)
+        cases += _by_area(f"{label}/gateway-quic", node, records, with_quic)
     quic = {"q": quic_listener(enableEarlyData=False, enableResumption=True)}
     cases.append(("hand-written/resumption-on", {LISTENER: quic}))
     return tuple(cases)
@@ -383,7 +388,8 @@ _BY_NAME: Final[dict[tuple[type, str], st.SearchStrategy[Any]]] = {
     ),
     (EastWestOptions, "identity_factory"): st.sampled_from(["envoy.hashable_string", "envoy.string"]),
     (TranslateOptions, "authorization"): st.sampled_from([(), compile_bodies(_POLICIES, "cluster.local")]),
-    (TranslateOptions, "east_west_gateway"): st.none() | st.just("10.199.0.2"),  # the gateway area's one knob
+    (TranslateOptions, "east_west_gateway"): st.none() | st.just("10.199.0.2"),  # the gateway area's knobs
+    (TranslateOptions, "east_west_gateway_quic"): st.booleans(),
     (EastWestOptions, "remote_gateways"): st.dictionaries(
         st.sampled_from(["default/web", "default/api", *(f"{ns}/d{i}" for ns in _NAMESPACES for i in (0, 1))]),
         st.just(("10.199.0.2", "10.199.0.3")),

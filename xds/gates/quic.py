@@ -9,7 +9,8 @@ Each guards a failure Envoy accepts silently:
   client keeps the identity it once proved past its SVID's expiry (`tests/xds/test_inbound_tls.py` shows it).
 - R5 `classes-separated`: the plaintext UDP class (udp_proxy) and the QUIC class never share a port, and each
   sits on its own role's port (plaintext on 18082, QUIC on 18008/18009), so a datagram is told apart by port
-  before any matcher runs.
+  before any matcher runs. The gateway's QUIC passthrough (udp_proxy behind the `aether_quic_sni` module, which
+  opens a session only for a QUIC Initial naming an exported SNI) is of the QUIC class.
 - `identity-hashable`: every stamped source identity that an upstream pool partitions on is made by
   `envoy.hashable_string` and shared with the upstream. With `envoy.string` the pool is not partitioned and a
   second source's requests ride the first source's connection, arriving as the first source.
@@ -24,7 +25,7 @@ from typing import Any, Final
 from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT, L4_OUTBOUND_PORT
 from aether.xds.gates.authz import rbac_enforced
 from aether.xds.gates.core import GateFailure
-from aether.xds.gates.gateway import gateway_passthrough
+from aether.xds.gates.gateway import gateway_passthrough, sni_module_first
 from aether.xds.resources import LISTENER, ROUTE, Resources
 from aether.xds.translate.eastwest.outbound import CLUSTER_ACTION_TYPE, MATCHER_SPECIFIER_TYPE, SET_FILTER_STATE_TYPE
 from aether.xds.translate.eastwest.tls import DOWNSTREAM_TLS, HASHABLE_FACTORY, IDENTITY_KEY, QUIC_DOWNSTREAM
@@ -101,6 +102,8 @@ def _udp_class(listener: dict[str, Any]) -> tuple[int, str] | None:
     udp_cfg = _get(listener, "udpListenerConfig") or {}
     is_quic = _get(udp_cfg, "quicOptions") is not None or any(True for _ in _find(listener, QUIC_DOWNSTREAM))
     is_plain = any(_get(f, "name") == UDP_PROXY_FILTER for f in _get(listener, "listenerFilters") or [])
+    if is_plain and sni_module_first(listener):
+        return port, "quic"  # the gateway's QUIC passthrough: only QUIC Initials of an exported SNI open a session
     if is_quic and is_plain:
         return port, "both"
     return (port, "quic") if is_quic else (port, "plaintext") if is_plain else None

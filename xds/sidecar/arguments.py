@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import re
+from collections.abc import Mapping
+from pathlib import Path
 
 from aether.api.naming import DEFAULT_MESH_DOMAIN
+from aether.xds.translate.eastwest.gateway_quic import MODULE as QUIC_MODULE
 
 MESH_DOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+")
 
@@ -45,6 +48,23 @@ def east_west_gateway_argument(p: argparse.ArgumentParser) -> None:
         "the other cluster) forwarding TLS by its SNI, unopened, to the pods of every QUIC destination this node's "
         "MeshNode lists (docs/architecture.md#the-east-west-gateway); default: no gateway",
     )
+    p.add_argument(
+        "--east-west-gateway-quic",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the gateway's QUIC half, a UDP listener on ADDRESS:18009 (HTTP/3 passed through by the SNI of the "
+        "client's Initial); it needs the aether_quic_sni module (lib" + QUIC_MODULE + ".so) in Envoy's "
+        "ENVOY_DYNAMIC_MODULES_SEARCH_PATH, as the node image ships it. auto (default): on when the module is there",
+    )
+
+
+def east_west_gateway_quic(choice: str, environ: Mapping[str, str]) -> bool:
+    """Whether the gateway serves its QUIC half: `on`/`off`, or for `auto` whether Envoy (which inherits this
+    environment) will find the module. Without it, Envoy would refuse the listener and with it the whole update."""
+    if choice != "auto":
+        return choice == "on"
+    search = environ.get("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", "")
+    return bool(search) and (Path(search) / f"lib{QUIC_MODULE}.so").is_file()
 
 
 def ipv4_address(value: str) -> str:

@@ -35,6 +35,7 @@ from aether.api.slices import load_state_file
 from aether.netns.records import load_records, state_dir
 from aether.xds.sidecar.arguments import duration
 from aether.xds.sidecar.arguments import east_west_gateway_argument as _east_west_gateway_argument
+from aether.xds.sidecar.arguments import east_west_gateway_quic as _east_west_gateway_quic
 from aether.xds.sidecar.arguments import mesh_domain_argument as _mesh_domain_argument
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
 
@@ -125,6 +126,7 @@ def _render(argv: list[str]) -> int:
         authorization=compile_bodies(others.get(POLICY_KIND, ()), td),
         mesh_domain=args.mesh_domain,
         east_west_gateway=args.east_west_gateway,
+        east_west_gateway_quic=_east_west_gateway_quic(args.east_west_gateway_quic, os.environ),
     )
     for policy in options.authorization:
         if not policy.accepted:
@@ -287,6 +289,7 @@ def _translate_options(args: argparse.Namespace, areas: tuple[str, ...]) -> Tran
         udp_preserve_source=args.udp_preserve_source,
         mesh_domain=args.mesh_domain,
         east_west_gateway=args.east_west_gateway,
+        east_west_gateway_quic=_east_west_gateway_quic(args.east_west_gateway_quic, os.environ),
     )
     if options.udp_gso_writer:
         log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")

@@ -1,6 +1,6 @@
 //! The gateway load balancer's choice, pure: among a cluster's healthy endpoints, one of those the connection's
-//! SNI names. Each endpoint is tagged with the SNI (or SNIs) it serves; an address may serve several (one pod,
-//! two Service ports).
+//! SNI names. Each endpoint is tagged with the SNIs it serves (one metadata string, comma or space separated): an
+//! address may serve several (one pod, two Service ports), and the translator writes one endpoint per address.
 
 use std::collections::HashMap;
 
@@ -11,14 +11,12 @@ pub struct Endpoints {
 }
 
 impl Endpoints {
-    /// `hosts`: (address as Envoy prints it, SNI) pairs; SNIs compare lower-cased.
+    /// `hosts`: (address as Envoy prints it, its SNIs) pairs; SNIs compare lower-cased.
     pub fn new<A: Into<String>, S: AsRef<str>>(hosts: impl IntoIterator<Item = (A, S)>) -> Self {
         let mut by_address: HashMap<String, Vec<String>> = HashMap::new();
-        for (address, sni) in hosts {
-            by_address
-                .entry(address.into())
-                .or_default()
-                .push(sni.as_ref().to_ascii_lowercase());
+        for (address, snis) in hosts {
+            let names = crate::gate::parse_exported(snis.as_ref().as_bytes());
+            by_address.entry(address.into()).or_default().extend(names);
         }
         Endpoints { by_address }
     }

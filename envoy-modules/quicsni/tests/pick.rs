@@ -7,9 +7,13 @@ fn endpoints() -> Endpoints {
         ("10.0.0.1:18008", "8080.web.default.mesh.local"),
         ("10.0.0.2:18008", "8080.web.default.mesh.local"),
         ("10.0.0.3:18008", "9090.api.default.mesh.local"),
-        // One pod serving two SNIs (two ports of one ServiceAccount).
-        ("10.0.0.4:18008", "9090.api.default.mesh.local"),
-        ("10.0.0.4:18008", "7070.api.default.mesh.local"),
+        // One pod serving two SNIs (two ports of one ServiceAccount), as the translator writes it and as two hosts.
+        (
+            "10.0.0.4:18008",
+            "9090.api.default.mesh.local,7070.API.default.mesh.local",
+        ),
+        ("10.0.0.5:18008", "6060.api.default.mesh.local"),
+        ("10.0.0.5:18008", "5050.api.default.mesh.local"),
     ])
 }
 
@@ -26,6 +30,9 @@ fn an_sni_gets_only_its_own_endpoints_in_turn() {
         .collect();
     assert_eq!(api, [Some(2), Some(3)]);
     assert_eq!(e.pick("7070.api.default.mesh.local", healthy, 5), Some(3));
+    let five = ["10.0.0.5:18008"];
+    assert_eq!(e.pick("5050.api.default.mesh.local", five, 0), Some(0));
+    assert_eq!(e.pick("6060.api.default.mesh.local", five, 0), Some(0));
 }
 
 #[test]

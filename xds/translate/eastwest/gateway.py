@@ -28,6 +28,7 @@ from aether.api.naming import quic_sni
 from aether.netns.contract import EAST_WEST_PORT
 from aether.netns.records import PodRecord
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, TYPE_URL_PREFIX, Resources, TranslateOptions
+from aether.xds.translate.eastwest import gateway_quic
 from aether.xds.translate.eastwest.build import camel
 from aether.xds.translate.eastwest.inbound import TLS_INSPECTOR
 from aether.xds.translate.eastwest.outbound import eds_cluster, endpoints_assignment
@@ -86,9 +87,11 @@ def build(
     *,
     connect_timeout_s: float = 2.0,
     config_source: Mapping[str, Any] | None = None,
+    quic: bool = False,
 ) -> Resources:
     """The gateway role's resources, served form (lowerCamelCase, as `eastwest.build`): its listener on
-    `address:18009`, one EDS cluster and load assignment per exported SNI. No exports: the port is closed and
+    `address:18009`, one EDS cluster and load assignment per exported SNI; with `quic`, also the UDP listener on
+    the same address and port and its one cluster (`gateway_quic`). No exports: the port is closed and
     refuses every connection: no listener at all (Envoy rejects a listener without filter chains: "no filter chains
     specified", seen with `--mode validate`)."""
     snis = exported_snis(exports, mesh_domain)
@@ -97,6 +100,10 @@ def build(
         CLUSTER: {cluster_name(s): eds_cluster(cluster_name(s), connect_timeout_s, config_source) for s in snis},
         ENDPOINT: {cluster_name(s): endpoints_assignment(cluster_name(s), eps) for s, eps in snis.items()},
     }
+    if quic and snis:
+        out[LISTENER][gateway_quic.LISTENER_NAME] = gateway_quic.listener(list(snis), address)
+        out[CLUSTER][gateway_quic.CLUSTER_NAME] = gateway_quic.cluster(connect_timeout_s, config_source)
+        out[ENDPOINT][gateway_quic.CLUSTER_NAME] = gateway_quic.assignment(snis)
     converted: Resources = camel(out)
     return converted
 
@@ -106,8 +113,10 @@ def area(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOpt
     `options.east_west_gateway` names this node's address. It exports every QUIC destination the node's MeshNode
     lists (its dependency set: with the default egress, every eligible Service of the cluster), with their
     endpoints, so a gateway node is one whose egress reaches what it exports; a destination that is itself remote
-    (`gateways`) is not exported."""
+    (`gateways`) is not exported. `options.east_west_gateway_quic` adds the UDP half (the sidecar sets it when
+    its Envoy can load the `aether_quic_sni` module)."""
     if options.east_west_gateway is None:
         return {}
     exports = [d for d in destinations(node, options.trust_domain) if not d.gateways]  # never re-export a remote one
-    return build(exports, options.east_west_gateway, options.mesh_domain, connect_timeout_s=2.0)
+    address, quic = options.east_west_gateway, options.east_west_gateway_quic
+    return build(exports, address, options.mesh_domain, connect_timeout_s=2.0, quic=quic)
