@@ -9,10 +9,11 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: setup system-packages k8s demo test lint unit bench clean
 
-# Debian packages: the kernel tools, and the real UDP programs the data-path tests run (dnsmasq, dig, dnsperf, socat,
-# iperf3). `dnsmasq-base` is the server without its system service.
-DEB_PACKAGES := nftables iproute2 python3-venv dnsmasq-base dnsutils dnsperf socat iperf3
-DEB_COMMANDS := nft ip dnsmasq dig dnsperf socat iperf3
+# Debian packages: the kernel tools (util-linux for setpriv: every process a test starts dies with the test process),
+# and the real UDP programs the data-path tests run (dnsmasq, dig, dnsperf, socat, iperf3). `dnsmasq-base` is the
+# server without its system service.
+DEB_PACKAGES := nftables iproute2 util-linux python3-venv dnsmasq-base dnsutils dnsperf socat iperf3
+DEB_COMMANDS := nft ip setpriv dnsmasq dig dnsperf socat iperf3
 
 system-packages:
 	@missing=""; for c in $(DEB_COMMANDS); do command -v $$c >/dev/null || [ -x /usr/sbin/$$c ] || missing="$$missing $$c"; done; \
@@ -76,9 +77,15 @@ test-images:
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory images; \
 	else echo "images: not root: the image tests skip (make images as root builds them)"; fi
 
+# The tests in parallel (pytest-xdist): TEST_WORKERS workers (most of the suite waits on real processes, so 3 on
+# 2 cores), a module runs whole on one worker (`--dist loadfile`: its module fixtures and its test order hold).
+# TEST_WORKERS=0 runs them in this process, one after another. docs/testing.md has the rules that keep tests
+# parallel-safe.
+TEST_WORKERS ?= 3
+
 unit: setup k8s test-images
 	@"$$(k8s/build.sh --where)/kube-apiserver" --version
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The Envoy dynamic modules in Rust (envoy-modules/: today the pure QUIC SNI reader, `quicsni`), built and tested
 # with cargo from crates.io; `--locked` keeps Cargo.lock's versions, and after the first fetch both run offline.

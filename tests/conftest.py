@@ -3,6 +3,11 @@
 A test marked `privileged` needs root (network namespaces, nftables, policy routing). Outside root it is
 skipped with a reason; with AETHER_REQUIRE_PRIVILEGED=1 (set by .ci/run) any skip of a privileged test is
 turned into a failure, so CI can never go green by skipping the kernel half.
+
+The suite runs in parallel under pytest-xdist (`make unit`: `-n 3 --dist loadfile`, docs/testing.md): those two
+hooks run in each worker and their reports travel to the controller as they are; the control planes each worker
+started reach the controller's summary through xdist's `workeroutput` (pytest_sessionfinish in the worker,
+pytest_testnodedown in the controller).
 """
 
 from __future__ import annotations
@@ -25,6 +30,27 @@ REQUIRE_PRIVILEGED = os.environ.get("AETHER_REQUIRE_PRIVILEGED") == "1"
 # every `aether xds` a test starts without --certs-dir may use the development CA (a production sidecar refuses to
 # start without certificates: tests/xds/test_xds_cli.py runs one without this)
 os.environ.setdefault("AETHER_XDS_DEV_BUILTIN_CA", "1")
+
+
+def _module_weight(items: list[pytest.Item]) -> tuple[int, int]:
+    """A module's expected length, coarsely: tests with a timeout over the default's 300 s (the soak), then tests
+    marked slow."""
+    long = sum(1 for i in items if (m := i.get_closest_marker("timeout")) and m.args and m.args[0] > 300)
+    return long, sum(1 for i in items if i.get_closest_marker("slow"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, the longest modules first (each runs whole on one worker, --dist loadfile, handed out in
+    collection order): a long module handed out last is the run's tail. Every worker sorts the same way (xdist
+    checks that their collections agree); a serial run keeps the file order."""
+    if not hasattr(config, "workerinput"):
+        return
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    weights = {path: _module_weight(group) for path, group in modules.items()}
+    order = sorted(modules, key=lambda path: (-weights[path][0], -weights[path][1]))  # stable: file order within
+    items[:] = [item for path in order for item in modules[path]]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -54,11 +80,27 @@ def api_kind() -> Kind:
     return kind
 
 
+# the control planes xdist workers started, as each worker reported them when it finished (controller side)
+WORKERS_STARTED: list[str] = []
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)  # set in an xdist worker only
+    if workeroutput is not None:
+        workeroutput["aether_control_planes"] = list(STARTED)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    WORKERS_STARTED.extend(getattr(node, "workeroutput", {}).get("aether_control_planes", []))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if STARTED:
-        versions = ", ".join(sorted(set(STARTED)))
+    started = STARTED + WORKERS_STARTED
+    if started:
+        versions = ", ".join(sorted(set(started)))
         terminalreporter.write_line(
-            f"API-facing tests ran against kube-apiserver {versions} ({len(STARTED)} control planes started)"
+            f"API-facing tests ran against kube-apiserver {versions} ({len(started)} control planes started)"
         )
     else:
         terminalreporter.write_line("API-facing tests ran against no real control plane in this session")
