@@ -34,11 +34,11 @@ class Answer:
         return f"{self.backend} (reply from {self.source[0]}:{self.source[1]})" if self.source else self.backend
 
 
-def pod_socket(netns_path: str, timeout: float = 0.5) -> socket.socket:
-    """A UDP socket made inside the pod netns: what an app in that pod would use."""
+def pod_socket(netns_path: str, timeout: float = 0.5, family: socket.AddressFamily = socket.AF_INET) -> socket.socket:
+    """A UDP socket made inside the pod netns: what an app in that pod would use (IPv4, or `family`)."""
 
     def make() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s = socket.socket(family, socket.SOCK_DGRAM)
         s.settimeout(timeout)
         return s
 
@@ -62,7 +62,7 @@ def ask(sock: socket.socket, vip: str, payload: bytes, port: int = L4_OUTBOUND_P
 
 def who_answers(netns_path: str, vip: str, tries: int = 3, timeout: float = 0.5) -> Answer:
     """Ask up to `tries` times (UDP may lose the first datagram while a listener is being bound)."""
-    sock = pod_socket(netns_path, timeout)
+    sock = pod_socket(netns_path, timeout, socket.AF_INET6 if ":" in vip else socket.AF_INET)
     try:
         answer = Answer(vip, None, None)
         for i in range(tries):

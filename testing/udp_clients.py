@@ -45,8 +45,9 @@ def program(name: str) -> str:
 
 
 # ---- backends --------------------------------------------------------------------------------------------
-def dnsmasq_argv(ip: str, port: int, answer_ip: str, workdir: Path) -> list[str]:
-    """An authoritative-only dnsmasq on ip:port: `who.test` A -> answer_ip, `big.test` TXT of ~3 KB."""
+def dnsmasq_argv(ip: str, port: int, answer_ip: str, workdir: Path, answer_ip6: str | None = None) -> list[str]:
+    """An authoritative-only dnsmasq on ip:port (IPv4 or IPv6): `who.test` A -> answer_ip (and AAAA -> answer_ip6
+    when given), `big.test` TXT of ~3 KB."""
     txt = ",".join(BIG_TXT)  # no quotes: there is no shell, dnsmasq would keep them
     return [
         program("dnsmasq"),
@@ -62,6 +63,7 @@ def dnsmasq_argv(ip: str, port: int, answer_ip: str, workdir: Path) -> list[str]
         "--user=root",
         "--edns-packet-max=4096",
         f"--address=/{WHO_NAME}/{answer_ip}",
+        *([f"--address=/{WHO_NAME}/{answer_ip6}"] if answer_ip6 else []),
         f"--txt-record={BIG_TXT_NAME},{txt}",
     ]
 
@@ -70,7 +72,12 @@ def socat_echo_argv(ip: str, port: int) -> list[str]:
     """Every datagram back to its sender, byte for byte (64 KiB buffers: any UDP size). socat forks a child per
     datagram; `-T 0.2` ends each child after 0.2 s idle, so a long run does not pile up thousands of them (and a
     child, which shares the listening socket, has little time to read a datagram meant for the next one)."""
-    return [program("socat"), "-T", "0.2", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "PIPE"]
+    return [program("socat"), "-T", "0.2", "-b", "65536", f"{_udp_recvfrom(ip, port)},fork", "PIPE"]
+
+
+def _udp_recvfrom(ip: str, port: int) -> str:
+    """socat's listening address for ip:port, IPv4 or IPv6."""
+    return f"UDP6-RECVFROM:{port},bind=[{ip}]" if ":" in ip else f"UDP4-RECVFROM:{port},bind={ip}"
 
 
 def socat_peer_argv(ip: str, port: int) -> list[str]:
@@ -80,7 +87,7 @@ def socat_peer_argv(ip: str, port: int) -> list[str]:
 
 def socat_count_argv(ip: str, port: int) -> list[str]:
     """Answers each datagram with its length in ASCII: a large request and a small reply."""
-    return [program("socat"), "-T", "0.2", "-b", "65536", f"UDP4-RECVFROM:{port},bind={ip},fork", "SYSTEM:wc -c"]
+    return [program("socat"), "-T", "0.2", "-b", "65536", f"{_udp_recvfrom(ip, port)},fork", "SYSTEM:wc -c"]
 
 
 def add_app_backend(bed: NodeBed, name: str, vip: str, ip: str, port: int, argv: list[str]) -> Service:
@@ -135,7 +142,7 @@ def exchange(
     """One datagram from a fresh socket made inside the pod's netns; the reply and where it came from, or None."""
 
     def make() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
         s.settimeout(timeout)
         return s
 

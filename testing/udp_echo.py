@@ -4,6 +4,7 @@
     python -m aether.testing.udp_echo NAME PORT [--hits FILE] [--hold FILE]
 
 `--hits FILE` appends `udp <port> <length>` to FILE for every datagram (a test counts what reached the app).
+`--dual-stack` binds [::] for both IP families and ends each hit line with the peer's family (`ipv4`/`ipv6`).
 `--hold FILE` keeps each reply until FILE exists (a test holds a reply on its way while it changes the mesh).
 The HTTP echo (`aether.testing.http_echo --udp`) runs the same loop beside its HTTP ports.
 """
@@ -28,10 +29,13 @@ def log_hit(hits: Path | None, line: str) -> None:
         fh.write(line + "\n")
 
 
-def bind(port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+def bind(port: int, dual_stack: bool = False) -> socket.socket:
+    """0.0.0.0:port, or with `dual_stack` [::]:port taking both families (IPv4 peers as ::ffff:a.b.c.d)."""
+    sock = socket.socket(socket.AF_INET6 if dual_stack else socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # benchmarks keep 32 datagrams in flight
-    sock.bind(("0.0.0.0", port))
+    if dual_stack:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    sock.bind(("::" if dual_stack else "0.0.0.0", port))
     return sock
 
 
@@ -41,7 +45,8 @@ def serve(sock: socket.socket, name: str, hits: Path | None = None, hold: Path |
     port = sock.getsockname()[1]
     while True:
         data, peer = sock.recvfrom(65535)
-        log_hit(hits, f"udp {port} {len(data)}")
+        family = "" if sock.family == socket.AF_INET else (" ipv4" if peer[0].startswith("::ffff:") else " ipv6")
+        log_hit(hits, f"udp {port} {len(data)}{family}")
         while hold is not None and not hold.exists():
             time.sleep(0.005)
         sock.sendto(prefix + data, peer)
@@ -53,9 +58,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("port", type=int)
     ap.add_argument("--hits", type=Path, help="append `udp <port> <length>` per datagram")
     ap.add_argument("--hold", type=Path, help="send each reply only once this file exists")
+    ap.add_argument("--dual-stack", action="store_true", help="bind [::] for both families; hits end ipv4|ipv6")
     args = ap.parse_args(argv)
-    sock = bind(args.port)
-    print(f"echo {args.name} on 0.0.0.0:{args.port}/udp", flush=True)
+    sock = bind(args.port, args.dual_stack)
+    print(f"echo {args.name} on {'[::]' if args.dual_stack else '0.0.0.0'}:{args.port}/udp", flush=True)
     serve(sock, args.name, args.hits, args.hold)
     return 0
 

@@ -48,6 +48,16 @@ GSO_WRITER_CONFIG: Final = "type.googleapis.com/envoy.extensions.udp_packet_writ
 MAX_RX_DATAGRAM_SIZE: Final = 65_535
 
 
+# An IPv6 UDP listener's socket comes from Envoy with path-MTU discovery forced on (no local fragmentation): a reply
+# larger than the pod's loopback takes whole (65,536 - 48 = 65,488 B of payload) fails with EMSGSIZE, counted in
+# `downstream_sess_tx_errors`, though IPv6 carries 65,527 B (seen: 65,507 B lost so, 65,000 B passed). Set back to
+# IPV6_PMTUDISC_WANT once the socket is bound (after Envoy's own options): the reply is then fragmented on the pod's
+# loopback as the client's request was. IPv4's largest datagram (65,535 B with headers) fits loopback whole.
+_FRAGMENT_V6: Final = (
+    {"description": "IPV6_MTU_DISCOVER want", "level": 41, "name": 23, "intValue": "1", "state": "STATE_BOUND"},
+)
+
+
 def listener_name(namespace: str, pod: str) -> str:
     return f"{LISTENER_PREFIX}{namespace}/{pod}"
 
@@ -122,6 +132,8 @@ def capture_listener(
         # any reply over 1,452 bytes is dropped
         udp_config["udpPacketPacketWriterConfig"] = {"name": GSO_WRITER, "typedConfig": {"@type": GSO_WRITER_CONFIG}}
     listener["udpListenerConfig"] = udp_config
+    if ":" in address:
+        listener["socketOptions"] = list(_FRAGMENT_V6)
     upstream: ResourceDict = {"maxRxDatagramSize": options.udp_max_rx_datagram_size}
     if options.udp_upstream_prefer_gro is not None:
         upstream["preferGro"] = options.udp_upstream_prefer_gro
