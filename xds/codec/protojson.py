@@ -3,8 +3,7 @@
 `xds-protos` carries an Envoy API snapshot older than Envoy 1.40. Fields 1.40 has and it lacks are declared in
 `EXTRA_FIELDS` (message, field name, number, type, checked against envoyproxy/envoy's api/ tree) and added to a
 private copy of the descriptor pool, so `json_format.ParseDict` accepts them and the bytes carry them under
-their real field numbers; messages it lacks entirely are whole files in `extra_messages.EXTRA_FILES`.
-Everything else comes from the installed descriptors unchanged.
+their real field numbers. Everything else comes from the installed descriptors unchanged.
 
 Why xds-protos and not envoy-data-plane: bench/xds_translate.py's `--codec` comparison (docs/performance.md).
 """
@@ -21,7 +20,6 @@ from typing import Any, Final
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, json_format, message, message_factory
 
 from aether.xds.codec import (
-    extra_messages,
     fastfill,
     protos,  # noqa: F401  (importing it registers the descriptors in the default pool, the private copy's source)
 )
@@ -88,20 +86,9 @@ class _PatchedDB:
         return proto
 
     def FindFileByName(self, name: str) -> descriptor_pb2.FileDescriptorProto:
-        for extra in extra_messages.EXTRA_FILES:
-            if extra.name == name:
-                return extra
-        try:
-            fd = self._default.FindFileByName(name)
-        except KeyError:  # a dependency of an extra file, its module not imported yet
-            importlib.import_module(name.removesuffix(".proto").replace("/", ".") + "_pb2")
-            fd = self._default.FindFileByName(name)
-        return self._patched(fd)
+        return self._patched(self._default.FindFileByName(name))
 
     def FindFileContainingSymbol(self, symbol: str) -> descriptor_pb2.FileDescriptorProto:
-        for extra in extra_messages.EXTRA_FILES:
-            if any(symbol == f"{extra.package}.{m.name}" for m in extra.message_type):
-                return extra
         try:
             fd = self._default.FindFileContainingSymbol(symbol)
         except KeyError:

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from aether.netns.contract import EAST_WEST_PORT
+from aether.xds.codec import extra_protos  # noqa: F401  (registers the module configs' messages for the codec)
 from aether.xds.resources import TYPE_URL_PREFIX
 from aether.xds.translate.eastwest.outbound import eds_cluster
 from aether.xds.translate.l4.udp import UDP_PROXY_CONFIG, UDP_PROXY_FILTER, UDP_ROUTE
