@@ -242,10 +242,12 @@ class ClusterModel:
         """ServiceExports and ServiceImports dirty their namespace; a MeshPeer every namespace that looked one up."""
         ns, name = key
         if kind == "export":
-            self.exports[ns].pop(name, None)
+            absent = self.exports[ns].pop(name, None) is None
             if isinstance(view, ExportView):
                 self.exports[ns][name] = view
             self.dirty_ns.add(ns)
+            if absent != (view is None):  # what the gateway nodes depend on may change
+                self.dirty_nodes.update(n for n, v in self.nodes.items() if v.gateway is not None)
         elif kind == "import":
             self.imports[ns].pop(name, None)
             if isinstance(view, ImportView):
@@ -339,7 +341,7 @@ class ClusterModel:
                 self._set_deps(node, frozenset())
                 continue
             pods = meshed_pods((self.pods[k] for k in self.pods_by_node.get(node, ())), self.namespaces)
-            deps = dependency_set(pods, self.namespaces, mesh)
+            deps = dependency_set(pods, self.namespaces, mesh) | self._exporting(node, mesh)
             self._set_deps(node, deps)
             shared = tables.get(deps)
             if shared is None:
@@ -352,6 +354,7 @@ class ClusterModel:
                 shared.every_mesh_namespace,
                 shared,
                 self.nodes[node].addresses,
+                gateway=self.nodes[node].gateway,
             )
             self.known_nodes.add(node)
         self.dirty_nodes.clear()
@@ -361,6 +364,12 @@ class ClusterModel:
             out.new_discards = current - self.discards
             self.discards = current
         return out
+
+    def _exporting(self, node: str, mesh: frozenset[str]) -> frozenset[str]:
+        """A gateway node also depends on every mesh namespace with a ServiceExport: what it exports."""
+        if self.nodes[node].gateway is None:
+            return frozenset()
+        return frozenset(ns for ns, exports in self.exports.items() if exports and ns in mesh)
 
     def _set_deps(self, node: str, deps: frozenset[str]) -> None:
         old = self.node_deps.get(node, frozenset())

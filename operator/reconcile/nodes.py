@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from aether.api.meshnode import Condition, EffectiveStatus, L4Status, MeshPod, QuicStatus, Summary
+from aether.api.meshnode import Condition, EffectiveStatus, GatewayRole, L4Status, MeshPod, QuicStatus, Summary
 from aether.api.naming import DEFAULT_TRUST_DOMAIN, spiffe_id
 from aether.api.slices import MANAGED_BY, MANAGED_BY_LABEL, NAMESPACE_LABEL
 from aether.operator.reconcile.namespace import NamespaceResult
@@ -131,6 +131,7 @@ class NodeDesired:
     every_mesh_namespace: bool = False  # the dependency set is every mesh namespace (default egress)
     tables: Tables | None = None  # shared with the nodes of the same dependency set (built here when absent)
     addresses: tuple[str, ...] = ()  # the Node's InternalIPs, both families (MeshNode status.addresses)
+    gateway: str | None = None  # the node plays the east-west gateway on this address (MeshNode status.gateway)
 
     @cached_property
     def shared(self) -> Tables:
@@ -139,6 +140,7 @@ class NodeDesired:
     def status(self) -> EffectiveStatus:
         status = assemble(list(self.pods), self.results, self.trust_domain)
         status.addresses = list(self.addresses)
+        status.gateway = GatewayRole(address=self.gateway) if self.gateway else None
         return status
 
     @cached_property
@@ -148,7 +150,7 @@ class NodeDesired:
             + [list(self.addresses)]
         )
         h = hashlib.blake2b(own.encode(), digest_size=16)
-        h.update(f"{self.trust_domain}|{self.shared.digest}".encode())
+        h.update(f"{self.trust_domain}|{self.shared.digest}|{self.gateway}".encode())
         return h.hexdigest()
 
     @cached_property
@@ -161,6 +163,7 @@ class NodeDesired:
             **({"addresses": list(self.addresses)} if self.addresses else {}),
             "quic": {"identities": identities(self.pods, self.trust_domain), "destinations": [], "ineligible": []},
             "serviceSlices": refs,
+            **({"gateway": {"address": self.gateway}} if self.gateway else {}),
             "summary": {"pods": len(self.pods), "namespaces": len(refs["namespaces"]), "slices": len(refs["names"])},
         }
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aether.api.addresses import unroutable_vip
+from aether.api.multicluster import GATEWAY_NODE_LABEL
 
 MESH_LABEL = "mesh.aether.dev/enabled"
 EGRESS_ANNOTATION = "mesh.aether.dev/egress"
@@ -96,12 +97,26 @@ class NodeView:
     name: str
     uid: str
     addresses: tuple[str, ...] = ()  # status.addresses of type InternalIP, both families, in the kubelet's order
+    gateway: str | None = None  # the address its proxy plays the east-west gateway on (_gateway_address)
 
 
 def parse_node(obj: Raw) -> NodeView:
     meta = _meta(obj)
     internal = [a for a in _l(_d(obj.get("status")).get("addresses")) if _d(a).get("type") == "InternalIP"]
-    return NodeView(str(meta.get("name", "")), str(meta.get("uid", "")), _ips(internal, "address"))
+    return NodeView(
+        str(meta.get("name", "")), str(meta.get("uid", "")), _ips(internal, "address"), gateway=_gateway_address(obj)
+    )
+
+
+def _gateway_address(obj: Raw) -> str | None:
+    """The node's first InternalIP when it is labelled mesh.aether.dev/east-west-gateway=true (its proxy plays the
+    east-west gateway there), else None; a labelled node without an InternalIP plays no gateway."""
+    if _d(_meta(obj).get("labels")).get(GATEWAY_NODE_LABEL) != "true":
+        return None
+    for a in _l(_d(obj.get("status")).get("addresses")):
+        if _d(a).get("type") == "InternalIP" and (ip := _ip(_d(a).get("address"))) is not None:
+            return ip
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -183,3 +183,32 @@ def test_a_udproute_backend_of_kind_serviceimport_is_invalid_kind(
     c = wait_for(resolved, what="the route's ResolvedRefs", ignore=READ_ERRORS)
     assert (c["status"], c["reason"]) == ("False", "InvalidKind")
     assert "multicluster.x-k8s.io/ServiceImport" in c["message"]
+
+
+def test_a_labelled_node_plays_the_gateway_for_the_exported_services(
+    cluster: Cluster, operator: InProcessOperator
+) -> None:
+    """A Node labelled mesh.aether.dev/east-west-gateway=true gets `status.gateway.address` (its InternalIP) and,
+    with no meshed pod of its own, depends on the namespaces with a ServiceExport: its MeshNode names their slices,
+    so its proxy has the exported destinations to export. An unlabelled node gets no role."""
+    k = cluster
+    ns, node = setup(k, "mcg")
+    k.apply(o.pod(ns, "web-0", node, "web"), status=o.pod_status("10.62.0.7"))
+    k.apply(o.service(ns, "web", None, [("http", 8080, "TCP")]))
+    k.apply(o.endpoint_slice(ns, "web", [("http", 8080, "TCP")], [("10.62.0.7", True, "web-0")]))
+    gw = unique("mcg-gw")
+    labelled = {**o.node(gw), "metadata": {"name": gw, "labels": {"mesh.aether.dev/east-west-gateway": "true"}}}
+    k.apply(labelled, status=o.node_status("192.0.2.31"))
+
+    def role(name: str) -> Any:
+        return ((k.meshnode(name) or {}).get("status") or {}).get("gateway")
+
+    assert wait_for(lambda: role(gw), what="the gateway role", ignore=READ_ERRORS) == {"address": "192.0.2.31"}
+    assert destination(k, gw, f"{ns}/web") is None  # nothing exported: the gateway node depends on nothing
+    k.apply(o.service_export(ns, "web"))
+    d = wait_for(lambda: destination(k, gw, f"{ns}/web"), what="the export on the gateway", ignore=READ_ERRORS)
+    assert d["exported"] is True and d["endpoints"] == [{"ip": "10.62.0.7", "port": 18008}]
+    assert role(node) is None
+    # the label going takes the role away
+    k.apply({**o.node(gw), "metadata": {"name": gw, "labels": {"mesh.aether.dev/east-west-gateway": None}}})
+    wait_for(lambda: role(gw) is None, what="the role gone", ignore=READ_ERRORS)

@@ -10,6 +10,7 @@ results, and the gates (`aether.xds.gates`) run on the merged result.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Final, NamedTuple, TypeAlias
 
 from aether.api.meshnode import MeshNode
@@ -28,11 +29,24 @@ class Area(NamedTuple):
     build: Builder
 
 
+def gateway_role(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
+    """The gateway area, played as the MeshNode says when the operator gave this node the role (`status.gateway`,
+    from the Node label): on its address (`--east-west-gateway` wins), exporting only the destinations a
+    ServiceExport names (`exported`). Without the role, as `--east-west-gateway` says (every local destination)."""
+    role = node.status.gateway
+    if role is None:
+        return gateway.area(node, records, options)
+    quic = node.status.quic
+    exported = quic.model_copy(update={"destinations": [d for d in quic.destinations if d.exported]})
+    only = node.model_copy(update={"status": node.status.model_copy(update={"quic": exported})})
+    return gateway.area(only, records, replace(options, east_west_gateway=options.east_west_gateway or role.address))
+
+
 BUILDERS: Final[tuple[Area, ...]] = (
     Area("udp", udp.build),
     Area("tcp-floor", tcp.build),
     Area("eastwest", eastwest.build),
-    Area("gateway", gateway.area),
+    Area("gateway", gateway_role),
 )
 AREAS: Final = tuple(area.name for area in BUILDERS)
 
