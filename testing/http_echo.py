@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import socket
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -63,6 +64,16 @@ def handler(name: str, hits: Path | None = None, one_write: bool = False) -> typ
     return Handler
 
 
+class DualStackServer(ThreadingHTTPServer):
+    """[::]:port taking IPv4 too (IPV6_V6ONLY off)."""
+
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m aether.testing.http_echo", description=__doc__.split("\n\n")[0])
     ap.add_argument("name")
@@ -70,15 +81,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--hits", type=Path, help="append `http <port> <path>` (and `udp <port> <length>`) per hit")
     ap.add_argument("--udp", action="store_true", help="also a UDP echo on every port")
     ap.add_argument("--one-write", action="store_true", help="status line, headers and body in one write")
+    ap.add_argument("--dual-stack", action="store_true", help="listen on [::] for both IP families")
     args = ap.parse_args(argv)
     app = handler(args.name, args.hits, args.one_write)
     servers = []
     for port in args.ports:
-        server = ThreadingHTTPServer(("0.0.0.0", port), app)
+        server = DualStackServer(("::", port), app) if args.dual_stack else ThreadingHTTPServer(("0.0.0.0", port), app)
         server.daemon_threads = True
         servers.append(server)
         if args.udp:
-            sock = udp_echo.bind(port)
+            sock = udp_echo.bind(port, args.dual_stack)
             threading.Thread(target=udp_echo.serve, args=(sock, args.name, args.hits), daemon=True).start()
     for server in servers[1:]:
         threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -12,11 +12,13 @@ import pytest
 
 from aether.api.meshnode import MeshNode, load_meshnode_file
 from aether.netns.records import PodRecord
+from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.envoy import validate
 from aether.testing.golden import check_golden, golden_json
 from aether.xds.resources import ENDPOINT, LISTENER, Resources, TranslateOptions
 from aether.xds.sidecar.bootstrap import static_bootstrap
 from aether.xds.translate.compose import translate as translate_all
+from aether.xds.translate.eastwest.build import build
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = Path(__file__).parent / "golden" / "translate_dual_stack.json"
@@ -105,3 +107,41 @@ def test_envoy_validates_the_dual_stack_resources() -> None:
     out = validate(static_bootstrap("node-a", translate(dual_node())))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK" in out.stdout
+
+
+def test_a_dual_stack_pod_gets_inbound_and_outbound_listeners_on_both_families() -> None:
+    """East-west: web-0 with an IPv4 and an IPv6 address gets a second pair of inbound listeners on its IPv6
+    address (same chains), a second outbound listener on [::]:18080, and both addresses count as its own traffic."""
+    node, recs = sample_node(
+        "node-b",
+        [SamplePod("u-web", "web-0", "10.200.2.7", "web-sa", "/run/netns/web")],
+        [SampleDestination("default/web", "web-sa", (8080,), ("fd00:200:2::7",), vip="fd00:96::20")],
+    )
+    node.status.pods[0].ips = ["10.200.2.7", "fd00:200:2::7"]
+    res = build(node, recs, TranslateOptions(areas=("eastwest",)))
+    lst = res[LISTENER]
+    pairs = [("inbound-h2:default/web-0", "TCP"), ("inbound-h3:default/web-0", "UDP")]
+    for name, proto in pairs:
+        v4, v6 = lst[name], lst[name + "@ipv6"]
+        assert v4["address"]["socketAddress"]["address"] == "10.200.2.7"
+        assert (
+            v6["address"]["socketAddress"] | {"address": "fd00:200:2::7", "protocol": proto}
+            == v6["address"]["socketAddress"]
+        )
+        assert v6["filterChains"] == v4["filterChains"]
+    out4, out6 = lst["http-outbound:default/web-0"], lst["http-outbound6:default/web-0"]
+    assert (out4["address"]["socketAddress"]["address"], out6["address"]["socketAddress"]["address"]) == (
+        "0.0.0.0",
+        "::",
+    )
+    own = out6["filterChains"][0]["filterChainMatch"]["directSourcePrefixRanges"]
+    assert own[:2] == [
+        {"addressPrefix": "10.200.2.7", "prefixLen": 32},
+        {"addressPrefix": "fd00:200:2::7", "prefixLen": 128},
+    ]
+    single, _ = sample_node("node-b", [SamplePod("u-web", "web-0", "10.200.2.7", "web-sa", "/run/netns/web")], [])
+    assert not [
+        n
+        for n in build(single, recs, TranslateOptions(areas=("eastwest",)))[LISTENER]
+        if "6" in n.split(":")[0] or "@" in n
+    ]

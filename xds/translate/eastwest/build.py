@@ -82,7 +82,7 @@ def build(
         listeners.update(inbound.listeners(pod, td, md, ew))
         routes.update(inbound.route_configs(pod, guards))
         clusters.update(inbound.app_clusters(pod, ew))
-        listeners[outbound.listener_name(pod)] = outbound.listener(pod, ew)
+        listeners.update(outbound.listeners(pod, ew))
     for d in dests:
         name = h2_cluster(d.namespace, d.service)
         clusters[name] = outbound.h2_cluster_resource(d, td, md, ew)

@@ -204,11 +204,11 @@ def _chains(
     return chains
 
 
-def _address(pod: LocalPod, protocol: str) -> dict[str, Any]:
+def _address(pod: LocalPod, protocol: str, ip: str) -> dict[str, Any]:
     return {
         "socket_address": {
             "protocol": protocol,
-            "address": pod.ip,
+            "address": ip,
             "port_value": INBOUND_PORT,
             "network_namespace_filepath": pod.netns,
         }
@@ -221,25 +221,35 @@ def listeners(
     mesh_domain: str,
     options: EastWestOptions,
 ) -> dict[str, dict[str, Any]]:
+    """The pod's inbound TCP (h2) and QUIC (h3) listeners on `<pod IP>:18008`, one pair per address of the pod: a
+    dual-stack pod's IPv6 pair is named `<name>@ipv6` and is otherwise the same (chains, identity, RBAC)."""
     cs = dict(options.config_source) if options.config_source else None
     ctx = downstream_tls(pod.identity, trust_domain, cs)
-    tcp: dict[str, Any] = {
-        "name": tcp_listener_name(pod),
-        "address": _address(pod, "TCP"),
-        "listener_filters": [TLS_INSPECTOR],
-        "access_log": [handshake_log(pod, "TCP")] if options.access_log_json else [],
-        "filter_chains": _chains(pod, "HTTP2", tcp_downstream_socket(ctx), (trust_domain, mesh_domain), options),
-    }
-    quic: dict[str, Any] = {
-        "name": quic_listener_name(pod),
-        "address": _address(pod, "UDP"),
-        "udp_listener_config": {
-            "quic_options": {},
-            "downstream_socket_config": {"prefer_gro": options.prefer_gro},
-        },
-        "filter_chains": _chains(pod, "HTTP3", quic_downstream_socket(ctx), (trust_domain, mesh_domain), options),
-    }
-    return {tcp["name"]: tcp, quic["name"]: quic}
+    names = (trust_domain, mesh_domain)
+    h2 = _chains(pod, "HTTP2", tcp_downstream_socket(ctx), names, options)
+    h3 = _chains(pod, "HTTP3", quic_downstream_socket(ctx), names, options)
+    out: dict[str, dict[str, Any]] = {}
+    for ip in pod.addresses:
+        suffix = "" if ip == pod.ip else "@ipv6" if ":" in ip else "@ipv4"
+        tcp: dict[str, Any] = {
+            "name": tcp_listener_name(pod) + suffix,
+            "address": _address(pod, "TCP", ip),
+            "listener_filters": [TLS_INSPECTOR],
+            "access_log": [handshake_log(pod, "TCP")] if options.access_log_json else [],
+            "filter_chains": h2,
+        }
+        quic: dict[str, Any] = {
+            "name": quic_listener_name(pod) + suffix,
+            "address": _address(pod, "UDP", ip),
+            "udp_listener_config": {
+                "quic_options": {},
+                "downstream_socket_config": {"prefer_gro": options.prefer_gro},
+            },
+            "filter_chains": h3,
+        }
+        out[tcp["name"]] = tcp
+        out[quic["name"]] = quic
+    return out
 
 
 def app_clusters(pod: LocalPod, options: EastWestOptions) -> dict[str, dict[str, Any]]:

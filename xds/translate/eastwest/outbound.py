@@ -1,4 +1,5 @@
-"""Outbound HTTP (pure dicts): per local pod a transparent TCP listener on 0.0.0.0:18080 in its netns that stamps
+"""Outbound HTTP (pure dicts): per local pod a transparent TCP listener on 0.0.0.0:18080 (and on [::]:18080 for a pod
+with an IPv6 address) in its netns that stamps
 the pod's identity; one node-wide route table picking, per destination Host, the source's QUIC twin or the h2
 cluster; the h2 clusters, the twins and their load assignments.
 
@@ -47,8 +48,21 @@ FOREIGN_POLICY: Final = "aether:not-this-pods-traffic"
 LOOPBACK: Final = ({"address_prefix": "127.0.0.0", "prefix_len": 8}, {"address_prefix": "::1", "prefix_len": 128})
 
 
-def listener_name(pod: LocalPod) -> str:
-    return f"http-outbound:{pod.namespace}/{pod.name}"
+def listener_name(pod: LocalPod, ipv6: bool = False) -> str:
+    return f"http-outbound{'6' if ipv6 else ''}:{pod.namespace}/{pod.name}"
+
+
+def listeners(pod: LocalPod, options: EastWestOptions) -> dict[str, dict[str, Any]]:
+    """The pod's outbound listener on 0.0.0.0:18080 (always: `127.0.0.1:18080` is a spelling every pod has), and when
+    the pod has an IPv6 address a second one on [::]:18080 (IPv6 only) for what it dials at IPv6 VIPs."""
+    has_v6 = any(":" in a for a in pod.addresses)
+    out = {}
+    for ipv6 in (False, True):
+        if has_v6 or not ipv6:
+            one = listener(pod, options, "::" if ipv6 else "0.0.0.0")
+            one["name"] = listener_name(pod, ipv6)
+            out[one["name"]] = one
+    return out
 
 
 def _cs(options: EastWestOptions) -> dict[str, Any]:
@@ -86,9 +100,9 @@ def on_demand_filter(options: EastWestOptions) -> dict[str, Any]:
 
 
 def own_traffic(pod: LocalPod) -> dict[str, Any]:
-    """The filter chain match of the pod's own connections: direct source the pod's IP or loopback."""
-    family_len = 128 if ":" in pod.ip else 32
-    return {"direct_source_prefix_ranges": [{"address_prefix": pod.ip, "prefix_len": family_len}, *LOOPBACK]}
+    """The filter chain match of the pod's own connections: direct source one of the pod's IPs or loopback."""
+    own = [{"address_prefix": ip, "prefix_len": 128 if ":" in ip else 32} for ip in pod.addresses]
+    return {"direct_source_prefix_ranges": [*own, *LOOPBACK]}
 
 
 def foreign_source_chain(pod: LocalPod) -> dict[str, Any]:
@@ -130,7 +144,7 @@ def refused_log(pod: LocalPod) -> dict[str, Any]:
     }
 
 
-def listener(pod: LocalPod, options: EastWestOptions) -> dict[str, Any]:
+def listener(pod: LocalPod, options: EastWestOptions, address: str = "0.0.0.0") -> dict[str, Any]:
     hcm = {
         "@type": HCM_TYPE,
         "stat_prefix": "http_outbound",
@@ -144,7 +158,7 @@ def listener(pod: LocalPod, options: EastWestOptions) -> dict[str, Any]:
         "name": listener_name(pod),
         "address": {
             "socket_address": {
-                "address": "0.0.0.0",
+                "address": address,
                 "port_value": HTTP_OUTBOUND_PORT,
                 "network_namespace_filepath": pod.netns,
             }

@@ -63,6 +63,12 @@ class LocalPod:
     netns: str
     identity: str  # its SPIFFE ID
     app_ports: tuple[int, ...]
+    ips: tuple[str, ...] = ()  # every address of the pod (`ip` first: one per IP family), () when only `ip`
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every address of the pod, `ip` first."""
+        return self.ips or (self.ip,)
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,8 @@ def local_pods(
         ip = pod.ip or (rec.ips[0] if rec and rec.ips else None)
         if rec is None or not ip:
             continue
-        ports = list(ports_by_ip.get(ip, ()))
+        addresses = tuple(dict.fromkeys([ip, *pod.addresses]))
+        ports = next((list(ports_by_ip[a]) for a in addresses if a in ports_by_ip), [])
         if not ports:
             ports = list(options.app_ports.get(pod.uid, options.default_app_ports))
         out.append(
@@ -180,6 +187,7 @@ def local_pods(
                 netns=rec.netns,
                 identity=spiffe_id(pod.namespace, pod.service_account, trust_domain),
                 app_ports=tuple(ports),
+                ips=addresses if len(addresses) > 1 else (),
             )
         )
     return out

@@ -109,7 +109,7 @@ def http_filters(trust_domain: str) -> list[dict[str, Any]]:
 
 def local_services(pod: LocalPod, services: Sequence[Guarded]) -> list[Guarded]:
     """The Services of the pod's namespace with an endpoint on the pod (the Services it backs, ready or not)."""
-    return [g for g in services if g.namespace == pod.namespace and pod.ip in g.ips]
+    return [g for g in services if g.namespace == pod.namespace and any(a in g.ips for a in pod.addresses)]
 
 
 def guarding(policies: Sequence[CompiledPolicy], services: Sequence[Guarded], port: int) -> list[CompiledPolicy]:
