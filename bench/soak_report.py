@@ -5,7 +5,9 @@ A failure is *in a documented window* only when a window the docs already descri
 a node's Envoy restarted (docs/operations.md, upgrades step 3: "while a node's pod restarts, Envoy is down: diverted
 traffic on that node has no listener"), from the moment the old Envoy is stopped until the soak sees the new one
 connected with as many active listeners as before. It covers requests whose source pod is on that node, and
-east-west requests whose destination pod is (its inbound listener is in that Envoy). Every other failure is outside.
+east-west requests whose destination pod is (its inbound listener is in that Envoy); an east-west failure that names
+no backend could have been bound for either node's pod of the Service, so either node's restart covers it. Every
+other failure is outside.
 
 RSS and fd slopes: per process, over the second half of the run, the least-squares slope of its samples (one every
 `sample_every` seconds) against time, for the longest-lived process of that role and node in that half (a restart
@@ -78,7 +80,7 @@ def in_window(o: Outcome, events: Sequence[Event]) -> str | None:
     for e in events:
         if e.kind != ENVOY_RESTART or not e.overlaps(o.start, o.end):
             continue
-        if e.target == o.node or (o.cls in EAST_WEST and o.dest_node == e.target):
+        if e.target == o.node or (o.cls in EAST_WEST and o.dest_node in (e.target, None)):
             return ENVOY_RESTART
     return None
 

@@ -1,0 +1,37 @@
+"""The soak under churn in CI: `python -m bench.soak --minutes 3` as a user runs it (a subprocess from the
+repository root), on the two-node mesh with the real control plane. It asserts the zero-count invariants only
+(no 503 NC after a pair's first use, no in-use twin pruned, no process exiting unasked) and that the report has
+the fields docs/performance.md reads; success ratios and slopes are printed, never asserted (no timing in CI).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+MINUTES = 3
+SEED = 2828
+
+
+@pytest.mark.timeout(900)
+def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> None:
+    out = tmp_path / "soak.json"
+    argv = [sys.executable, "-m", "bench.soak", "--minutes", str(MINUTES), "--json", str(out), "--seed", str(SEED)]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=840)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-6000:]}"
+    print(proc.stdout)
+    report = json.loads(out.read_text())
+    for name in ("udp_echo", "udp_dns", "udp_weighted", "h3", "tcp_floor"):
+        c = report["classes"][name]
+        assert c["sent"] > 0 and {"ok", "failed_outside_windows"} <= set(c), c
+    assert set(report["rss_slope_kib_per_min"]) == {"sidecar", "operator", "envoy"}
+    assert report["nc503_after_first_use"] == 0, report["failures_listed"]
+    assert report["inuse_twins_pruned"] == 0, report["prunes"]
+    assert report["crashes"] == 0, report["crash_list"]

@@ -1,0 +1,62 @@
+"""bench/soak_report's pure parts: which failures a documented window covers, the per-class counts, and the
+slope test that says whether an RSS or fd series drifts beyond its noise."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+
+# bench/ is loaded from its file: the repository root never goes on sys.path (its operator/ would shadow the stdlib's)
+_spec = importlib.util.spec_from_file_location(
+    "bench_soak_report", Path(__file__).resolve().parents[1] / "bench" / "soak_report.py"
+)
+assert _spec is not None and _spec.loader is not None
+report = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = report
+_spec.loader.exec_module(report)
+Event, Outcome, Sample = report.Event, report.Outcome, report.Sample
+
+
+def _fail(cls: str, node: str, t: float, dest: str | None = None) -> object:
+    return Outcome(cls, "client", node, t, t + 0.5, "timeout", dest_node=dest)
+
+
+def test_an_envoy_restart_covers_its_nodes_sources_and_east_west_destinations_only() -> None:
+    events = [Event("envoy_restart", "node-b", 10.0, 14.0), Event("sidecar_restart", "node-a", 20.0, 25.0)]
+    assert report.in_window(_fail("udp_echo", "node-b", 12.0), events) == "envoy_restart"
+    assert report.in_window(_fail("h3", "node-a", 12.0, dest="node-b"), events) == "envoy_restart"
+    assert report.in_window(_fail("h3", "node-a", 12.0, dest=None), events) == "envoy_restart"  # either node
+    assert report.in_window(_fail("h3", "node-a", 12.0, dest="node-a"), events) is None
+    assert report.in_window(_fail("udp_echo", "node-a", 12.0), events) is None  # UDP skips the far Envoy
+    assert report.in_window(_fail("udp_echo", "node-b", 15.0), events) is None  # after the window
+    assert report.in_window(_fail("udp_dns", "node-a", 22.0), events) is None  # a sidecar restart is no window
+
+
+def test_classes_count_windows_apart() -> None:
+    events = [Event("envoy_restart", "node-b", 10.0, 14.0)]
+    outcomes = [Outcome("udp_dns", "c", "node-b", float(t), t + 0.1, "ok") for t in range(100)]
+    outcomes += [_fail("udp_dns", "node-b", 11.0), _fail("udp_dns", "node-b", 50.0)]
+    got = report.classes(outcomes, events)["udp_dns"]
+    assert (got["sent"], got["ok"], got["failed_in_windows"], got["failed_outside_windows"]) == (102, 100, 1, 1)
+    assert got["success_outside_windows"] == round(100 / 101, 6)
+    assert got["by_response"] == {"timeout": 2}
+
+
+def test_a_leak_is_outside_noise_and_noise_is_not() -> None:
+    rng = random.Random(7)
+    flat = [(m / 6, 50_000 + rng.gauss(0, 300)) for m in range(90)]  # 15 min of samples every 10 s
+    leak = [(x, y + 40 * x) for x, y in flat]  # 40 KiB/min on top of the same noise
+    assert report.slope(flat)["within_noise"] is True
+    got = report.slope(leak)
+    assert got["within_noise"] is False and 30 < got["per_min"] < 50
+
+
+def test_slopes_take_the_longest_lived_process_of_the_second_half() -> None:
+    samples = [Sample(float(t), "envoy", "node-a", 1, 1000 + t, 10) for t in range(0, 600, 10)]
+    samples += [Sample(float(t), "envoy", "node-a", 2, 5000, 12) for t in range(600, 660, 10)]  # a restart
+    got = report.slopes(samples, 300.0)["envoy/node-a"]
+    assert got["pid"] == 1 and got["processes_in_half"] == 2
+    assert got["rss_kib"]["per_min"] == 60.0  # 1 KiB per second
+    assert report.worst({"envoy/node-a": got}, "rss_kib") == {"sidecar": None, "operator": None, "envoy": 60.0}
