@@ -51,16 +51,25 @@ def capture(lab: Lab, netns: str, path: Path) -> Iterator[Callable[[], list[byte
 
 def tcp_payloads(frames: list[bytes], port: int) -> list[bytes]:
     """The TCP payloads of IPv4 frames (Ethernet or loopback, both with a 14-byte header here) to or from `port`."""
+    return _payloads(frames, port, 6)
+
+
+def udp_payloads(frames: list[bytes], port: int, *, to_port: bool = False) -> list[bytes]:
+    """The UDP payloads of IPv4 frames to or from `port` (only to it with `to_port`)."""
+    return _payloads(frames, port, 17, to_port=to_port)
+
+
+def _payloads(frames: list[bytes], port: int, protocol: int, *, to_port: bool = False) -> list[bytes]:
     out = []
     for f in frames:
-        if len(f) < 34 or f[12:14] != b"\x08\x00" or f[23] != 6:  # IPv4, TCP
+        if len(f) < 34 or f[12:14] != b"\x08\x00" or f[23] != protocol:  # IPv4, TCP (6) or UDP (17)
             continue
         ihl = (f[14] & 0x0F) * 4
-        tcp = f[14 + ihl :]
-        if len(tcp) < 20:
+        segment = f[14 + ihl :]
+        if len(segment) < (20 if protocol == 6 else 8):
             continue
-        sport, dport = struct.unpack("!HH", tcp[:4])
-        payload = tcp[(tcp[12] >> 4) * 4 :]
-        if port in (sport, dport) and payload:
+        sport, dport = struct.unpack("!HH", segment[:4])
+        payload = segment[(segment[12] >> 4) * 4 :] if protocol == 6 else segment[8:]
+        if (dport == port if to_port else port in (sport, dport)) and payload:
             out.append(payload)
     return out

@@ -50,6 +50,13 @@ HOST = f"web.default.{MD}"
 TWIN = "quic:default/web@client"
 NODE_A_IP = "10.199.0.1"  # node A's end of the node link: node A's proxy reaches node B's pods from it
 QUIC_UPSTREAM_ACTIVE = r"^cluster\.quic_.*\.upstream_cx_active$"  # node A's connections on every twin
+# a MeshAuthorizationPolicy on default/web admitting other-0's identity only (client-0 gets 403)
+ONLY_OTHER: dict[str, Any] = {
+    "apiVersion": "mesh.aether.dev/v1alpha1",
+    "kind": "MeshAuthorizationPolicy",
+    "metadata": {"name": "web-callers", "namespace": "default"},
+    "spec": {"targetRefs": [{"kind": "Service", "name": "web"}], "rules": [{"from": [OTHER], "ports": [8080]}]},
+}
 
 
 @dataclass
@@ -272,6 +279,13 @@ class Mesh:
         wait_for(lambda: f"{stamp}" in self.b.active_config("dynamic_listeners"), 30, "B re-bound")
         self.b.wait_drained()  # the old listener is removed after the drain time (2 s), its QUIC connections with it
         wait_for(lambda: self.a.stat_sum(QUIC_UPSTREAM_ACTIVE) == 0, 10, "node A's QUIC connections to B closed")
+
+
+def two_clusters(mesh: Mesh) -> None:
+    """Two clusters' pod networks: no pod route across, only the nodes' link (where a gateway listens) between."""
+    sh("ip", "route", "del", f"{mesh.web.ip}/32", netns=mesh.client.node.netns)
+    for pod in (mesh.client, mesh.other):
+        sh("ip", "route", "del", f"{pod.ip}/32", netns=mesh.web.node.netns)
 
 
 def without_rbac(res: Resources) -> Resources:

@@ -37,9 +37,21 @@ from aether.api.naming import quic_sni
 from aether.netns.contract import EAST_WEST_PORT, InboundMode
 from aether.testing.eastwest_lab import client_result, start_client, start_envoy, xfcc_uri
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
-from aether.testing.netlab import sh
 from aether.testing.packet_capture import capture, tcp_payloads
-from aether.testing.quic_mesh import CLIENT, HOST, MD, OPTS, OTHER, TD, VIP, WEB, Mesh, quic_mesh
+from aether.testing.quic_mesh import (
+    CLIENT,
+    HOST,
+    MD,
+    ONLY_OTHER,
+    OPTS,
+    OTHER,
+    TD,
+    VIP,
+    WEB,
+    Mesh,
+    quic_mesh,
+    two_clusters,
+)
 from aether.testing.wait import wait_for
 from aether.xds.identity.sds import secrets
 from aether.xds.resources import LISTENER, Resources
@@ -76,11 +88,9 @@ def serve_b(mesh: Mesh, gw: Resources) -> None:
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     with quic_mesh(tmp_path_factory.mktemp("gateway")) as m:
-        # two clusters' pod networks: no pod route across, only the nodes' link (the gateway's address) between
-        sh("ip", "route", "del", f"{m.web.ip}/32", netns=m.client.node.netns)
-        for pod in (m.client, m.other):
-            sh("ip", "route", "del", f"{pod.ip}/32", netns=m.web.node.netns)
-        m.serve_a(m.resources_a(remote_gateways={"default/web": (GATEWAY_IP,)}))
+        two_clusters(m)
+        # h2 only (quic=False): this module is the TCP half; the QUIC half is test_gateway_quic_datapath.py
+        m.serve_a(m.resources_a(quic=False, remote_gateways={"default/web": (GATEWAY_IP,)}))
         serve_b(m, gateway_resources(m))
         m.wait_synced(m.a)
         m.wait_synced(m.b)
@@ -128,7 +138,7 @@ def test_the_app_sees_each_source_through_the_gateway(mesh: Mesh) -> None:
         assert xfcc_uri(body) == identity, body
     assert mesh.b.stat(FORWARDED) >= forwarded + 2  # one connection per source identity, through the gateway
     assert mesh.b.stat_sum(r"^cluster\.east-west_8080\.web-sa\.default\.mesh\.example\.upstream_cx_total$") >= 2
-    # node A dialled the gateway over h2, never a twin (QUIC passthrough is not built)
+    # node A dialled the gateway over h2, never a twin (QUIC off on node A in this module)
     assert mesh.a.stat_sum(r"^cluster\.h2_default/web\.upstream_cx_total$") >= 2
     assert mesh.a.stat_sum(r"^cluster\.quic_.*\.upstream_cx_total$") == 0
     hosts = {m for m in re.findall(r"^h2:default/web::([0-9.]+:[0-9]+)::", mesh.a.admin("/clusters"), re.M)}
@@ -199,15 +209,9 @@ def test_negative_control_a_terminating_gateway_is_told_apart(mesh: Mesh) -> Non
 def test_a_policy_applies_through_the_gateway_unchanged(mesh: Mesh) -> None:
     """A MeshAuthorizationPolicy on default/web admitting only other-0's identity: through the gateway client-0 gets
     403 and other-0 200, as in-cluster callers would (the inbound sees each source's own SVID)."""
-    only_other = {
-        "apiVersion": "mesh.aether.dev/v1alpha1",
-        "kind": "MeshAuthorizationPolicy",
-        "metadata": {"name": "web-callers", "namespace": "default"},
-        "spec": {"targetRefs": [{"kind": "Service", "name": "web"}], "rules": [{"from": [OTHER], "ports": [8080]}]},
-    }
     gw = gateway_resources(mesh)
     try:
-        mesh.ads.set("node-b", mesh.resources_b([only_other]), gw, secrets(mesh.ca, [WEB]))
+        mesh.ads.set("node-b", mesh.resources_b([ONLY_OTHER]), gw, secrets(mesh.ca, [WEB]))
         wait_for(lambda: mesh.get(mesh.client)[0][0] == 403, 30, "client-0 denied through the gateway")
         hits = mesh.app_hits()
         assert [s for s, _ in mesh.get(mesh.client, n=2)] == [403, 403]

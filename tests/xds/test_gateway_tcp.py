@@ -20,7 +20,7 @@ from aether.xds.gates.quic import run_quic_gates
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
 from aether.xds.sidecar.bootstrap import static_bootstrap
 from aether.xds.translate.eastwest import gateway
-from aether.xds.translate.eastwest.build import EastWestOptions, build, camel
+from aether.xds.translate.eastwest.build import EastWestOptions, build, camel, twins_for
 from aether.xds.translate.eastwest.plan import Destination
 from aether.xds.translate.eastwest.tls import downstream_tls, tcp_downstream_socket
 
@@ -118,9 +118,20 @@ def test_a_remote_service_is_dialled_at_its_gateway_with_its_own_sni_and_identit
     assert tls["sni"] == "8080.web-sa.default.mesh.example"
     sans = tls["commonTlsContext"]["combinedValidationContext"]["defaultValidationContext"]
     assert sans["matchTypedSubjectAltNames"][0]["matcher"] == {"exact": f"spiffe://{TD}/ns/default/sa/web-sa"}
-    # no twin through the gateway (QUIC passthrough is not built): the route is h2 for every source
-    assert _route(res, "default/web") == {"cluster": "h2:default/web"}
-    assert not any(name.startswith("quic:default/web@") for name in res[CLUSTER])
+    # the source's QUIC twin goes through the gateway too: its UDP 18009 (the QUIC passthrough), with the same SNI,
+    # pinned destination SPIFFE ID and the source's own SVID as in-cluster
+    specifier = _route(res, "default/web")["inlineClusterSpecifierPlugin"]["extension"]["typedConfig"]
+    arms = specifier["clusterMatcher"]["matcherTree"]["exactMatchMap"]["map"]
+    assert arms[f"spiffe://{TD}/ns/default/sa/client"]["action"]["typedConfig"]["cluster"] == "quic:default/web@client"
+    twin = res[CLUSTER]["quic:default/web@client"]
+    twin_tls = twin["transportSocket"]["typedConfig"]["upstreamTlsContext"]
+    assert twin_tls["sni"] == "8080.web-sa.default.mesh.example"
+    twin_sans = twin_tls["commonTlsContext"]["combinedValidationContext"]["defaultValidationContext"]
+    assert twin_sans["matchTypedSubjectAltNames"][0]["matcher"] == {"exact": f"spiffe://{TD}/ns/default/sa/web-sa"}
+    twin_cla = res[ENDPOINT]["quic:default/web@client"]["endpoints"][0]["lbEndpoints"]
+    assert [e["endpoint"]["address"]["socketAddress"] for e in twin_cla] == [
+        {"address": GW, "portValue": EAST_WEST_PORT}
+    ]
     # a Service of this cluster keeps its twins and its pods' inbound
     assert "inlineClusterSpecifierPlugin" in _route(res, "default/local")
     assert "quic:default/local@client" in res[CLUSTER]
@@ -260,9 +271,18 @@ def test_a_destination_marked_remote_in_the_meshnode_goes_through_its_gateway(tm
         {"address": GW, "portValue": EAST_WEST_PORT},
         {"address": "10.199.0.3", "portValue": EAST_WEST_PORT},
     ]
-    assert _route(res, "default/web") == {"cluster": "h2:default/web"}
-    assert not any(name.startswith("quic:default/web@") for name in res[CLUSTER])
+    # its twin dials the same gateways, on UDP 18009
+    twin_cla = res[ENDPOINT]["quic:default/web@client"]["endpoints"][0]["lbEndpoints"]
+    assert [e["endpoint"]["address"]["socketAddress"] for e in twin_cla] == [
+        {"address": GW, "portValue": EAST_WEST_PORT},
+        {"address": "10.199.0.3", "portValue": EAST_WEST_PORT},
+    ]
+    assert "inlineClusterSpecifierPlugin" in _route(res, "default/web")
     assert "inlineClusterSpecifierPlugin" in _route(res, "default/local")
+    # the sidecar's on-demand fast path makes the same twin (it too dials the gateways, not the remote pods)
+    fast = twins_for(node, records, OPTS, ["quic:default/web@client"])
+    assert fast[ENDPOINT]["quic:default/web@client"] == res[ENDPOINT]["quic:default/web@client"]
+    assert fast[CLUSTER]["quic:default/web@client"] == res[CLUSTER]["quic:default/web@client"]
     # a gateway node exports default/local only
     state = tmp_path / "gw.json"
     state.write_text(node.model_dump_json(by_alias=True, exclude_none=True))

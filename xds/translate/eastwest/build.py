@@ -87,7 +87,7 @@ def build(
         name = h2_cluster(d.namespace, d.service)
         clusters[name] = outbound.h2_cluster_resource(d, td, md, ew)
         endpoints[name] = outbound.load_assignment(name, d)
-    for d, sid in twin_pairs(node, pods, local_only(dests, ew)) if ew.quic else ():
+    for d, sid in twin_pairs(node, pods, dests) if ew.quic else ():
         twin = outbound.twin_name(d, sid)
         clusters[twin] = outbound.twin_resource(d, sid, td, md, ew)
         endpoints[twin] = outbound.load_assignment(twin, d)
@@ -96,12 +96,6 @@ def build(
         out[ROUTE] = {ew.http_outbound_route: outbound.route_config(dests, sources, md, ew), **routes}
     converted: Resources = camel(out)
     return converted
-
-
-def local_only(dests: list[Destination], ew: EastWestOptions) -> list[Destination]:
-    """The destinations a twin can reach: remote ones (`gateways`, or `EastWestOptions.remote_gateways`) have none
-    (QUIC through the gateway is not built), so their route is h2 for every source."""
-    return [d for d in dests if not d.gateways and f"{d.namespace}/{d.service}" not in ew.remote_gateways]
 
 
 def twins_for(
@@ -118,9 +112,10 @@ def twins_for(
     ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
     td, md = options.trust_domain, options.mesh_domain
     pods, dests = plan or (local_pods(node, records, td, ew), destinations(node, td))
+    dests = through_gateways(dests, ew.remote_gateways)  # a remote Service's twin dials its gateway's UDP 18009
     clusters: dict[str, dict[str, Any]] = {}
     endpoints: dict[str, dict[str, Any]] = {}
-    for d, sid in twin_pairs(node, pods, local_only(dests, ew), twins) if ew.quic else ():
+    for d, sid in twin_pairs(node, pods, dests, twins) if ew.quic else ():
         twin = outbound.twin_name(d, sid)
         clusters[twin] = outbound.twin_resource(d, sid, td, md, ew)
         endpoints[twin] = outbound.load_assignment(twin, d)

@@ -216,9 +216,10 @@ def route_action(dest: Destination, sources: list[str], quic: bool) -> dict[str,
 
 
 def quic(dest: Destination, options: EastWestOptions) -> bool:
-    """Whether `dest`'s route selects twins: QUIC on, and `dest` in this cluster (a remote Service is reached over
-    h2 through its cluster's gateway: `EastWestOptions.remote_gateways`)."""
-    return options.quic and not dest.gateways and f"{dest.namespace}/{dest.service}" not in options.remote_gateways
+    """Whether `dest`'s route selects twins: QUIC on. A remote Service's twins dial its cluster's gateway on UDP
+    18009 (the QUIC passthrough), as its h2 cluster dials TCP 18009, with the same SNI, pinned SPIFFE ID and
+    per-source SVID."""
+    return options.quic
 
 
 def route_config(

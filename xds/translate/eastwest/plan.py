@@ -47,9 +47,9 @@ class EastWestOptions:
     # Only the negative control of the identity-leak gate changes this; aether.xds.gates.quic rejects anything else.
     identity_factory: str = "envoy.hashable_string"
     http_outbound_route: str = "http-outbound"
-    # Services of another cluster (`<ns>/<svc>` -> that cluster's east-west gateway addresses): reached over h2
-    # through a gateway's TCP 18009 (`through_gateways`), never by twin (QUIC passthrough is not built). A minimal
-    # model: discovery across clusters (which Services, which gateway) is not built (docs/limits.md).
+    # Services of another cluster (`<ns>/<svc>` -> that cluster's east-west gateway addresses): reached through
+    # its gateway (`through_gateways`): h2 on TCP 18009, each source's QUIC twin on UDP 18009. A minimal model:
+    # discovery across clusters (which Services, which gateway) is not built here (docs/limits.md).
     remote_gateways: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
