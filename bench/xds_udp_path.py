@@ -7,6 +7,8 @@ sidecar. "direct" dials the backend's pod IP; "mesh" dials the VIP on 18082 (div
 listener in the pod netns -> udp_proxy matcher -> the backend). Rates are replies per second of a Python
 client, at 1 and at 32 datagrams in flight, with 1 and with 10,000 matcher arms (the 9,999 extra VIPs name a
 second cluster), then the Envoy knobs one at a time. Each figure is a median over R back-to-back pairs.
+`--ipv6` adds, in the same run, the same pairs over IPv6: the client dials the backend's IPv6 address (direct) and
+an IPv6 VIP on 18082 (mesh, through the pod's [::]:18082 capture listener), interleaved with the IPv4 rows.
 Targets (issue 3): mesh >= 0.45x direct at 1 in flight, >= 0.6x at 32; 10,000 arms within 10% of 1 arm.
 """
 
@@ -26,9 +28,11 @@ from aether.api.meshnode import Endpoint, ServiceArm
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.testing.netlab import Lab, is_root
 from aether.testing.nodebed import NodeBed, Service, udp_socket_in, wait_reply
+from aether.testing.probe import pod_socket
 from aether.testing.wait import wait_for
 
 VIP = "10.96.50.1"
+VIP6 = "fd00:96:50::1"
 PORT = 5353
 
 
@@ -62,7 +66,14 @@ def pingpong(sock: socket.socket, seconds: float, inflight: int, payload: bytes,
 
 
 def measure(
-    bed: NodeBed, svc: Service, seconds: float, rounds: int, inflight: int, size: int, lean: bool = False
+    bed: NodeBed,
+    svc: Service,
+    seconds: float,
+    rounds: int,
+    inflight: int,
+    size: int,
+    lean: bool = False,
+    ipv6: bool = False,
 ) -> tuple[float, float, float]:
     """(direct, mesh, mesh/direct): medians over `rounds` short paired runs (direct then mesh, back to back, so
     both see the same load on this shared machine; the ratio is taken per pair). A fresh connected socket per
@@ -71,7 +82,7 @@ def measure(
     client = bed.clients["bench-client"].path
 
     def run(dest: tuple[str, int]) -> float:
-        sock = udp_socket_in(client)
+        sock = pod_socket(client, 1.0, socket.AF_INET6) if ipv6 else udp_socket_in(client)
         try:
             sock.connect(dest)
             return pingpong(sock, seconds, inflight, payload, lean)
@@ -79,6 +90,8 @@ def measure(
             sock.close()
 
     direct_dest, mesh_dest = (svc.backend.ip, svc.port), (VIP, L4_OUTBOUND_PORT)
+    if ipv6:
+        direct_dest, mesh_dest = (str(svc.backend.ip6), svc.port), (VIP6, L4_OUTBOUND_PORT)
     run(direct_dest), run(mesh_dest)
     pairs = [(run(direct_dest), run(mesh_dest)) for _ in range(rounds)]
     return (
@@ -88,7 +101,17 @@ def measure(
     )
 
 
-def arms(svc: Service, extra: int) -> list[ServiceArm]:
+def arm6(svc: Service) -> ServiceArm:
+    """The echo Service's IPv6 VIP: its own cluster (one family per cluster) with the backend's IPv6 address."""
+    return ServiceArm(
+        service=svc.name,
+        vip=VIP6,
+        cluster="udp:default/echo@ipv6",
+        endpoints=[Endpoint(ip=str(svc.backend.ip6), port=svc.port)],
+    )
+
+
+def arms(svc: Service, extra: int, ipv6: bool = False) -> list[ServiceArm]:
     filler = [
         ServiceArm(
             service=f"default/filler-{i}",
@@ -98,7 +121,7 @@ def arms(svc: Service, extra: int) -> list[ServiceArm]:
         )
         for i in range(extra)
     ]
-    return filler
+    return [arm6(svc), *filler] if ipv6 else filler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=0.3, help="length of one run")
     p.add_argument("--rounds", type=int, default=11, help="paired rounds per figure")
     p.add_argument("--skip-knobs", action="store_true")
+    p.add_argument("--ipv6", action="store_true", help="also the IPv6 path vs direct IPv6, in the same run")
     p.add_argument(
         "--client",
         choices=["lean", "poll"],
@@ -120,12 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     lab = Lab()
     try:
         work = Path(tempfile.mkdtemp(prefix="xds-udp-bench-"))
-        bed = NodeBed(lab, work, envoy_args=["--concurrency", "1"])
+        bed = NodeBed(lab, work, envoy_args=["--concurrency", "1"], ipv6=args.ipv6)
         bed.add_client("bench-client")
         svc = bed.add_service("echo", VIP, PORT)
 
         def program(extra: int) -> None:
-            bed.write_state(bed.meshnode(["echo"], extra_arms=arms(svc, extra)))
+            bed.write_state(bed.meshnode(["echo"], extra_arms=arms(svc, extra, args.ipv6)))
             want = 1 + extra
 
             def arms_loaded() -> bool:
@@ -141,8 +165,14 @@ def main(argv: list[str] | None = None) -> int:
                 wait_reply(s, VIP, b"echo|", timeout=60)
             finally:
                 s.close()
+            if args.ipv6:
+                s6 = pod_socket(bed.clients["bench-client"].path, 1.0, socket.AF_INET6)
+                try:
+                    wait_reply(s6, VIP6, b"echo|", timeout=60)
+                finally:
+                    s6.close()
 
-        bed.write_state(bed.meshnode(["echo"]))
+        bed.write_state(bed.meshnode(["echo"], extra_arms=arms(svc, 0, args.ipv6)))
         bed.start_sidecar()
         bed.start_envoy()
         bed.wait_programmed()
@@ -150,9 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         rows: list[tuple[str, int, int, float, float]] = []
 
         def row(label: str, inflight: int, size: int = 64) -> None:
-            d, m, ratio = measure(bed, svc, args.seconds, args.rounds, inflight, size, args.client == "lean")
-            rows.append((label, inflight, size, d, m))
-            print(f"| {label} | {inflight} | {size} | {d:.0f} | {m:.0f} | {ratio:.2f} |", flush=True)
+            for v6 in (False, True) if args.ipv6 else (False,):
+                d, m, ratio = measure(bed, svc, args.seconds, args.rounds, inflight, size, args.client == "lean", v6)
+                name = f"{label}{', IPv6' if v6 else ', IPv4' if args.ipv6 else ''}"
+                rows.append((name, inflight, size, d, m))
+                print(f"| {name} | {inflight} | {size} | {d:.0f} | {m:.0f} | {ratio:.2f} |", flush=True)
 
         print(
             "| config | in flight | bytes | direct /s | mesh /s | mesh/direct (median of pairs) |\n|---|---|---|---|---|---|"
@@ -182,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 sock_ready()
                 for inflight in (1, 32):
                     row(label, inflight)
-        cmd = f"--seconds {args.seconds} --rounds {args.rounds} --client {args.client}"
+        cmd = f"--seconds {args.seconds} --rounds {args.rounds} --client {args.client}{' --ipv6' * args.ipv6}"
         print(f"\n(command: .venv/bin/python -m bench.xds_udp_path {cmd}{' --skip-knobs' * args.skip_knobs})")
     finally:
         lab.close()

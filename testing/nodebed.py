@@ -22,7 +22,7 @@ from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.netns.install import install_capture
 from aether.netns.records import PodRecord, write_record
 from aether.testing.envoy import Envoy, start_envoy
-from aether.testing.netlab import Lab, Node, Pod
+from aether.testing.netlab import Lab, Node, Pod, sh
 from aether.testing.probe import pod_socket
 from aether.testing.promtext import Samples, scrape
 from aether.testing.wait import wait_for
@@ -78,6 +78,7 @@ class NodeBed:
     envoy: Envoy | None = None
     sidecar: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
+    ipv6: bool = False  # pods get an IPv6 address beside IPv4 (fd00:201::/64), backends answer on both families
 
     def __post_init__(self) -> None:
         self.node = self.lab.add_node("node")
@@ -88,10 +89,13 @@ class NodeBed:
         self.ads_sock = str(self.workdir / "ads.sock")
         self.admin_sock = str(self.workdir / "admin.sock")
         self._ips = iter(f"10.201.{i // 250}.{i % 250 + 2}" for i in range(10_000))
+        self._ips6 = iter(f"fd00:201::{i + 2:x}" for i in range(10_000))
+        if self.ipv6:  # the node's own IPv6 address, which its proxy sends to the pods from (a node has one)
+            sh("ip", "-6", "addr", "add", "fd00:201::1/128", "dev", "lo", netns=self.node.netns)
 
     # -- pods ----------------------------------------------------------------------------------------
     def add_client(self, name: str, mode: CaptureMode = CaptureMode.TPROXY) -> Pod:
-        pod = self.lab.add_pod(self.node, name, next(self._ips))
+        pod = self.lab.add_pod(self.node, name, next(self._ips), ip6=next(self._ips6) if self.ipv6 else None)
         install_capture(pod.path, mode)
         write_record(
             PodRecord(uid=f"uid-{name}", namespace="default", name=name, netns=pod.path, ips=[pod.ip]), self.records_dir
@@ -100,10 +104,9 @@ class NodeBed:
         return pod
 
     def add_service(self, svc: str, vip: str, port: int = 5353) -> Service:
-        pod = self.lab.add_pod(self.node, f"be-{svc}", next(self._ips))
-        self.lab.spawn(
-            pod.netns, [sys.executable, "-m", "aether.testing.udp_echo", svc, str(port)], stdout=subprocess.DEVNULL
-        )
+        pod = self.lab.add_pod(self.node, f"be-{svc}", next(self._ips), ip6=next(self._ips6) if self.ipv6 else None)
+        argv = [sys.executable, "-m", "aether.testing.udp_echo", svc, str(port), *(["--dual-stack"] * self.ipv6)]
+        self.lab.spawn(pod.netns, argv, stdout=subprocess.DEVNULL)
         service = Service(f"default/{svc}", vip, pod, port)
         self.services[svc] = service
         return service
