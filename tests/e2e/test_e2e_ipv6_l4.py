@@ -315,3 +315,12 @@ def test_strict_refuses_a_plaintext_ipv6_call_and_a_link_local_one(bed: Bed) -> 
     finally:
         install_capture(echo.path, CaptureMode.TPROXY, inbound=bed.strict())
     assert GATEWAY6_LL not in bed.strict().mesh_sources
+
+
+def test_the_capture_listeners_refuse_an_ipv6_caller_from_outside_the_pod(bed: Bed) -> None:
+    """capture_in on IPv6: node-a (a mesh source: STRICT admits it) dialling a backend's [IPv6]:18082 across the
+    node link is dropped and counted by capture_in."""
+    echo = bed.pods["echo-a"]
+    before = counter(echo, "capture_in", "udp dport 18082")
+    assert _udp_call(bed.node_a.netns, echo.ip6 or "", L4_OUTBOUND_PORT) is None
+    assert counter(echo, "capture_in", "udp dport 18082") - before == 1
