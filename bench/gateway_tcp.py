@@ -63,7 +63,7 @@ def hosts(mesh: Mesh, cluster: str) -> set[str]:
 
 
 def serve_arm(mesh: Mesh, arm: str) -> None:
-    through = {"remote_gateways": {"default/web": (GATEWAY_IP,)}} if arm.endswith("-gateway") else {}
+    through: dict[str, Any] = {"remote_gateways": {"default/web": (GATEWAY_IP,)}} if arm.endswith("-gateway") else {}
     mesh.serve_a(mesh.resources_a(quic=arm.startswith("h3"), **through))
     cluster = "quic:default/web@client" if arm.startswith("h3") else "h2:default/web"
     want = f"{GATEWAY_IP}:18009" if through else f"{mesh.web.ip}:18008"
