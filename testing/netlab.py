@@ -122,22 +122,28 @@ class Lab:
 
     def add_pod(self, node: Node, name: str, ip: str, ip6: str | None = None) -> Pod:
         """A pod netns with eth0 = ip/32, default via the node; the node routes ip to the pod. With `ip6`, the same
-        for IPv6 (ip6/128, default via fe80::1 on the node side)."""
-        ipaddress.IPv4Address(ip)
+        for IPv6 (ip6/128, default via fe80::1 on the node side). An IPv6 `ip` (and no `ip6`) makes an IPv6-only
+        pod: `ip` and `ip6` are then that address."""
+        v6_only = ":" in ip and ip6 is None
+        if v6_only:
+            ip = ip6 = ipaddress.IPv6Address(ip).compressed
+        else:
+            ipaddress.IPv4Address(ip)
         if ip6 is not None:
             ip6 = ipaddress.IPv6Address(ip6).compressed
         ns, path = self._new_netns(name)
         host_if, peer = self._veth_names()
         sh("ip", "link", "add", host_if, "netns", node.netns, "type", "veth", "peer", "name", peer, "netns", ns)
         sh("ip", "link", "set", peer, "name", "eth0", netns=ns)
-        sh("ip", "addr", "add", f"{ip}/32", "dev", "eth0", netns=ns)
         sh("ip", "link", "set", "eth0", "up", netns=ns)
-        sh("ip", "route", "add", GATEWAY_LL, "dev", "eth0", "scope", "link", netns=ns)
-        sh("ip", "route", "add", "default", "via", GATEWAY_LL, "dev", "eth0", netns=ns)
-        sh("ip", "addr", "add", f"{GATEWAY_LL}/32", "dev", host_if, netns=node.netns)
         sh("ip", "link", "set", host_if, "up", netns=node.netns)
-        sh("sysctl", "-qw", f"net.ipv4.conf.{host_if}.proxy_arp=1", netns=node.netns)
-        sh("ip", "route", "add", f"{ip}/32", "dev", host_if, netns=node.netns)
+        if not v6_only:
+            sh("ip", "addr", "add", f"{ip}/32", "dev", "eth0", netns=ns)
+            sh("ip", "route", "add", GATEWAY_LL, "dev", "eth0", "scope", "link", netns=ns)
+            sh("ip", "route", "add", "default", "via", GATEWAY_LL, "dev", "eth0", netns=ns)
+            sh("ip", "addr", "add", f"{GATEWAY_LL}/32", "dev", host_if, netns=node.netns)
+            sh("sysctl", "-qw", f"net.ipv4.conf.{host_if}.proxy_arp=1", netns=node.netns)
+            sh("ip", "route", "add", f"{ip}/32", "dev", host_if, netns=node.netns)
         if ip6 is not None:
             self._pod_ip6(node, ns, host_if, ip6)
         pod = Pod(name=name, node=node, netns=ns, path=path, ip=ip, host_if=host_if, ip6=ip6)
@@ -177,7 +183,7 @@ class Lab:
             for a, b, a_ip, b_ip in peers:
                 for pod in self.pods.values():
                     addr = pod.ip if family == "-4" else pod.ip6
-                    if addr is None:
+                    if addr is None or (family == "-4" and ":" in addr):  # an IPv6-only pod has no IPv4 route
                         continue
                     if pod.node is a:
                         sh("ip", family, "route", "replace", f"{addr}/{full}", "via", a_ip, netns=b.netns)

@@ -2,7 +2,9 @@
 test_quic_datapath.py (`aether.testing.quic_mesh`) with dual-stack pods, the destination reached at its IPv6
 address and dialled at an IPv6 VIP.
 
-client-0 (node A) and web-0 (node B) have an IPv4 and an IPv6 address (MeshPod `ips`); node A knows default/web at
+client-0 (node A) and web-0 (node B) have an IPv4 and an IPv6 address (MeshPod `ips`), or, in the `ipv6-only`
+runs, an IPv6 address alone (their MeshPod `ip`; the inbound then binds it and dials the app over IPv6 too); node A
+knows default/web at
 an IPv6 VIP with web-0's IPv6 address as its endpoint. So the request enters node A's `http-outbound6` listener on
 [::]:18080 (diverted from [VIP]:18080), leaves on the source's QUIC twin (or h2) to [web-0's IPv6]:18008, and node B
 takes it on web-0's IPv6 inbound listeners (`inbound-h3:...@ipv6`, `inbound-h2:...@ipv6`), which verify the source's
@@ -11,6 +13,9 @@ certificate as the IPv4 ones do.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +23,7 @@ import pytest
 
 from aether.netns.contract import CaptureMode
 from aether.netns.install import install_capture
-from aether.testing.eastwest_lab import AdsHarness, http_in_netns, start_echo, start_envoy, xfcc_uri
+from aether.testing.eastwest_lab import AdsHarness, http_in_netns, start_envoy, xfcc_uri
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.netlab import Lab
 from aether.testing.quic_mesh import CLIENT, HOST, MD, OPTS, TD, WEB, Mesh
@@ -33,7 +38,7 @@ VIP6 = "fd00:96::20"
 
 
 class Mesh6(Mesh):
-    """The rig with dual-stack pods: node A dials default/web at VIP6, its endpoint web-0's IPv6 address."""
+    """The rig with IPv6 pods: node A dials default/web at VIP6, its endpoint web-0's IPv6 address."""
 
     def resources_a(self, *, more_destinations: tuple[str, ...] = (), **kw: object) -> Resources:
         node, records = sample_node(
@@ -41,13 +46,13 @@ class Mesh6(Mesh):
             [SamplePod("u-client", "client-0", self.client.ip, "client", self.client.path)],
             [SampleDestination("default/web", "web-sa", (8080,), (str(self.web.ip6),), vip=VIP6)],
         )
-        node.status.pods[0].ips = [self.client.ip, str(self.client.ip6)]
+        node.status.pods[0].ips = list(dict.fromkeys([self.client.ip, str(self.client.ip6)]))  # one: IPv6-only
         ew = EastWestOptions(access_log_path=str(self.workdir / "access-a.log"), **kw)  # type: ignore[arg-type]
         return build(node, records, OPTS, ew)
 
     def resources_b(self, policies: object = None) -> Resources:
         node, records = sample_node("node-b", [SamplePod("u-web", "web-0", self.web.ip, "web-sa", self.web.path)], [])
-        node.status.pods[0].ips = [self.web.ip, str(self.web.ip6)]
+        node.status.pods[0].ips = list(dict.fromkeys([self.web.ip, str(self.web.ip6)]))
         ew = EastWestOptions(access_log_path=str(self.workdir / "access-b.log"), app_ports={"u-web": (8080,)})
         return build(node, records, OPTS, ew)
 
@@ -55,19 +60,26 @@ class Mesh6(Mesh):
         return http_in_netns(self.client.netns, HOST, n=n, ip=VIP6)
 
 
-@pytest.fixture(scope="module")
-def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh6]:
-    workdir: Path = tmp_path_factory.mktemp("quic6")
+@contextlib.contextmanager
+def rig(workdir: Path, v6_only: bool) -> Iterator[Mesh6]:
+    """The two nodes; pods dual-stack, or (`v6_only`) with an IPv6 address alone (the app then listens on [::])."""
     lab = Lab()
     ads = AdsHarness(workdir)
     try:
         na, nb = lab.add_node("qa6"), lab.add_node("qb6")
-        client = lab.add_pod(na, "client-0", "10.200.1.2", ip6="fd00:200:1::2")
-        web = lab.add_pod(nb, "web-0", "10.200.2.7", ip6="fd00:200:2::7")
+        if v6_only:
+            client = lab.add_pod(na, "client-0", "fd00:200:1::2")
+            web = lab.add_pod(nb, "web-0", "fd00:200:2::7")
+        else:
+            client = lab.add_pod(na, "client-0", "10.200.1.2", ip6="fd00:200:1::2")
+            web = lab.add_pod(nb, "web-0", "10.200.2.7", ip6="fd00:200:2::7")
         lab.link_nodes(na, nb, "10.199.0.1", "10.199.0.2", a_ip6="fd00:199::1", b_ip6="fd00:199::2")
         install_capture(client.path, CaptureMode.TPROXY)
         hits = workdir / "hits.log"
-        start_echo(lab, web, (8080,), hits)
+        hits.touch()
+        echo = [sys.executable, "-m", "aether.testing.http_echo", "web-0", "8080", "--hits", str(hits), "--dual-stack"]
+        proc = lab.spawn(web.netns, echo, stdout=subprocess.PIPE)
+        assert proc.stdout is not None and b"ready" in proc.stdout.readline()
         a = start_envoy(lab, na.netns, "node-a", workdir, ads)
         b = start_envoy(lab, nb.netns, "node-b", workdir, ads)
         m = Mesh6(lab, workdir, ads, BuiltinCA(TD, MD), a, b, client, client, web, hits)
@@ -79,6 +91,12 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh6]:
     finally:
         ads.close()
         lab.close()
+
+
+@pytest.fixture(scope="module", params=["dual-stack", "ipv6-only"])
+def mesh(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh6]:
+    with rig(tmp_path_factory.mktemp("quic6"), request.param == "ipv6-only") as m:
+        yield m
 
 
 def _until_200(mesh: Mesh6) -> list[tuple[int, str]]:
