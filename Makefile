@@ -78,14 +78,17 @@ test-images:
 	else echo "images: not root: the image tests skip (make images as root builds them)"; fi
 
 # The tests in parallel (pytest-xdist): TEST_WORKERS workers (most of the suite waits on real processes, so 3 on
-# 2 cores), a module runs whole on one worker (`--dist loadfile`: its module fixtures and its test order hold).
+# 2 cores), a module runs whole on one worker (`--dist loadfile`: its module fixtures and its test order hold),
+# handed out in tests/conftest.py's order, the longest first (`--no-loadscope-reorder`: xdist's own order is by
+# test count, which puts the many quick parametrized tests first and a long e2e module last).
 # TEST_WORKERS=0 runs them in this process, one after another. docs/testing.md has the rules that keep tests
-# parallel-safe.
+# parallel-safe. Everything the tests need is built first (the control plane, the images, the Envoy modules), so no
+# worker builds anything.
 TEST_WORKERS ?= 3
 
-unit: setup k8s test-images
+unit: setup k8s test-images envoy-modules
 	@"$$(k8s/build.sh --where)/kube-apiserver" --version
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The Envoy dynamic modules in Rust (envoy-modules/: today the pure QUIC SNI reader, `quicsni`), built and tested
 # with cargo from crates.io; `--locked` keeps Cargo.lock's versions, and after the first fetch both run offline.

@@ -82,7 +82,10 @@ class CniRequest(Record):
         annotations in `runtimeConfig`, which containerd fills when the conflist entry declares the
         `io.kubernetes.cri.pod-annotations` capability), else the entry's `inbound` (node-wide), else `strict`.
         Mesh sources: the entry's `meshSources` (the nodes' addresses: remote node proxies deliver plaintext UDP/TCP
-        services from them) and the pod's gateways from prevResult (its own node proxy's source). Raises CniError(7)
+        services from them) and the pod's gateways from prevResult (its own node proxy's source), except an IPv6
+        link-local one (fe80::/10: the node sends to a pod's global IPv6 address from a global address of its own,
+        so such a gateway is no proxy's source, and admitting it would admit anything the node sends from the
+        pod's veth). Raises CniError(7)
         on a value it does not know: a typo must not silently open or close a pod."""
         config = self.config or {}
         runtime = config.get("runtimeConfig")
@@ -111,7 +114,7 @@ class CniRequest(Record):
         out = list(sources)
         for entry in (self.prev_result or {}).get("ips") or []:
             gateway = entry.get("gateway") if isinstance(entry, dict) else None
-            if isinstance(gateway, str) and gateway and gateway not in out:
+            if isinstance(gateway, str) and gateway and gateway not in out and not _ipv6_link_local(gateway):
                 out.append(gateway)
         return InboundPolicy(mode, tuple(out))
 
@@ -124,6 +127,12 @@ class CniRequest(Record):
                 if ip and ip not in out:
                     out.append(ip)
         return out
+
+
+def _ipv6_link_local(address: str) -> bool:
+    """fe80::/10 (fe80:: to febf::), without `ipaddress` (it imports functools: see aether.netns.lite)."""
+    head = address.split(":", 1)[0].lower()
+    return ":" in address and len(head) == 4 and head[:2] == "fe" and head[2] in "89ab"
 
 
 def parse_cni_args(raw: str) -> dict[str, str]:

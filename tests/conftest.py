@@ -4,10 +4,10 @@ A test marked `privileged` needs root (network namespaces, nftables, policy rout
 skipped with a reason; with AETHER_REQUIRE_PRIVILEGED=1 (set by .ci/run) any skip of a privileged test is
 turned into a failure, so CI can never go green by skipping the kernel half.
 
-The suite runs in parallel under pytest-xdist (`make unit`: `-n 3 --dist loadfile`, docs/testing.md): those two
-hooks run in each worker and their reports travel to the controller as they are; the control planes each worker
-started reach the controller's summary through xdist's `workeroutput` (pytest_sessionfinish in the worker,
-pytest_testnodedown in the controller).
+The suite runs in parallel under pytest-xdist (`make unit`: `-n 3 --dist loadfile --no-loadscope-reorder`,
+docs/testing.md): those two hooks run in each worker and their reports travel to the controller as they are; the
+control planes each worker started reach the controller's summary through xdist's `workeroutput`
+(pytest_sessionfinish in the worker, pytest_testnodedown in the controller).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _module_weight(items: list[pytest.Item]) -> tuple[int, int]:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under xdist, the longest modules first (each runs whole on one worker, --dist loadfile, handed out in
-    collection order): a long module handed out last is the run's tail. Every worker sorts the same way (xdist
-    checks that their collections agree); a serial run keeps the file order."""
+    collection order with --no-loadscope-reorder): a long module handed out last is the run's tail. Every worker
+    sorts the same way (xdist checks that their collections agree); a serial run keeps the file order."""
     if not hasattr(config, "workerinput"):
         return
     modules: dict[str, list[pytest.Item]] = {}

@@ -344,3 +344,55 @@ def test_add_permissive_installs_no_inbound_chain(pod: Pod, tmp_path: Path) -> N
     # CHECK with the STRICT default sees the missing enforcement as drift
     err = assert_cni_error(*run_cni(env(pod.path, "CHECK"), json.dumps(conf()).encode(), tmp_path), 101, "drifted")
     assert "missing chain 'inbound_in'" in err["details"]
+
+
+# -- a dual-stack pod (issue 27) -----------------------------------------------------------------------------
+PREV6 = {
+    "cniVersion": "1.0.0",
+    "interfaces": [{"name": "eth0", "sandbox": "/run/netns/x"}],
+    "ips": [
+        {"address": "10.200.1.2/32", "gateway": "169.254.1.1", "interface": 0},
+        {"address": "fd00:200:1::2/128", "gateway": "fe80::1", "interface": 0},
+    ],
+    "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}],
+}
+SOURCES = ["10.250.0.0/16", "fd00:250::/64"]
+STRICT6 = InboundPolicy(InboundMode.STRICT, (*SOURCES, "169.254.1.1"))
+
+
+def conf6(**over: Any) -> dict[str, Any]:
+    base = {"cniVersion": "1.0.0", "name": "aether-net", "type": "aether-cni", "prevResult": PREV6}
+    return {**base, "meshSources": SOURCES, **over}
+
+
+def test_a_link_local_ipv6_gateway_is_not_a_mesh_source() -> None:
+    policy = parse_request(env("/run/netns/p"), json.dumps(conf6()).encode()).inbound_policy()
+    assert policy == STRICT6
+    global_gw = json.loads(json.dumps(PREV6))
+    global_gw["ips"][1]["gateway"] = "fd00:200:1::1"
+    policy = parse_request(env("/run/netns/p"), json.dumps(conf6(prevResult=global_gw)).encode()).inbound_policy()
+    assert policy.mesh_sources == (*SOURCES, "169.254.1.1", "fd00:200:1::1")
+
+
+@pytest.mark.privileged
+def test_add_check_del_on_a_dual_stack_pod(lab: Lab, tmp_path: Path) -> None:
+    """A dual-stack pod: both families' divert routing, both addresses in the record, the mesh sources of both
+    families (not the link-local IPv6 gateway), CHECK finding an IPv6 drift alone, DEL removing both."""
+    pod = lab.add_pod(lab.add_node("n"), "p", "10.200.1.2", ip6="fd00:200:1::2")
+    state = tmp_path / "pods"
+    stdin = json.dumps(conf6()).encode()
+    code, out = run_cni(env(pod.path), stdin, state)
+    assert code == 0, out
+    check_capture(pod.path, inbound=STRICT6)
+    assert read_record(state / f"{UID}.json").ips == ["10.200.1.2", "fd00:200:1::2"]
+    inbound = sh("nft", "list", "chain", "inet", "aether", "inbound_in", netns=pod.netns)
+    assert "ip6 saddr fd00:250::/64" in inbound and "fe80::1" not in inbound
+    assert run_cni(env(pod.path, "CHECK"), stdin, state) == (0, "")
+    sh("ip", "-6", "rule", "del", "pref", "100", netns=pod.netns)
+    err = assert_cni_error(*run_cni(env(pod.path, "CHECK"), stdin, state), 101, "drifted")
+    assert "missing ip -6 rule" in err["details"] and "missing ip rule" not in err["details"]
+    assert run_cni(env(pod.path), stdin, state)[0] == 0
+    assert run_cni(env(pod.path, "DEL"), stdin, state) == (0, "")
+    assert untouched(pod)
+    assert sh("ip", "-6", "rule", "show", "pref", "100", netns=pod.netns).strip() == ""
+    assert sh("ip", "-6", "route", "show", "table", "44657", netns=pod.netns, check=False).strip() == ""
