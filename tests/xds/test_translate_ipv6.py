@@ -145,3 +145,16 @@ def test_a_dual_stack_pod_gets_inbound_and_outbound_listeners_on_both_families()
         for n in build(single, recs, TranslateOptions(areas=("eastwest",)))[LISTENER]
         if "6" in n.split(":")[0] or "@" in n
     ]
+
+
+@pytest.mark.envoy
+def test_an_ipv6_service_with_its_own_idle_timeout_gets_a_listener_on_its_vip() -> None:
+    node = dual_node()
+    arm = node.status.udp.services[1]  # default/a at fd00:96::a
+    node.status.udp.services[1] = arm.model_copy(update={"idle_timeout_seconds": 5.0})
+    res = translate(node)
+    vip = res[LISTENER]["capture-udp:default/client-0@fd00:96::a"]
+    assert vip["address"]["socketAddress"]["address"] == "fd00:96::a"
+    assert vip["socketOptions"] == res[LISTENER]["capture-udp6:default/client-0"]["socketOptions"]  # 65,527 B
+    assert vip["listenerFilters"][0]["typedConfig"]["idleTimeout"] == "5s"
+    assert validate(static_bootstrap("node-a", res)).returncode == 0
