@@ -180,11 +180,11 @@ class Mesh:
         assert all(s != 200 for s, _ in out), f"{why}: expected refusal, got {out}"
         assert self.app_hits() == hits, f"{why}: the app was reached"
 
-    def with_twin_variant(self, tag: str, change: Callable[[dict[str, Any]], object]) -> Resources:
-        """Node A's resources where client-0's arm points to a changed copy of its twin under a new name (a new name
-        is a fresh EDS subscription: re-pushing a changed twin under its old name warms for the 15 s EDS timeout);
-        `change` edits the copy's upstreamTlsContext."""
-        res = copy.deepcopy(self.resources_a())
+    def with_twin_variant(self, tag: str, change: Callable[[dict[str, Any]], object], **kw: Any) -> Resources:
+        """Node A's resources (`kw` as for `resources_a`) where client-0's arm points to a changed copy of its twin
+        under a new name (a new name is a fresh EDS subscription: re-pushing a changed twin under its old name warms
+        for the 15 s EDS timeout); `change` edits the copy's upstreamTlsContext."""
+        res = copy.deepcopy(self.resources_a(**kw))
         name = f"{TWIN}~{tag}"
         twin = copy.deepcopy(res[CLUSTER][TWIN])
         twin["name"] = name

@@ -15,6 +15,7 @@ UDP 18009 with the SNI, pinned SPIFFE ID and source SVID of the in-cluster path.
 
 from __future__ import annotations
 
+import copy
 import os
 import uuid
 from collections.abc import Iterator
@@ -23,15 +24,40 @@ from typing import Any
 
 import pytest
 
+from aether.api.naming import quic_sni
 from aether.testing.eastwest_lab import client_result, start_client, start_envoy, xfcc_uri
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.envoy_modules import build as build_modules
 from aether.testing.packet_capture import capture, udp_payloads
-from aether.testing.quic_mesh import CLIENT, HOST, ONLY_OTHER, OPTS, OTHER, VIP, WEB, Mesh, quic_mesh, two_clusters
+from aether.testing.quic_mesh import (
+    CLIENT,
+    HOST,
+    MD,
+    ONLY_OTHER,
+    OPTS,
+    OTHER,
+    TD,
+    VIP,
+    WEB,
+    Mesh,
+    quic_mesh,
+    two_clusters,
+)
 from aether.testing.wait import wait_for
-from aether.xds.identity.sds import secrets
-from aether.xds.resources import Resources
+from aether.xds.identity.sds import sds_ref, secrets
+from aether.xds.identity.svid import svid_secret_name
+from aether.xds.resources import CLUSTER, LISTENER, TYPE_URL_PREFIX, Resources
 from aether.xds.translate.eastwest import gateway, gateway_quic
+from aether.xds.translate.eastwest.build import camel
+from aether.xds.translate.eastwest.inbound import HCM_NAME, HCM_TYPE, ROUTER
+from aether.xds.translate.eastwest.outbound import HTTP_OPTIONS
+from aether.xds.translate.eastwest.tls import (
+    TLS_SOCKET,
+    UPSTREAM_TLS,
+    downstream_tls,
+    quic_downstream_socket,
+    validation,
+)
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -41,6 +67,10 @@ FORWARDED = "dynamicmodulescustom.quic_sni.quic_sni_forwarded"
 SESSIONS = "udp.east_west_gateway_quic.downstream_sess_total"
 TWIN_200 = r"^cluster\.quic_default/web@client\.upstream_rq_200$"
 H2_VIA_TCP = "tcp.east_west_gateway.downstream_cx_total"
+GATEWAY_ID = f"spiffe://{TD}/ns/aether-system/sa/east-west-gateway"  # only the negative control's listener has it
+WEB_SNI = quic_sni(8080, "web-sa", "default", MD)
+REORIGIN = "gw-reoriginate"
+TERMINATING = "east-west-gateway-quic-terminating"
 
 
 def gateway_resources(mesh: Mesh) -> Resources:
@@ -178,3 +208,104 @@ def test_a_gateway_restart_loses_only_in_flight_requests(mesh: Mesh) -> None:
     )
     assert failed == list(range(failed[0], failed[-1] + 1)) if failed else True, failed  # one window
     assert len(after) >= 10 and all(xfcc_uri(b) == CLIENT for _, b in after), results[-3:]
+
+
+def terminating(mesh: Mesh) -> Resources:
+    """The negative control: in place of the passthrough, a QUIC listener on the gateway's UDP 18009 that
+    terminates HTTP/3 with the gateway's own SVID and re-originates h2 to web-0's inbound with that SVID (what a
+    re-originating gateway such as Linkerd's does)."""
+    downstream = quic_downstream_socket(downstream_tls(GATEWAY_ID, TD, None))
+    hcm = {
+        "@type": HCM_TYPE,
+        "stat_prefix": "gw_terminating",
+        "codec_type": "HTTP3",
+        "http3_protocol_options": {},
+        "route_config": {
+            "name": "gw-terminating",
+            "virtual_hosts": [
+                {
+                    "name": "all",
+                    "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"}, "route": {"cluster": REORIGIN}}],
+                }
+            ],
+        },
+        "http_filters": [ROUTER],
+    }
+    listener = {
+        "name": TERMINATING,
+        "address": {"socket_address": {"protocol": "UDP", "address": GATEWAY_IP, "port_value": EAST_WEST}},
+        "udp_listener_config": {"quic_options": {}},
+        "filter_chains": [{"transport_socket": downstream, "filters": [{"name": HCM_NAME, "typed_config": hcm}]}],
+    }
+    upstream = {
+        "name": TLS_SOCKET,
+        "typed_config": {
+            "@type": UPSTREAM_TLS,
+            "sni": WEB_SNI,
+            "common_tls_context": {
+                "alpn_protocols": ["h2"],
+                "tls_certificate_sds_secret_configs": [sds_ref(svid_secret_name(GATEWAY_ID))],
+                "combined_validation_context": validation(TD, [{"exact": WEB}], None),
+            },
+        },
+    }
+    endpoint = {"endpoint": {"address": {"socket_address": {"address": mesh.web.ip, "port_value": 18008}}}}
+    cluster = {
+        "name": REORIGIN,
+        "type": "STATIC",
+        "connect_timeout": "2s",
+        "load_assignment": {"cluster_name": REORIGIN, "endpoints": [{"lb_endpoints": [endpoint]}]},
+        "transport_socket": upstream,
+        "typed_extension_protocol_options": {
+            HTTP_OPTIONS: {
+                "@type": TYPE_URL_PREFIX + HTTP_OPTIONS,
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        },
+    }
+    out = copy.deepcopy(gateway_resources(mesh))
+    del out[LISTENER][gateway_quic.LISTENER_NAME]
+    out[LISTENER][TERMINATING] = camel(listener)
+    out[CLUSTER][REORIGIN] = camel(cluster)
+    return out
+
+
+def test_negative_control_a_terminating_quic_gateway_shows_its_own_identity(mesh: Mesh) -> None:
+    """The same HTTP/3 request with the passthrough replaced by a terminating listener: client-0's twin, pinned to
+    web-0's SPIFFE ID (and checking the SNI's DNS name), refuses the gateway's certificate (no request reaches the
+    app); a twin variant that accepts the gateway's identity gets through, and the app sees the gateway's SPIFFE ID,
+    not client-0's. So the tests above, where the app sees each source's own identity, can tell passthrough from
+    termination."""
+    remote: dict[str, Any] = {"remote_gateways": {"default/web": (GATEWAY_IP,)}}
+    try:
+        mesh.ads.set("node-b", mesh.resources_b(), terminating(mesh), secrets(mesh.ca, [WEB, GATEWAY_ID]))
+        wait_for(
+            lambda: TERMINATING in mesh.b.active_config("dynamic_listeners"),
+            30,
+            "node B's terminating gateway",
+            diagnose=lambda: mesh.b.log_tail(),
+        )
+        mesh.b.wait_drained()
+        hits = mesh.app_hits()
+        wait_for(lambda: mesh.get(mesh.client)[0][0] != 200, 30, "client-0's pinned twin refusing the gateway")
+        assert [s for s, _ in mesh.get(mesh.client, n=2)] != [200, 200]
+        assert mesh.app_hits() == hits  # nothing reached the app on the pinned twin
+
+        def accept_gateway(u: dict[str, Any]) -> None:
+            # the QUIC client checks both the pinned URI SAN and the SNI's DNS name (the SVID's *.<sa>.<ns>.<domain>)
+            sans = u["commonTlsContext"]["combinedValidationContext"]["defaultValidationContext"]
+            sans["matchTypedSubjectAltNames"][0]["matcher"] = {"exact": GATEWAY_ID}
+            u["sni"] = quic_sni(8080, "east-west-gateway", "aether-system", MD)
+
+        mesh.serve_a(mesh.with_twin_variant("accepts-gateway", accept_gateway, **remote))
+        mesh.wait_synced(mesh.a)
+        (_status, body), *_ = mesh.until_200(mesh.client)
+        assert xfcc_uri(body) == GATEWAY_ID, body  # the app sees the gateway, not client-0
+    finally:
+        mesh.serve_a(mesh.resources_a(**remote))
+        serve_b(mesh, gateway_resources(mesh))
+        mesh.wait_synced(mesh.a)
+        mesh.wait_synced(mesh.b)
+    (_status, body), *_ = mesh.until_200(mesh.client)
+    assert xfcc_uri(body) == CLIENT  # passthrough again: the source's own identity
