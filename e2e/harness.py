@@ -87,6 +87,8 @@ class Mesh:
     # (--certs-dir), as a cert-manager/spiffe-helper would. Without it each sidecar uses its own built-in CA,
     # which is enough on one node but not across nodes.
     shared_ca: bool = False
+    # with shared_ca, the mesh's CA: given, another Mesh's (two clusters, one trust domain); else made at start
+    ca: BuiltinCA | None = None
     # Every pod's `mesh.aether.dev/inbound` annotation (None: none, the CNI entry's STRICT). Source-preserving UDP
     # (--udp-preserve-source) reaches backends from the client pod's own address, which STRICT cannot tell from a
     # direct datagram (docs/limits.md#security), so such a mesh runs PERMISSIVE; so does a test that compares the
@@ -149,7 +151,7 @@ class Mesh:
         self.progress(f"API server: {server.version}; kubeconfig {self.kubeconfig}")
         self.kube.namespace(self.namespace)
         if self.shared_ca:
-            self._ca = BuiltinCA()
+            self._ca = self.ca = self.ca or BuiltinCA()
             write_bundle(self.certs_dir, self._ca.bundle())
         self.start_operator()
 
@@ -192,6 +194,12 @@ class Mesh:
         log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115 (the child process owns it)
         node.sidecar = self.lab.spawn(None, argv, stdout=log, stderr=log)
         self.progress(f"node {node.name}: xds sidecar started (aether xds --node {node.name}: MeshNode + slices)")
+
+    def restart_envoy(self, node: MeshNodeProxy) -> None:
+        """The node's Envoy again, after it was stopped or died (what a restart of the node pod's Envoy container
+        does): a new process on the same bootstrap, served by the same sidecar."""
+        self._start_envoy(node)
+        wait_for(connected(node), 60, what=f"{node.name} ADS stream", diagnose=node.log_tail)
 
     def _start_envoy(self, node: MeshNodeProxy) -> None:
         argv = [*XDS_CLI, "bootstrap", "--node", node.name, "--xds", f"unix:{node.ads_sock}"]

@@ -1,0 +1,126 @@
+"""Two clusters in the netns lab, one mesh (tests/e2e/test_e2e_two_clusters.py; docs/operations.md#two-clusters):
+two e2e meshes (each its own real control plane, `aether operator`, two nodes with their sidecars and real Envoys),
+one CA for both (one trust domain), and one link between A's gateway node and B's client node that carries the
+gateway's address only: no pod of one cluster has a route to a pod of the other.
+
+    with two_clusters() as tc:          # A: a-gw (labelled gateway), a-web (web-0); B: b-client (client-0), b-other
+        tc.b_get("client-0")              # h2 from B's client-0 through A's gateway to web-0
+
+Cluster A exports Service web (a ServiceExport); cluster B imports it (a MeshPeer naming A's gateway address and
+a ServiceImport), as a user does on two real clusters. The HTTP/3 half (UDP 18009) plugs in here once the gateway's
+QUIC listener is deployed: the sidecars' `--east-west-gateway-quic` and a twin through the gateway."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from aether.api.naming import mesh_host
+from aether.e2e.harness import Mesh, Progress, _quiet
+from aether.netns.contract import EAST_WEST_PORT
+from aether.testing import envoy_modules
+from aether.testing.apitestbed import objects as o
+from aether.testing.apitestbed.harness import READ_ERRORS, Cluster
+from aether.testing.netlab import Node, sh
+from aether.testing.probe import HttpAnswer, wait_http
+from aether.testing.wait import wait_for
+
+NS = "shop"
+AREAS = "udp,tcp-floor,eastwest,gateway"
+GATEWAY_IP, B_LINK_IP = "10.251.0.1", "10.251.0.2"  # the one link across: A's gateway node <-> B's client node
+PEER = "cluster-a"
+GATEWAY_LISTENER = "east-west-gateway"
+SEARCH_PATH = "ENVOY_DYNAMIC_MODULES_SEARCH_PATH"
+
+
+@dataclass
+class TwoClusters:
+    a: Mesh
+    b: Mesh
+    gateway: str = GATEWAY_IP
+
+    @property
+    def api_a(self) -> Cluster:
+        return Cluster(self.a.kubeconfig, None)
+
+    @property
+    def api_b(self) -> Cluster:
+        return Cluster(self.b.kubeconfig, None)
+
+    def b_get(self, pod: str, service: str = "web", want: int = 200, timeout: float = 30.0) -> HttpAnswer:
+        """GET http://<service>.<ns>.<mesh domain>:18080 from B's pod, retried until `want` (or the last answer)."""
+        return wait_http(self.b.pods[pod].netns_path, mesh_host(NS, service), timeout=timeout, want=want)
+
+    def gateway_stat(self, stat: str) -> int:
+        return self.a.nodes["a-gw"].stat(stat)
+
+
+def link_across(a: Mesh, a_node: Node, b: Mesh, b_node: Node, a_ip: str, b_ip: str) -> None:
+    """A veth between a node of cluster A and one of cluster B with a /30 on it and no route to any pod (unlike
+    Lab.link_nodes): the other cluster's node address is reachable, its pods are not. Gone with either netns."""
+    ia, ib = f"{a.lab.tag}xa", f"{a.lab.tag}xb"
+    sh("ip", "link", "add", ia, "netns", a_node.netns, "type", "veth", "peer", "name", ib, "netns", b_node.netns)
+    for node, ifn, ip in ((a_node, ia, a_ip), (b_node, ib, b_ip)):
+        sh("ip", "addr", "add", f"{ip}/30", "dev", ifn, netns=node.netns)
+        sh("ip", "link", "set", ifn, "up", netns=node.netns)
+
+
+def _cluster_a(a: Mesh) -> None:
+    """A: the gateway node labelled (its InternalIP the link's address), web-0 behind Service web, exported."""
+    api = Cluster(a.kubeconfig, None)
+    gw = {**o.node("a-gw"), "metadata": {"name": "a-gw", "labels": {"mesh.aether.dev/east-west-gateway": "true"}}}
+    api.apply(gw, status=o.node_status(GATEWAY_IP))
+    a.start_node_proxies()
+    a.add_http_backend(a.nodes["a-web"], "web-0", sa="web")
+    a.add_http_service("web", ["web-0"])
+    api.apply(o.service_export(NS, "web"))
+
+    def exported() -> bool:
+        dests = (a.kube.meshnode("a-gw") or {}).get("status", {}).get("quic", {}).get("destinations") or []
+        return any(d.get("service") == f"{NS}/web" and d.get("exported") for d in dests)
+
+    wait_for(exported, 60, "web exported on A's gateway node", ignore=READ_ERRORS)
+    envoy = a.nodes["a-gw"].running_envoy()
+    wait_for(lambda: GATEWAY_LISTENER in envoy.active_config("dynamic_listeners"), 60, "A's gateway listener")
+
+
+def _cluster_b(b: Mesh) -> None:
+    """B: client-0 on the node linked to A's gateway; A's web imported through a MeshPeer."""
+    api = Cluster(b.kubeconfig, None)
+    b.start_node_proxies()
+    b.add_pod(b.nodes["b-client"], "client-0", sa="client")
+    api.apply(o.mesh_peer(PEER, [GATEWAY_IP]))
+    api.apply(o.service_import(NS, "web", [("http", 8080, "TCP")], PEER, "web"))
+
+
+@contextlib.contextmanager
+def _quic_modules(progress: Progress) -> Iterator[None]:
+    """Every sidecar and Envoy started inside finds the aether_quic_sni module (built by cargo if needed): A's
+    gateway then serves UDP 18009 as well (the sidecar's --east-west-gateway-quic auto)."""
+    before = os.environ.get(SEARCH_PATH)
+    os.environ[SEARCH_PATH] = str(envoy_modules.build())
+    progress(f"{SEARCH_PATH}={os.environ[SEARCH_PATH]} (the gateway's QUIC SNI module)")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(SEARCH_PATH, None)
+        else:
+            os.environ[SEARCH_PATH] = before
+
+
+@contextlib.contextmanager
+def two_clusters(progress: Progress = _quiet) -> Iterator[TwoClusters]:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_quic_modules(progress))
+        a = stack.enter_context(Mesh(namespace=NS, areas=AREAS, shared_ca=True, progress=progress))
+        b = stack.enter_context(Mesh(namespace=NS, areas=AREAS, shared_ca=True, ca=a.ca, progress=progress))
+        a.add_node("a-gw"), a.add_node("a-web")
+        b.add_node("b-client"), b.add_node("b-other")
+        link_across(a, a.nodes["a-gw"].net, b, b.nodes["b-client"].net, GATEWAY_IP, B_LINK_IP)
+        progress(f"link across: A's a-gw {GATEWAY_IP} <-> B's b-client {B_LINK_IP} (TCP/UDP {EAST_WEST_PORT} only)")
+        _cluster_a(a)
+        _cluster_b(b)
+        yield TwoClusters(a, b)
