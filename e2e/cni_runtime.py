@@ -19,6 +19,7 @@ from aether.testing.netlab import GATEWAY_LL
 
 CNI_VERSION = "1.0.0"
 NODE_LINKS = "10.250.0.0/16"
+NODE_ADDRESSES6 = "fd00:10:250::/64"  # a dual-stack mesh's node IPv6 addresses (e2e/addresses.py)
 
 
 class CniFailed(RuntimeError):
@@ -46,6 +47,7 @@ class PodSandbox:
     container_id: str
     # the pod's annotations, passed the way containerd does for an entry declaring the capability (runtimeConfig)
     annotations: tuple[tuple[str, str], ...] = ()
+    ip6: str | None = None  # a dual-stack pod's IPv6 address (prevResult lists it; no gateway: see _config)
 
 
 def _config(sandbox: PodSandbox) -> dict[str, Any]:
@@ -55,13 +57,17 @@ def _config(sandbox: PodSandbox) -> dict[str, Any]:
         # the Lab's pods route via GATEWAY_LL on every node: the pod's own node proxy reaches it from there
         "ips": [{"address": f"{sandbox.ip}/32", "gateway": GATEWAY_LL, "interface": 0}],
     }
+    sources = [NODE_LINKS]
+    if sandbox.ip6:  # its node proxy reaches it from the node's ULA (NODE_ADDRESSES6), never from a link-local one
+        prev["ips"] = [*prev["ips"], {"address": f"{sandbox.ip6}/128", "interface": 0}]
+        sources.append(NODE_ADDRESSES6)
     # meshSources: the harness links nodes on 10.250.<n>.0/30 (e2e/harness.py), and a node proxy delivers plaintext
     # UDP/TCP services to another node's pods from its own address there; STRICT inbound drops anything else
     return {
         "cniVersion": CNI_VERSION,
         "name": "aether-e2e",
         "type": "aether-cni",
-        "meshSources": [NODE_LINKS],
+        "meshSources": sources,
         "capabilities": {POD_ANNOTATIONS_CAPABILITY: True},
         "runtimeConfig": {POD_ANNOTATIONS_CAPABILITY: dict(sandbox.annotations)},
         "prevResult": prev,

@@ -1,5 +1,5 @@
-"""`aether demo [--keep] [--control-plane real|emulated]`: the whole mesh on one machine, and what it does with your
-datagrams.
+"""`aether demo [--keep] [--control-plane real|emulated] [--ip-family ipv4|dual]`: the whole mesh on one machine,
+and what it does with your datagrams.
 
 As root it starts an API server (the real control plane when `make k8s` has built it, else the API test bed), the
 operator, one node's xds sidecar and a real Envoy in network namespaces;
@@ -9,7 +9,8 @@ new sessions, what the same datagrams do under a REDIRECT capture, which SPIFFE 
 source's HTTP/3 twin, the QUIC pairs the sidecar recorded in the MeshNode, and that the app port refuses a direct
 call (STRICT inbound) and a MeshAuthorizationPolicy turns a denied identity away (403). Everything it made goes
 away on exit, Ctrl-C, SIGTERM or failure;
-`--keep` leaves the mesh running (with instructions) until Ctrl-C.
+`--keep` leaves the mesh running (with instructions) until Ctrl-C. `--ip-family dual` (demo_families.py) does the
+UDP selection and the re-point on each Service's IPv6 VIP too.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from types import FrameType
 from typing import Any
 
 from aether.api.naming import mesh_host, quic_twin, spiffe_id, udp_split_cluster
+from aether.e2e.demo_families import IP_FAMILIES, family_problem, ipv6_rows, wait_ipv6
 from aether.e2e.demo_report import (
     AccessRow,
     IdentityRow,
@@ -44,13 +46,15 @@ from aether.e2e.demo_report import (
     split_table,
     table,
 )
+from aether.e2e import demo_clusters
 from aether.e2e.harness import HTTP_APP_PORT, Mesh, MeshPod
 from aether.e2e.kube import udp_arms
-from aether.e2e.lifecycle import pair_state, wait_pairs
+from aether.e2e.lifecycle import pair_state, route_condition, wait_pairs
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.testing import controlplane
 from aether.testing.apiserver import KINDS, Kind
+from aether.testing.controlplane.families import IpFamily
 from aether.testing.netlab import is_root
 from aether.testing.probe import http_get, wait_answer, wait_http, who_answers
 from aether.testing.split_probe import Split, locality_weights, probe_split
@@ -169,6 +173,8 @@ def _build(mesh: Mesh, clock: Clock) -> _Lab:
     clock.say("operator wrote MeshNode node-1 (3 arms); waiting for the sidecar to program Envoy")
     for svc, backend in SERVICES.items():
         wait_answer(client.netns_path, vips[svc], backend)
+    if mesh.services6:
+        clock.say(wait_ipv6(mesh, node, client, NAMESPACE, SERVICES))
     clock.say(f"mesh ready: Programmed=True ({mesh.programmed(node)})")
     return _Lab(node, client, redirected, reporter, vips)
 
@@ -181,6 +187,7 @@ def _udp_sections(mesh: Mesh, lab: _Lab) -> bool:
     print("\n1. Per-service selection: one Envoy listener on 0.0.0.0:18082 in the client's netns,")
     print("   the mark-and-divert capture keeps the VIP, Envoy picks the Service by destination IP:\n")
     rows = [Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", before[s], SERVICES[s]) for s in SERVICES]
+    rows += ipv6_rows(mesh, client, NAMESPACE, SERVICES)  # a dual-stack mesh: the same on each IPv6 VIP
     print(table(rows))
 
     envoy_pid = node.envoy.proc.pid if node.envoy else None
@@ -188,7 +195,7 @@ def _udp_sections(mesh: Mesh, lab: _Lab) -> bool:
     mesh.repoint_route(ROUTE, "charlie")
     wait_answer(client.netns_path, vips["bravo"], SERVICES["charlie"])
     took = time.monotonic() - t
-    accepted = mesh.route_condition(ROUTE, "Accepted")
+    accepted = route_condition(mesh, ROUTE, "Accepted")
     after = {s: who_answers(client.netns_path, vips[s]) for s in SERVICES}
     print(f"\n2. UDPRoute {NAMESPACE}/{ROUTE} re-pointed from Service bravo to Service charlie (merge patch")
     print(f"   through the API): took effect in {took:.1f}s, route Accepted={accepted}, same Envoy process")
@@ -197,6 +204,9 @@ def _udp_sections(mesh: Mesh, lab: _Lab) -> bool:
     rows2 = [
         Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", after[s], expect[s], before=before[s].backend) for s in SERVICES
     ]
+    if "bravo" in mesh.services6:
+        wait_answer(client.netns_path, mesh.services6["bravo"], SERVICES["charlie"])
+    rows2 += ipv6_rows(mesh, client, NAMESPACE, expect)
     print(table(rows2))
 
     split = weighted_split(mesh, client, vips["bravo"])
@@ -267,12 +277,10 @@ def _keep_running(mesh: Mesh, lab: _Lab) -> None:
             time.sleep(3600)
 
 
-def run(keep: bool, clock: Clock, workdir: Path, control_plane: Kind) -> int:
+def run(keep: bool, clock: Clock, workdir: Path, control_plane: Kind, ip_family: IpFamily = "ipv4") -> int:
     tag = "ae" + secrets.token_hex(3)
     print(f"aether demo: lab tag {tag}, working directory {workdir}", flush=True)
-    mesh = Mesh(
-        workdir=workdir, namespace=NAMESPACE, progress=clock.say, tag=tag, areas=AREAS, control_plane=control_plane
-    )
+    mesh = Mesh(workdir, NAMESPACE, clock.say, tag, AREAS, control_plane=control_plane, ip_family=ip_family)
     try:
         lab = _build(mesh, clock)
         udp_ok = _udp_sections(mesh, lab)
@@ -364,9 +372,14 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="aether demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--keep", action="store_true", help="leave the mesh running (with instructions) until Ctrl-C")
     p.add_argument("--control-plane", choices=KINDS, help="real or emulated (default: real when built)")
+    p.add_argument("--ip-family", choices=IP_FAMILIES, default="ipv4", help="the Services' and pods' IP families")
+    p.add_argument("--clusters", type=int, choices=(1, 2), default=1, help="2: one mesh over two clusters")
     args = p.parse_args(argv)
     kind: Kind = args.control_plane or ("real" if controlplane.available() else "emulated")
-    why = preflight()
+    if args.clusters == 2 and (kind != "real" or args.keep):
+        print("aether demo: --clusters 2 runs two real control planes (make k8s) and has no --keep", file=sys.stderr)
+        return 1
+    why = family_problem(args.ip_family, kind) or preflight()
     if why is not None:
         print(f"aether demo: {why}", file=sys.stderr)
         return 1
@@ -375,7 +388,10 @@ def main(argv: list[str]) -> int:
     code = 1
     try:
         with _signals_raise():
-            code = run(args.keep, clock, workdir, kind)
+            if args.clusters == 2:
+                code = demo_clusters.run(clock.say)
+            else:
+                code = run(args.keep, clock, workdir, kind, args.ip_family)
     except Interrupted as exc:
         print(f"aether demo: interrupted ({exc})", file=sys.stderr)
         code = 130

@@ -30,6 +30,7 @@ from typing import Any
 
 from aether.api.naming import spiffe_id
 from aether.e2e import cni_runtime
+from aether.e2e.addresses import check_family, echo_flags, give_node_address6, pod_addresses, pod_ips, service_vips
 from aether.e2e.kube import Kube, pod_uids, udp_arms
 from aether.e2e.node_proxy import MeshNodeProxy, connected
 from aether.netns.contract import INBOUND_ANNOTATION, L4_OUTBOUND_PORT, CaptureMode
@@ -38,6 +39,7 @@ from aether.testing.apiserver import Kind, api_server, default_kind
 from aether.testing.apitestbed import TestBed
 from aether.testing.controlplane import ControlPlane, available
 from aether.testing.controlplane.binaries import tool
+from aether.testing.controlplane.families import IpFamily
 from aether.testing.envoy import start_envoy
 from aether.testing.netlab import Lab, Pod
 from aether.testing.wait import wait_for
@@ -46,7 +48,6 @@ from aether.xds.identity.pemdir import write_bundle, write_identity
 
 BACKEND_PORT = 5353
 HTTP_APP_PORT = 8080  # the east-west builders' default application port
-VIP_PREFIX = "10.96.77."  # ClusterIPs from a range that exists nowhere on this machine
 Progress = Callable[[str], None]
 App = Callable[[str, int], list[str]]  # (pod ip, port) -> the argv of a pod's app
 XDS_CLI = (sys.executable, "-m", "aether.cli", "xds")
@@ -98,6 +99,7 @@ class Mesh:
     # its v1alpha2-only copy)
     channel: str | None = None
     control_plane: Kind = field(default_factory=default_kind)
+    ip_family: IpFamily = "ipv4"  # dual: both service CIDRs, pods with an IPv6 ULA too, dual-stack UDP Services
     lab: Lab = field(init=False)
     api: TestBed | ControlPlane | None = None
     kube: Kube = field(init=False)
@@ -105,6 +107,7 @@ class Mesh:
     nodes: dict[str, MeshNodeProxy] = field(default_factory=dict)
     pods: dict[str, MeshPod] = field(default_factory=dict)
     services: dict[str, str] = field(default_factory=dict)  # name -> VIP
+    services6: dict[str, str] = field(default_factory=dict)  # name -> IPv6 VIP (a dual-stack mesh's UDP Services)
     apps: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)  # pod name -> its app processes
     _own_workdir: bool = False
     _closed: bool = False
@@ -115,7 +118,7 @@ class Mesh:
             self._own_workdir = True
         self.lab = Lab(tag=self.tag) if self.tag else Lab()
         self.tag = self.lab.tag
-        self._vips = (f"{VIP_PREFIX}{i}" for i in itertools.count(10))
+        self._vips = (service_vips(self.ip_family, i) for i in itertools.count(10))
         self._node_links = itertools.count(1)
         self._pod_ips: dict[str, itertools.count[int]] = {}
         self._ca: BuiltinCA | None = None
@@ -145,7 +148,10 @@ class Mesh:
 
     # -- control plane ----------------------------------------------------------------------------
     def _start_control_plane(self) -> None:
-        started = api_server(self.control_plane, kubeconfig=Path(self.kubeconfig), channel=self.channel)
+        family = check_family(self.ip_family)
+        started = api_server(
+            self.control_plane, kubeconfig=Path(self.kubeconfig), channel=self.channel, ip_family=family
+        )
         server = self._server.enter_context(started)
         self.api, self.kube = server.control_plane or server.bed, Kube(self.kubeconfig)
         self.progress(f"API server: {server.version}; kubeconfig {self.kubeconfig}")
@@ -165,6 +171,7 @@ class Mesh:
     # -- nodes --------------------------------------------------------------------------------------
     def add_node(self, name: str) -> MeshNodeProxy:
         net = self.lab.add_node(name)
+        give_node_address6(self.ip_family, net.netns, len(self.nodes) + 1)
         node = MeshNodeProxy(name, net, self.dir / name)
         node.records.mkdir(parents=True)
         for other in self.nodes.values():
@@ -223,19 +230,21 @@ class Mesh:
     ) -> MeshPod:
         """Scheduled on `node`, sandbox made (netns + veth), the real aether-cni ADD, then Running.
         `capture=REDIRECT` replaces the plugin's capture afterwards (the negative control's bad mode)."""
-        ip = f"10.200.{list(self.nodes).index(node.name) + 1}.{next(self._pod_ips[node.name])}"
+        ip, ip6 = pod_addresses(self.ip_family, list(self.nodes).index(node.name) + 1, next(self._pod_ips[node.name]))
         if self.shared_ca:
             self._issue_svid(sa)
         uid = self.kube.pod(self.namespace, name, node.name, sa)
-        net = self.lab.add_pod(node.net, name, ip)
+        net = self.lab.add_pod(node.net, name, ip, ip6=ip6)
         inbound = "permissive" if "--udp-preserve-source" in self.sidecar_args else self.inbound
         annotations = ((INBOUND_ANNOTATION, inbound),) if inbound else ()
-        sandbox = cni_runtime.PodSandbox(self.namespace, name, uid, net.path, ip, f"ctr-{self.tag}-{name}", annotations)
+        sandbox = cni_runtime.PodSandbox(
+            self.namespace, name, uid, net.path, ip, f"ctr-{self.tag}-{name}", annotations, ip6
+        )
         cni_runtime.add(sandbox, node.records)
         if capture is not CaptureMode.TPROXY:
             install_capture(net.path, capture)
-        self.kube.pod_running(self.namespace, name, ip)
         pod = MeshPod(name, self.namespace, uid, net, node)
+        self.kube.pod_running(self.namespace, name, pod_ips(net))
         self.pods[name] = pod
         self.progress(f"pod {name} on {node.name}: {ip}, aether-cni ADD done ({capture.value} capture)")
         return pod
@@ -247,7 +256,7 @@ class Mesh:
         argv = (
             app(pod.ip, BACKEND_PORT)
             if app
-            else [sys.executable, "-m", "aether.testing.udp_echo", name, str(BACKEND_PORT)]
+            else [sys.executable, "-m", "aether.testing.udp_echo", name, str(BACKEND_PORT), *echo_flags(pod.net)]
         )
         self.run_app(pod, argv)
         return pod
@@ -276,16 +285,17 @@ class Mesh:
     # -- services and routes ------------------------------------------------------------------------
     def add_service(self, name: str, backends: list[str]) -> str:
         """A UDP Service on port 18082 with a VIP, and its EndpointSlice of the (ready) backend pods."""
-        vip = next(self._vips)
-        self.kube.service(self.namespace, name, vip, L4_OUTBOUND_PORT)
+        vip, vip6 = next(self._vips)
+        self.kube.service(self.namespace, name, vip, L4_OUTBOUND_PORT, vip6=vip6)
         self.services[name] = vip
+        self.services6.update({name: vip6} if vip6 else {})
         self.set_endpoints(name, backends)
         self.progress(f"service {name}: VIP {vip}:{L4_OUTBOUND_PORT} -> {', '.join(backends)}")
         return vip
 
     def add_http_service(self, name: str, backends: list[str]) -> str:
         """A TCP Service on HTTP_APP_PORT (an east-west destination: HTTP/3 twins per source identity)."""
-        vip = next(self._vips)
+        vip, _ = next(self._vips)  # IPv4 only: east-west over IPv6 is not built
         self.kube.service(self.namespace, name, vip, HTTP_APP_PORT, "TCP")
         self.services[name] = vip
         ready = [(self.pods[b].ip, b) for b in backends]
@@ -296,7 +306,9 @@ class Mesh:
     def set_endpoints(self, service: str, backends: list[str], terminating: Sequence[str] = ()) -> None:
         """The EndpointSlice controller's part: the Service's ready endpoints are exactly these pods, and the
         `terminating` ones are pods being deleted that still serve (their grace period)."""
-        ready, ending = ([(self.pods[b].ip, b) for b in pods] for pods in (backends, terminating))
+        ready, ending = (
+            [(ip, b) for b in pods for ip in pod_ips(self.pods[b].net)] for pods in (backends, terminating)
+        )
         self.kube.endpoint_slice(self.namespace, service, BACKEND_PORT, ready, terminating=ending)
 
     def add_route(self, name: str, parent: str, backend: str) -> None:
@@ -312,18 +324,6 @@ class Mesh:
     def repoint_route(self, name: str, backend: str) -> None:
         self.kube.repoint_udproute(self.namespace, name, backend, L4_OUTBOUND_PORT)
         self.progress(f"UDPRoute {name} re-pointed to {backend}")
-
-    def route_condition(self, name: str, kind: str, timeout: float = 30.0) -> str | None:
-        """The status ("True"/"False") of condition `kind` the operator wrote on UDPRoute `name` (waits for it)."""
-
-        def status() -> str | None:
-            parents = self.kube.udproute_status(self.namespace, name).get("parents") or []
-            conds = [c for p in parents for c in p.get("conditions") or [] if c["type"] == kind]
-            return str(conds[0]["status"]) if conds else None
-
-        with contextlib.suppress(TimeoutError):
-            return wait_for(status, timeout, f"UDPRoute {name} condition {kind}")
-        return None
 
     def kubectl(self, *args: str) -> str | None:
         """Run kubectl (the pinned one when built) against this mesh's API (None when there is none); raises on failure."""

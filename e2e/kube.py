@@ -34,6 +34,7 @@ class Kube:
         self.core: Any = kubernetes.client.CoreV1Api(self.client)
         self.discovery: Any = kubernetes.client.DiscoveryV1Api(self.client)
         self.custom: Any = kubernetes.client.CustomObjectsApi(self.client)
+        self._v6_slices: set[tuple[str, str]] = set()  # (namespace, name) of the IPv6 EndpointSlices written
 
     def close(self) -> None:
         self.client.close()  # type: ignore[no-untyped-call]
@@ -45,10 +46,16 @@ class Kube:
     def node(self, name: str) -> None:
         self.core.create_node(o.node(name))
 
-    def service(self, ns: str, name: str, vip: str, port: int, protocol: str = "UDP") -> None:
-        """A Service whose ClusterIP the harness assigned (the emulator allocates none); one port."""
-        ipaddress.IPv4Address(vip)
-        self.core.create_namespaced_service(ns, o.service(ns, name, vip, [(PORT_NAMES[protocol], port, protocol)]))
+    def service(self, ns: str, name: str, vip: str, port: int, protocol: str = "UDP", vip6: str | None = None) -> None:
+        """A Service whose ClusterIP the harness assigned (the emulator allocates none); one port. With `vip6`, a
+        dual-stack one (RequireDualStack, clusterIPs [vip, vip6]); an IPv6 `vip` alone is a single-stack IPv6 one."""
+        ipaddress.ip_address(vip)
+        body = o.service(ns, name, vip, [(PORT_NAMES[protocol], port, protocol)])
+        vips = [vip] if vip6 is None else [vip, str(ipaddress.IPv6Address(vip6))]
+        body["spec"]["clusterIPs"] = vips
+        body["spec"]["ipFamilies"] = ["IPv6" if ":" in v else "IPv4" for v in vips]
+        body["spec"]["ipFamilyPolicy"] = "RequireDualStack" if vip6 else "SingleStack"
+        self.core.create_namespaced_service(ns, body)
 
     def annotate_service(self, ns: str, name: str, annotations: dict[str, str | None]) -> None:
         """Set (or, with None, remove) annotations on a Service, as `kubectl annotate` does."""
@@ -127,9 +134,10 @@ class Kube:
         uid: str = created.metadata.uid
         return uid
 
-    def pod_running(self, ns: str, name: str, ip: str) -> None:
-        """The kubelet's part after CNI ADD: podIP and phase Running (through the status subresource)."""
-        self.core.patch_namespaced_pod_status(name, ns, o.pod_status(ip), _content_type=MERGE)
+    def pod_running(self, ns: str, name: str, ips: Sequence[str]) -> None:
+        """The kubelet's part after CNI ADD: podIPs (one per family, podIP the first) and phase Running (through
+        the status subresource)."""
+        self.core.patch_namespaced_pod_status(name, ns, o.pod_status(ips[0], also=ips[1:]), _content_type=MERGE)
 
     def endpoint_slice(
         self,
@@ -145,14 +153,31 @@ class Kube:
         ports: list[o.Port] = [(PORT_NAMES[protocol], port, protocol)]
         states: list[tuple[str, o.EndpointState, str | None]] = [(ip, True, pod) for ip, pod in ready]
         states += [(ip, o.SERVING_TERMINATING, pod) for ip, pod in terminating]
-        body = o.endpoint_slice(ns, svc, ports, states)
-        name = body["metadata"]["name"]
+        # one slice per address type, as the controller writes them: <svc>-1 (IPv4, always) and <svc>-ipv6
+        for family, name in (("IPv4", f"{svc}-1"), ("IPv6", f"{svc}-ipv6")):
+            mine = [st for st in states if ("IPv6" if ":" in st[0] else "IPv4") == family]
+            if family == "IPv6" and not mine:
+                if (ns, name) in self._v6_slices:  # the Service's pods lost their IPv6 addresses
+                    self._v6_slices.discard((ns, name))
+                    self.delete_endpoint_slice(ns, name)
+                continue
+            if family == "IPv6":
+                self._v6_slices.add((ns, name))
+            body = o.endpoint_slice(ns, svc, ports, mine, name=name)
+            body["addressType"] = family
+            self._put_slice(ns, name, body)
+
+    def _put_slice(self, ns: str, name: str, body: dict[str, Any]) -> None:
         try:
             self.discovery.replace_namespaced_endpoint_slice(name, ns, body)
         except ApiException as exc:
             if exc.status != 404:
                 raise
             self.discovery.create_namespaced_endpoint_slice(ns, body)
+
+    def delete_endpoint_slice(self, ns: str, name: str) -> None:
+        with contextlib.suppress(ApiException):
+            self.discovery.delete_namespaced_endpoint_slice(name, ns)
 
     # -- what the operator wrote ---------------------------------------------------------------------
     def meshnode(self, name: str) -> dict[str, Any] | None:

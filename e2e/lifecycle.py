@@ -139,8 +139,21 @@ def restart_operator(mesh: Mesh) -> None:
 
 def add_tcp_floor_service(mesh: Mesh, name: str, backends: list[str]) -> str:
     """A TCP Service on the raw TCP floor (18082) with a VIP, its ready endpoints the pods' BACKEND_PORT."""
-    vip = next(mesh._vips)
+    vip, _ = next(mesh._vips)  # the TCP floor's IPv4 VIP
     mesh.kube.service(mesh.namespace, name, vip, L4_OUTBOUND_PORT, "TCP")
     mesh.services[name] = vip
     mesh.kube.endpoint_slice(mesh.namespace, name, BACKEND_PORT, [(mesh.pods[b].ip, b) for b in backends], "TCP")
     return vip
+
+
+def route_condition(mesh: Mesh, name: str, kind: str, timeout: float = 30.0) -> str | None:
+    """The status ("True"/"False") of condition `kind` the operator wrote on UDPRoute `name` (waits for it)."""
+
+    def status() -> str | None:
+        parents = mesh.kube.udproute_status(mesh.namespace, name).get("parents") or []
+        conds = [c for p in parents for c in p.get("conditions") or [] if c["type"] == kind]
+        return str(conds[0]["status"]) if conds else None
+
+    with contextlib.suppress(TimeoutError):
+        return wait_for(status, timeout, f"UDPRoute {name} condition {kind}")
+    return None

@@ -142,6 +142,36 @@ def test_demo_completes_shows_selection_and_leaves_nothing_behind() -> None:
 @pytest.mark.privileged
 @pytest.mark.envoy
 @pytest.mark.slow
+def test_demo_on_a_dual_stack_mesh_selects_on_each_ipv6_vip_too(api_kind: str) -> None:
+    """`--ip-family dual`: the real control plane with both service CIDRs, pods with an IPv6 ULA, dual-stack
+    Services: each IPv6 VIP is answered by its own backend from VIP:18082, also after the route's re-point; the
+    IPv4 sections as ever."""
+    if api_kind != "real":
+        pytest.skip("--ip-family dual needs the real control plane")
+    run = Running("--ip-family", "dual")
+    code = run.finish()
+    out = run.text()
+    assert code == 0, out
+    section1, rest = out.split("1. Per-service selection")[1].split("2. UDPRoute")
+    section2 = rest.split("3. Weighted split")[0]
+    for svc, backend in demo.SERVICES.items():
+        six = rf"demo/client +demo/{svc} +(fd00:10:96::77[0-9a-f]{{2}}):18082 +{backend} +\1:18082 +as expected\n"
+        assert re.search(six, section1), out
+        assert re.search(rf"demo/client +demo/{svc} +(\S+):18082 +{backend} +\1:18082 +as expected\n", section1), out
+    assert re.search(r"demo/client +demo/bravo +fd00:\S+ +echo-charlie +fd00:\S+ +as expected", section2), out
+    assert "UNEXPECTED" not in out and "result: every VIP reached the backend it should" in out
+    _assert_nothing_left(out, run.mark)
+
+
+def test_demo_refuses_an_ipv6_only_mesh_saying_what_is_missing() -> None:
+    out = subprocess.run([*command(), "demo", "--ip-family", "ipv6"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out
+    assert "--ip-family ipv6: not built" in out.stderr and "use --ip-family dual" in out.stderr, out.stderr
+
+
+@pytest.mark.privileged
+@pytest.mark.envoy
+@pytest.mark.slow
 def test_demo_keep_runs_until_ctrl_c_and_its_instructions_work() -> None:
     run = Running("--keep")
     try:

@@ -17,6 +17,7 @@ import pytest
 
 from aether.e2e.harness import Mesh, MeshPod
 from aether.e2e.kube import udp_arms
+from aether.e2e.lifecycle import route_condition
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.testing.probe import who_answers
 from aether.testing.wait import wait_for
@@ -106,7 +107,7 @@ def test_rerouting_a_service_with_a_udproute_moves_its_vip(mesh: Mesh) -> None:
         moved = {**BACKENDS, "svc-b": "echo-c"}
         failures = selection_failures(mesh, client, moved)
         assert failures == [], "\n".join(failures) + "\n" + mesh.diagnostics()
-        assert mesh.route_condition("svc-b-route", "Accepted") == "True"  # the operator's verdict, in status
+        assert route_condition(mesh, "svc-b-route", "Accepted") == "True"  # the operator's verdict, in status
         back = json.dumps({"spec": {"rules": [{"backendRefs": [{"name": "svc-b", "port": L4_OUTBOUND_PORT}]}]}})
         if mesh.kubectl("patch", "udproute", "svc-b-route", "--type", "merge", "-p", back) is None:
             mesh.repoint_route("svc-b-route", "svc-b")  # no kubectl here: the same merge patch via the client
