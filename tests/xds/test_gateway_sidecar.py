@@ -6,11 +6,15 @@ a raw TCP sink recording the bytes it receives. openssl s_client from the node n
 - with web's SNI: the sink receives the ClientHello as sent, a TLS handshake record whose server_name is web's SNI
   (the gateway forwarded the TLS bytes unopened), and `tcp.east_west_gateway.downstream_cx_total` counts it;
 - with an SNI the node does not export: the sink receives nothing and
-  `listener.east_west_gateway.no_filter_chain_match` goes +1.
+  `listener.east_west_gateway.no_filter_chain_match` goes +1;
+- the QUIC half, served because the module is on `ENVOY_DYNAMIC_MODULES_SEARCH_PATH` (as the node image sets it;
+  `--east-west-gateway-quic auto`): a real aioquic client Initial naming web's SNI opens a udp_proxy session
+  through the module, one naming another SNI is dropped and counted.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,8 +26,10 @@ import pytest
 from aether.api.meshnode import Endpoint, QuicDestination
 from aether.api.naming import quic_sni
 from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT
+from aether.testing.envoy_modules import build as build_modules
 from aether.testing.netlab import Lab, Pod
 from aether.testing.nodebed import NodeBed
+from aether.testing.quic_initials import MESH_SNI, Case, capture
 from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
@@ -65,6 +71,8 @@ class Bed:
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    search = os.environ.get("ENVOY_DYNAMIC_MODULES_SEARCH_PATH")
+    os.environ["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"] = str(build_modules())  # the sidecar and its Envoy inherit it
     lab = Lab()
     try:
         workdir = tmp_path_factory.mktemp("gateway-sidecar")
@@ -92,10 +100,14 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
         nb.start_sidecar()
         nb.start_envoy()
         nb.wait_programmed()
-        nb.wait_listeners(1)  # the gateway's listener, the only one this node has
+        nb.wait_listeners(2)  # the gateway's TCP and UDP listeners, the only ones this node has
         yield Bed(nb, web, received)
     finally:
         lab.close()
+        if search is None:
+            os.environ.pop("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", None)
+        else:
+            os.environ["ENVOY_DYNAMIC_MODULES_SEARCH_PATH"] = search
 
 
 def s_client(bed: Bed, sni: str) -> str:
@@ -130,3 +142,34 @@ def test_an_sni_the_node_does_not_export_reaches_nothing(bed: Bed) -> None:
         lambda: envoy.stat("listener.east_west_gateway.no_filter_chain_match") == refused + 1, 10, "unknown SNI +1"
     )
     assert len(lines(bed)) == before
+
+
+SEND = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for line in sys.stdin.read().split():
+    s.sendto(bytes.fromhex(line), ("127.0.0.1", int(sys.argv[1])))
+"""
+
+
+def send_initials(bed: Bed, sni: str) -> None:
+    """A real aioquic client's first flight naming `sni`, from the node netns to the gateway's UDP 18009."""
+    flight = "\n".join(d.hex() for d in capture(Case("sidecar", sni)))
+    argv = ["ip", "netns", "exec", bed.node.node.netns, sys.executable, "-c", SEND, str(EAST_WEST_PORT)]
+    subprocess.run(argv, input=flight, text=True, check=True, timeout=30)
+
+
+def test_the_sidecar_serves_the_quic_half_where_the_module_is(bed: Bed) -> None:
+    envoy = bed.node.running_envoy()
+    stats = "dynamicmodulescustom.quic_sni."
+    forwarded, unknown = (
+        envoy.stats().get(stats + "quic_sni_forwarded", 0),
+        envoy.stats().get(stats + "quic_sni_unknown", 0),
+    )
+    sessions = envoy.stats().get("udp.east_west_gateway_quic.downstream_sess_total", 0)
+    send_initials(bed, WEB_SNI)
+    wait_for(lambda: envoy.stats().get(stats + "quic_sni_forwarded", 0) == forwarded + 1, 10, "web's SNI forwarded")
+    assert envoy.stat("udp.east_west_gateway_quic.downstream_sess_total") == sessions + 1
+    send_initials(bed, MESH_SNI)  # a name this node does not export
+    wait_for(lambda: envoy.stats().get(stats + "quic_sni_unknown", 0) == unknown + 1, 10, "unknown SNI +1")
+    assert envoy.stat("udp.east_west_gateway_quic.downstream_sess_total") == sessions + 1  # no session for it
