@@ -80,11 +80,13 @@ class CaptureDrift(CaptureError):
 
 
 class CaptureState(Record):
-    """What is in a netns now: the aether table (canonical form), and our ip rules and routes."""
+    """What is in a netns now: the aether table (canonical form), and our ip rules and routes; `ipv6`: whether the
+    netns has IPv6 at all (a kernel booted with ipv6.disable=1 has none, and then no IPv6 routing is wanted)."""
 
     table: dict[str, Any]
     rules: list[Rule]
     routes: list[Route]
+    ipv6: bool = True
 
 
 class CaptureEffects(Protocol):
@@ -97,6 +99,10 @@ class CaptureEffects(Protocol):
     def rules(self) -> list[Rule]: ...
 
     def routes(self, table: int) -> list[Route]: ...
+
+    def has_ipv6(self) -> bool:
+        """Whether the netns has IPv6 (not an effect: the kernel's answer)."""
+        ...
 
     def add_rule(self, rule: Rule) -> bool: ...
 
@@ -128,6 +134,9 @@ class KernelEffects:
 
     def routes(self, table: int) -> list[Route]:
         return self._rtnl.routes(table, AF_UNSPEC)
+
+    def has_ipv6(self) -> bool:
+        return os.path.isdir("/proc/sys/net/ipv6")  # absent under ipv6.disable=1; per netns (the opener's)
 
     def add_rule(self, rule: Rule) -> bool:
         return self._rtnl.add_rule(rule)
@@ -164,7 +173,17 @@ def _list_table(fx: CaptureEffects) -> dict[str, Any]:
 def read_state(fx: CaptureEffects) -> CaptureState:
     """What `fx`'s netns holds: the aether table (canonical form), our ip rules and our routes."""
     table = nftrules.canonical(_list_table(fx))
-    return CaptureState(table=table, rules=[r for r in fx.rules() if _ours(r)], routes=fx.routes(CAPTURE_ROUTE_TABLE))
+    rules, routes = [r for r in fx.rules() if _ours(r)], fx.routes(CAPTURE_ROUTE_TABLE)
+    return CaptureState(table=table, rules=rules, routes=routes, ipv6=fx.has_ipv6())
+
+
+def _wanted(ipv6: bool) -> tuple[tuple[Rule, ...], tuple[Route, ...]]:
+    """The divert's rules and routes for a netns with (or without) IPv6."""
+    if ipv6:
+        return DIVERT_RULES, LOCAL_ROUTES
+    return tuple(r for r in DIVERT_RULES if r.family != AF_INET6), tuple(
+        r for r in LOCAL_ROUTES if r.family != AF_INET6
+    )
 
 
 def _ip_word(family: int) -> str:
@@ -185,7 +204,8 @@ def drift_reasons(
     wanted = nftrules.canonical(build_ruleset(mode, ports, inbound))
     reasons = nftrules.diff(wanted, state.table)
     want_routing = CaptureMode(mode) is CaptureMode.TPROXY
-    for wanted_rule in DIVERT_RULES:
+    wanted_rules, wanted_routes = _wanted(state.ipv6)
+    for wanted_rule in wanted_rules:
         ip = _ip_word(wanted_rule.family)
         divert_rules = [r for r in state.rules if r == wanted_rule]
         if want_routing and not divert_rules:
@@ -196,18 +216,18 @@ def drift_reasons(
         if len(divert_rules) > 1:
             reasons.append(f"{ip} rule fwmark {CAPTURE_DIVERT_FWMARK:#x} installed {len(divert_rules)} times")
     for r in state.rules:
-        if r not in DIVERT_RULES or not want_routing:
+        if r not in wanted_rules or not want_routing:
             reasons.append(
                 f"extra {_ip_word(r.family)} rule: pref {r.priority} fwmark {r.fwmark:#x}/{r.fwmask:#x} lookup {r.table}"
             )
-    for wanted_route in LOCAL_ROUTES:
+    for wanted_route in wanted_routes:
         if want_routing and wanted_route not in state.routes:
             default = "::/0" if wanted_route.family == AF_INET6 else "default"
             reasons.append(
                 f"missing {_route_word(wanted_route.family)}: local {default} dev lo table {CAPTURE_ROUTE_TABLE}"
             )
     for rt in state.routes:
-        if rt not in LOCAL_ROUTES or not want_routing:
+        if rt not in wanted_routes or not want_routing:
             reasons.append(
                 f"extra {_route_word(rt.family)} in table {CAPTURE_ROUTE_TABLE}: type {rt.type} /{rt.dst_len} "
                 f"oif {rt.oif}"
@@ -238,19 +258,20 @@ def _load_table(fx: CaptureEffects, where: str, mode: CaptureMode, ruleset: dict
 
 def _route(fx: CaptureEffects, mode: CaptureMode) -> None:
     """Our ip rule and local route exactly as `mode` wants them: stale rules first, then the divert's own."""
-    stale = [r for r in fx.rules() if _ours(r) and r not in DIVERT_RULES]
+    rules, routes = _wanted(fx.has_ipv6())
+    stale = [r for r in fx.rules() if _ours(r) and r not in rules]
     for rule in stale:
         fx.delete_rule(rule)
     if mode is CaptureMode.TPROXY:
-        for rule in DIVERT_RULES:
+        for rule in rules:
             fx.add_rule(rule)
         for route in fx.routes(CAPTURE_ROUTE_TABLE):
-            if route not in LOCAL_ROUTES:
+            if route not in routes:
                 fx.delete_route(route)
-        for route in LOCAL_ROUTES:
+        for route in routes:
             fx.replace_route(route)
     else:
-        for rule in DIVERT_RULES:
+        for rule in rules:
             fx.delete_rule(rule)
         for route in fx.routes(CAPTURE_ROUTE_TABLE):
             fx.delete_route(route)

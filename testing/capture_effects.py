@@ -55,6 +55,7 @@ class RecordingEffects:
     refuse: set[str] = field(default_factory=set)
     refusal: str = "Error: Could not process rule: Operation not supported\n"
     closed: bool = False
+    ipv6: bool = True  # False: a netns without IPv6 (a kernel booted with ipv6.disable=1)
 
     def _call(self, *call: Any) -> None:
         self.calls.append(call)
@@ -94,8 +95,13 @@ class RecordingEffects:
         self._call("routes", table)
         return [r for r in self.ip_routes if r.table == table]
 
+    def has_ipv6(self) -> bool:
+        return self.ipv6  # the kernel's answer, not an effect: not recorded
+
     def add_rule(self, rule: Rule) -> bool:
         self._call("add_rule", rule)
+        if rule.family == 10 and not self.ipv6:
+            raise OSError(97, "Address family not supported by protocol")
         if rule in self.ip_rules:
             return False
         self.ip_rules.append(rule)

@@ -197,3 +197,17 @@ def test_check_names_the_ipv6_rule_and_route_when_only_they_are_gone() -> None:
     assert f"extra ip -6 rule: pref 100 fwmark {CAPTURE_DIVERT_FWMARK:#x}/0xff lookup {T}" in drift_reasons(
         read_state(fx), CaptureMode.TPROXY, CAPTURED_PORTS
     )
+
+
+def test_a_netns_without_ipv6_gets_and_wants_the_ipv4_routing_only() -> None:
+    """A kernel booted with ipv6.disable=1 refuses any IPv6 rule (EAFNOSUPPORT, as the stub does): the installer asks
+    the netns first and installs, checks and removes the IPv4 half alone there."""
+    fx = RecordingEffects(ipv6=False)
+    install(fx)
+    assert fx.names() == ["nft create", "rules", "add_rule", "routes", "replace_route", *READ_BACK]
+    assert fx.ip_rules == [DIVERT_RULE] and fx.ip_routes == [LOCAL_ROUTE]
+    assert drift_reasons(read_state(fx), CaptureMode.TPROXY, CAPTURED_PORTS) == []
+    fx.ip_rules.clear()
+    assert drift_reasons(read_state(fx), CaptureMode.TPROXY, CAPTURED_PORTS) == [
+        f"missing ip rule: pref 100 fwmark {CAPTURE_DIVERT_FWMARK:#x} lookup {T}"
+    ]
