@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -88,12 +88,26 @@ def clusters_named_by(listener: dict[str, Any]) -> frozenset[str]:
     return named
 
 
+def clusters_of(listeners: Mapping[str, dict[str, Any]]) -> dict[str, frozenset[str]]:
+    """`clusters_named_by` of each listener of one translation; the memo then keeps these listeners' walks only.
+    A listener object no translation holds any more is never looked up again, and builders that return fresh dicts
+    each time would otherwise fill the memo with every listener they ever made (found by bench/soak.py: each
+    sidecar's RSS grew by megabytes a minute, since it re-translates every few seconds)."""
+    out = {name: clusters_named_by(listener) for name, listener in listeners.items()}
+    if len(_walked) > len(listeners):
+        keep = {id(listener) for listener in listeners.values()}
+        for key in [k for k in _walked if k not in keep]:
+            del _walked[key]
+    return out
+
+
 def arms_resolve(resources: Resources) -> list[GateFailure]:
     """Every matcher arm (and on_no_match) and every tcp_proxy names a cluster present in CDS."""
     clusters = resources.get(CLUSTER, {})
     out: list[GateFailure] = []
-    for name, listener in sorted(resources.get(LISTENER, {}).items()):
-        missing = sorted(clusters_named_by(listener).difference(clusters))  # C-level: the common case is empty
+    named = clusters_of(resources.get(LISTENER, {}))
+    for name in sorted(named):
+        missing = sorted(named[name].difference(clusters))  # C-level: the common case is empty
         if missing:
             out.append(GateFailure("arm-names-cluster", f"listener {name!r} routes to {missing}, not in CDS"))
     return out

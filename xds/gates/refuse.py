@@ -12,7 +12,7 @@ from collections import Counter
 
 from aether.api.addresses import unroutable_vip
 from aether.api.meshnode import MeshNode, ServiceArm
-from aether.xds.gates.core import GateFailure, PathExists, bind_key, clusters_named_by, netns_of
+from aether.xds.gates.core import GateFailure, PathExists, bind_key, clusters_of, netns_of
 from aether.xds.resources import CLUSTER, LISTENER, ResourceDict, Resources
 
 DUPLICATE_VIP, BAD_VIP, SPLIT_CLUSTER = "duplicate-vip", "invalid-vip", "split-arm-cluster"
@@ -92,8 +92,9 @@ def refuse_listeners(
     kept: dict[str, ResourceDict] = {}
     seen: dict[tuple[str, str, str, int], str] = {}
     out: list[GateFailure] = []
+    named = clusters_of(listeners)
     for name, listener in sorted(listeners.items()):
-        missing = sorted(clusters_named_by(listener).difference(clusters))
+        missing = sorted(named[name].difference(clusters))
         path = netns_of(listener)
         key = bind_key(listener)
         if missing:
