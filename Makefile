@@ -90,8 +90,9 @@ unit: setup k8s test-images envoy-modules
 	@"$$(k8s/build.sh --where)/kube-apiserver" --version
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
-# The Envoy dynamic modules in Rust (envoy-modules/: today the pure QUIC SNI reader, `quicsni`), built and tested
-# with cargo from crates.io; `--locked` keeps Cargo.lock's versions, and after the first fetch both run offline.
+# The Envoy dynamic modules in Rust (envoy-modules/: the QUIC SNI reader `quicsni` and the module aether_quic_sni,
+# which the node image ships), built and tested with cargo from crates.io; `--locked` keeps Cargo.lock's versions,
+# and after the first fetch both run offline.
 CARGO ?= $(shell command -v cargo 2>/dev/null || echo $(HOME)/.cargo/bin/cargo)
 .PHONY: envoy-modules envoy-modules-test
 
