@@ -129,8 +129,10 @@ unsafe fn on_data(filter_envoy: FilterEnvoyPtr, filter: &mut Filter) -> Status {
     }
     let key: Key = (std::slice::from_raw_parts(addr.ptr, addr.length).to_vec(), port);
     // A decided connection's datagrams are passed or dropped without being read or copied.
-    if let Some(verdict) = filter.gate.decided(&key) {
-        return handoff(filter, &key, verdict);
+    if let Some(sni) = filter.gate.lookup(&key) {
+        let verdict = if sni.is_some() { Verdict::Pass } else { Verdict::Drop };
+        lb::CURRENT.with(|c| *c.borrow_mut() = sni.cloned());
+        return status(verdict);
     }
     let n = abi::envoy_dynamic_module_callback_udp_listener_filter_get_datagram_data_chunks_size(filter_envoy);
     let mut chunks = vec![

@@ -62,6 +62,12 @@ impl<K: Hash + Eq + Clone> Gate<K> {
         self.decided.get(key).and_then(|(_, sni)| sni.as_ref())
     }
 
+    /// One lookup for a decided connection's datagram: `None` undecided, `Some(None)` dropped, `Some(Some(sni))`
+    /// passed with its SNI.
+    pub fn lookup(&self, key: &K) -> Option<Option<&Arc<str>>> {
+        self.decided.get(key).map(|(_, sni)| sni.as_ref())
+    }
+
     pub fn on_datagram(&mut self, key: &K, datagram: &[u8]) -> (Verdict, Option<Count>) {
         if let Some(verdict) = self.decided(key) {
             return (verdict, None);

@@ -37,6 +37,8 @@ fn an_exported_name_passes_and_its_later_datagrams_pass_without_reading() {
     // The connection's SNI is kept for the load balancer (lower-cased, as exported); no other key has one.
     assert_eq!(g.sni(&1).map(|s| &**s), Some(sni.as_str()));
     assert_eq!(g.sni(&2), None);
+    assert_eq!(g.lookup(&1).map(|s| s.map(|s| s.to_string())), Some(Some(sni.clone())));
+    assert_eq!(g.lookup(&2), None);
 }
 
 #[test]
@@ -46,6 +48,7 @@ fn an_unknown_name_and_a_refusal_drop_and_stay_dropped() {
     let mut g = gate("other.example");
     assert_eq!(g.on_datagram(&1, &short[0]), (Verdict::Drop, Some(Count::UnknownSni)));
     assert_eq!(g.on_datagram(&1, &short[0]), (Verdict::Drop, None));
+    assert_eq!(g.lookup(&1), Some(None)); // decided, dropped: no SNI for the load balancer
     assert_eq!(g.on_datagram(&2, &nosni[0]), (Verdict::Drop, Some(Count::Refused)));
     assert_eq!(
         g.on_datagram(&3, &[0x40, 1, 2, 3]),
