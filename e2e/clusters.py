@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from aether.api.naming import mesh_host
 from aether.e2e.harness import Mesh, Progress, _quiet
 from aether.netns.contract import EAST_WEST_PORT
+from aether.netns.nsthread import run_in_netns
 from aether.testing import envoy_modules
 from aether.testing.apitestbed import objects as o
 from aether.testing.apitestbed.harness import READ_ERRORS, Cluster
@@ -55,6 +57,20 @@ class TwoClusters:
 
     def gateway_stat(self, stat: str) -> int:
         return self.a.nodes["a-gw"].stat(stat)
+
+    def direct_to_web0(self) -> int | None:
+        """B's client-0 straight to A's web-0 app, around the mesh: the errno of the failed TCP connect (None if it
+        connected): ENETUNREACH, since no route joins the two clusters' pods."""
+        web0 = self.a.pods["web-0"].ip
+
+        def connect() -> int | None:
+            try:
+                socket.create_connection((web0, 8080), timeout=2).close()
+            except OSError as exc:
+                return exc.errno
+            return None
+
+        return run_in_netns(self.b.pods["client-0"].netns_path, connect)
 
 
 def link_across(a: Mesh, a_node: Node, b: Mesh, b_node: Node, a_ip: str, b_ip: str) -> None:
@@ -112,11 +128,13 @@ def _quic_modules(progress: Progress) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def two_clusters(progress: Progress = _quiet) -> Iterator[TwoClusters]:
+def two_clusters(progress: Progress = _quiet, tags: tuple[str, str] | None = None) -> Iterator[TwoClusters]:
+    """The two clusters, torn down on exit (also on failure); `tags`: the two labs' netns name prefixes."""
+    tag_a, tag_b = tags or (None, None)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_quic_modules(progress))
-        a = stack.enter_context(Mesh(namespace=NS, areas=AREAS, shared_ca=True, progress=progress))
-        b = stack.enter_context(Mesh(namespace=NS, areas=AREAS, shared_ca=True, ca=a.ca, progress=progress))
+        a = stack.enter_context(Mesh(namespace=NS, areas=AREAS, shared_ca=True, progress=progress, tag=tag_a))
+        b = stack.enter_context(Mesh(namespace=NS, areas=AREAS, shared_ca=True, ca=a.ca, progress=progress, tag=tag_b))
         a.add_node("a-gw"), a.add_node("a-web")
         b.add_node("b-client"), b.add_node("b-other")
         link_across(a, a.nodes["a-gw"].net, b, b.nodes["b-client"].net, GATEWAY_IP, B_LINK_IP)

@@ -32,6 +32,7 @@ from types import FrameType
 from typing import Any
 
 from aether.api.naming import mesh_host, quic_twin, spiffe_id, udp_split_cluster
+from aether.e2e import demo_clusters
 from aether.e2e.demo_families import IP_FAMILIES, family_problem, ipv6_rows, wait_ipv6
 from aether.e2e.demo_report import (
     AccessRow,
@@ -46,7 +47,6 @@ from aether.e2e.demo_report import (
     split_table,
     table,
 )
-from aether.e2e import demo_clusters
 from aether.e2e.harness import HTTP_APP_PORT, Mesh, MeshPod
 from aether.e2e.kube import udp_arms
 from aether.e2e.lifecycle import pair_state, route_condition, wait_pairs
@@ -376,9 +376,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--clusters", type=int, choices=(1, 2), default=1, help="2: one mesh over two clusters")
     args = p.parse_args(argv)
     kind: Kind = args.control_plane or ("real" if controlplane.available() else "emulated")
-    if args.clusters == 2 and (kind != "real" or args.keep):
-        print("aether demo: --clusters 2 runs two real control planes (make k8s) and has no --keep", file=sys.stderr)
-        return 1
     why = family_problem(args.ip_family, kind) or preflight()
     if why is not None:
         print(f"aether demo: {why}", file=sys.stderr)
@@ -388,10 +385,8 @@ def main(argv: list[str]) -> int:
     code = 1
     try:
         with _signals_raise():
-            if args.clusters == 2:
-                code = demo_clusters.run(clock.say)
-            else:
-                code = run(args.keep, clock, workdir, kind, args.ip_family)
+            two = demo_clusters.run(clock.say, kind, args.keep) if args.clusters == 2 else None
+            code = run(args.keep, clock, workdir, kind, args.ip_family) if two is None else two
     except Interrupted as exc:
         print(f"aether demo: interrupted ({exc})", file=sys.stderr)
         code = 130

@@ -258,3 +258,37 @@ def test_leftover_check_sees_a_netns_a_process_and_a_directory(tmp_path: Path) -
         sleeper.kill()
         sleeper.wait()
     _assert_nothing_left(out, mark)
+
+
+def _ran_ok(*args: str) -> tuple[Running, str]:
+    """The demo run to its end with `args`, having exited 0 (else the assertion shows what it printed)."""
+    run = Running(*args)
+    code, out = run.finish(), run.text()
+    assert code == 0, out
+    return run, out
+
+
+@pytest.mark.privileged
+@pytest.mark.envoy
+@pytest.mark.slow
+def test_demo_clusters_2_shows_the_cross_cluster_table_and_leaves_nothing_behind(api_kind: str) -> None:
+    """`aether demo --clusters 2` (e2e/demo_clusters.py): B's client-0 calls A's web through A's gateway with its
+    own SPIFFE ID, A's policy denies it across, and no pod route joins the clusters; nothing left behind."""
+    if api_kind != "real":
+        pytest.skip("--clusters 2 runs two real control planes")
+    run, out = _ran_ok("--clusters", "2")
+    sid = re.escape("spiffe://cluster.local/ns/shop/sa/client")
+    via = re.escape("HTTP/3, quic:shop/web@client via UDP 18009")
+    assert re.search(
+        rf"B shop/client-0 +shop/web in cluster-a \(\S+\) +{via} +web-0 \(200\), XFCC {sid} +as expected", out
+    )
+    assert re.search(rf"policy in A +{via} +403 \(RBAC in cluster-a\) +as expected", out), out
+    assert re.search(r"directly \(cluster-a\) +- \(pod to pod\) +no route \(ENETUNREACH\) +as expected", out), out
+    assert "UNEXPECTED" not in out and "result: the caller's own SPIFFE ID crossed the gateway" in out
+    m = re.search(r"lab tags (\S+) (\S+)\n.*working directories (\S+) (\S+)\n", out, re.S)
+    assert m, out
+    left = [p.name for p in NETNS_DIR.iterdir() if p.name.startswith(m.group(1)) or p.name.startswith(m.group(2))]
+    assert left == [] and not Path(m.group(3)).exists() and not Path(m.group(4)).exists(), (left, out)
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: not _marked(run.mark), 10, "marked processes to be gone", interval=0.2)
+    assert _marked(run.mark) == [], "processes left behind"

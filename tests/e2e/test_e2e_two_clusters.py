@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import http.client
 import json
-import socket
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -54,15 +53,7 @@ def test_no_pod_route_between_the_clusters(tc: TwoClusters) -> None:
     """B's client-0 cannot reach A's web-0 directly: a TCP connection to its app fails (ENETUNREACH: B's node has
     no route to it), and B's nodes have no route for a datagram to it either; only A's gateway address is."""
     web0 = tc.a.pods["web-0"].ip
-
-    def direct_tcp() -> int | None:
-        try:
-            socket.create_connection((web0, 8080), timeout=2).close()
-        except OSError as exc:
-            return exc.errno
-        return None
-
-    assert run_in_netns(tc.b.pods["client-0"].netns_path, direct_tcp) == errno.ENETUNREACH
+    assert tc.direct_to_web0() == errno.ENETUNREACH
     for node in tc.b.nodes.values():
         route = subprocess.run(["ip", "netns", "exec", node.net.netns, "ip", "route", "get", web0], capture_output=True)
         assert route.returncode != 0 and b"unreachable" in route.stderr, (node.name, route)
