@@ -58,7 +58,9 @@ extern "C" {
 
 // The load-balancing-policy extension (`envoy.load_balancing_policies.dynamic_modules`): the per-worker load
 // balancer's view of its cluster. Indices are into a priority's hosts, except `healthy_host` ones (and the
-// index `on_lb_choose_host` answers), which are into its healthy hosts.
+// index `on_lb_choose_host` answers), which are into its healthy hosts. Each checked with objdump against the
+// 1.40.0 binary (lb pointer in rdi, priority in esi, index in rdx, the result pointer next; the metadata lookup's
+// key buffer on the stack), as is the caller of `on_lb_choose_host` (two u32 out-pointers, a bool back).
 pub type LbEnvoyPtr = *mut c_void;
 
 /// `envoy_dynamic_module_type_host_health`.
