@@ -11,7 +11,9 @@ other failure is outside.
 
 RSS and fd slopes: per process, over the second half of the run, the least-squares slope of its samples (one every
 `sample_every` seconds) against time, for the longest-lived process of that role and node in that half (a restart
-the churn asked for starts a new process). "Within noise": the slope's 95 % interval (2 standard errors) contains 0.
+the churn asked for starts a new process). "Within noise": the slope's 95 % interval (2 standard errors) contains 0,
+or the drift it makes over the half (slope x minutes) is at most twice the spread of the samples around the fitted
+line (their standard deviation): a steady leak drifts far beyond its own scatter, noise does not.
 """
 
 from __future__ import annotations
@@ -130,16 +132,18 @@ def slope(samples: Sequence[tuple[float, float]]) -> dict[str, float] | None:
         return None
     fit = statistics.linear_regression(xs, ys)
     resid = [y - (fit.slope * x + fit.intercept) for x, y in samples]
+    sd = statistics.pstdev(resid)
     n = len(samples)
     sxx = sum((x - statistics.fmean(xs)) ** 2 for x in xs)
     se = math.sqrt(sum(r * r for r in resid) / (n - 2) / sxx) if n > 2 else math.inf
     return {
         "per_min": round(fit.slope, 3),
         "stderr": round(se, 3),
-        "resid_sd": round(statistics.pstdev(resid), 3),
+        "resid_sd": round(sd, 3),
         "minutes": round(max(xs) - min(xs), 2),
         "samples": n,
-        "within_noise": bool(abs(fit.slope) <= 2 * se),
+        "drift": round(fit.slope * (max(xs) - min(xs)), 1),
+        "within_noise": bool(abs(fit.slope) <= 2 * se or abs(fit.slope) * (max(xs) - min(xs)) <= 2 * sd),
     }
 
 
