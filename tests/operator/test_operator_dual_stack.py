@@ -11,6 +11,7 @@ from ipaddress import ip_address, ip_network
 from typing import Any
 
 import pytest
+from kubernetes.dynamic.exceptions import UnprocessibleEntityError
 
 from aether.operator.reconcile.namespace import NO_ENDPOINTS_IN_FAMILY
 from aether.testing.apiserver import Kind, api_server
@@ -192,3 +193,27 @@ def test_a_dropped_family_arm_is_put_back(mesh: Mesh) -> None:
         body={"spec": {"udp": {"services": kept}}}, name=held["metadata"]["name"], content_type=MERGE
     )
     mesh.converged("drift", {v4: ["10.72.3.5"], v6: ["fd00:10:72:3::5"]})
+
+
+def test_an_ipv6_only_control_plane_allocates_ipv6_and_the_operator_serves_it(api_kind: Kind) -> None:
+    """`ip_family="ipv6"`: the one service CIDR is IPv6, RequireDualStack is refused, PreferDualStack gets one
+    family; the controller's IPv6 slice becomes an `@ipv6` arm."""
+    if api_kind != "real":
+        pytest.skip("AETHER_CONTROL_PLANE=emulated: the emulator allocates no ClusterIP")
+    with api_server("real", ip_family="ipv6") as server:
+        assert server.control_plane is not None
+        k = Cluster(server.kubeconfig, None)
+        mesh = Mesh(k)
+        with pytest.raises(UnprocessibleEntityError) as refused:
+            mesh.service("both", "RequireDualStack")
+        assert "not configured for dual-stack services" in str(refused.value.body)
+        svc = mesh.service("prefer", "PreferDualStack")
+        assert families(svc) == ["IPv6"] and in_cidr(svc["spec"]["clusterIP"], SERVICE_CIDR_V6)
+        mesh.backend("dns-0", "10.72.9.5", "fd00:10:72:9::5")  # the kubelet of an IPv6 cluster lists both, say
+        op = InProcessOperator(server.kubeconfig)
+        op.start()
+        try:
+            arms = mesh.converged("prefer", {svc["spec"]["clusterIP"]: ["fd00:10:72:9::5"]})
+            assert next(iter(arms.values()))["cluster"] == f"udp:{mesh.ns}/prefer@ipv6"
+        finally:
+            op.stop()
