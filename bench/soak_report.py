@@ -28,7 +28,7 @@ from typing import Any
 OK = "ok"
 EAST_WEST = ("h3",)  # classes whose destination side runs through the destination node's Envoy
 ENVOY_RESTART = "envoy_restart"
-DOCUMENTED = {ENVOY_RESTART: "docs/operations.md (upgrades, step 3): a node's Envoy down, its traffic has no listener"}
+DOCUMENTED = {ENVOY_RESTART: "docs/operations.md (Upgrade, step 3): a node's Envoy down, its traffic has no listener"}
 MAX_LISTED = 200  # failures kept in the JSON with their detail (all are counted)
 
 
