@@ -45,13 +45,16 @@ class Rig:
         return self.envoy.stats().get(STATS + name, 0)
 
 
-@pytest.fixture
-def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
+@pytest.fixture(params=[1, 4], ids=["1-worker", "4-workers"])
+def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[Rig]:
+    """The gateway with one worker, and with four: each worker runs its own filter and load balancer, and the SNI
+    handoff between them is per worker thread (a datagram's listener filters and udp_proxy run on one worker)."""
     monkeypatch.setenv("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", str(build()))
     services = {sni: Service(free_udp_port(), *self_signed(tmp_path, sni), sni=sni) for sni in (WEB, API)}
     gateway_port = free_udp_port()
     boot = per_sni_gateway_bootstrap(tmp_path / "admin.sock", gateway_port, {s.sni: s.port for s in services.values()})
-    envoy = start_envoy(boot, tmp_path, name="gateway", args=["--concurrency", "1"], log_level="info")
+    workers = ["--concurrency", str(request.param)]
+    envoy = start_envoy(boot, tmp_path, name="gateway", args=workers, log_level="info")
     try:
         yield Rig(envoy, gateway_port, services)
     finally:
