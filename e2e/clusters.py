@@ -13,12 +13,15 @@ QUIC listener is deployed: the sidecars' `--east-west-gateway-quic` and a twin t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
-from aether.api.naming import mesh_host
+from aether.api.naming import DEFAULT_MESH_DOMAIN, mesh_host, quic_sni
 from aether.e2e.harness import Mesh, Progress, _quiet
 from aether.netns.contract import EAST_WEST_PORT
 from aether.netns.nsthread import run_in_netns
@@ -57,6 +60,20 @@ class TwoClusters:
 
     def gateway_stat(self, stat: str) -> int:
         return self.a.nodes["a-gw"].stat(stat)
+
+    def h2_via_tcp(self, sa: str = "client") -> tuple[int, dict[str, Any]]:
+        """h2 over TCP 18009 from B's client node: curl holding B's `sa` SVID plays the source proxy (SNI
+        `8080.web.<ns>.<mesh domain>`, the destination verified against the shared root by its DNS SAN): A's gateway
+        passes it to web-0's inbound, which verifies the SVID and sets XFCC. (status, the app's JSON answer)."""
+        sni, d = quic_sni(8080, "web", NS, DEFAULT_MESH_DOMAIN), self.b.certs_dir
+        argv = ["ip", "netns", "exec", self.b.nodes["b-client"].net.netns, "curl", "-sS", "--http2"]
+        argv += ["--cert", str(d / NS / sa / "svid.pem"), "--key", str(d / NS / sa / "svid_key.pem")]
+        argv += ["--cacert", str(d / "bundle.pem"), "--connect-to", f"{sni}:443:{self.gateway}:{EAST_WEST_PORT}"]
+        out = subprocess.run(
+            [*argv, f"https://{sni}/", "-w", "\n%{http_code}"], capture_output=True, text=True, timeout=20
+        )
+        body, _, code = out.stdout.rpartition("\n")
+        return int(code or 0), json.loads(body) if body.startswith("{") else {}
 
     def direct_to_web0(self) -> int | None:
         """B's client-0 straight to A's web-0 app, around the mesh: the errno of the failed TCP connect (None if it

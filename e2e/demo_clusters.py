@@ -50,6 +50,10 @@ def _received(got: HttpAnswer) -> str:
     return f"{got.status}" if got.status is not None else "no answer"
 
 
+def _uri(xfcc: str) -> str:
+    return xfcc.rpartition("URI=")[2].split(";")[0] or "-"
+
+
 def _direct(tc: TwoClusters) -> Row:
     """client-0 straight to web-0's address: no route between the clusters' pods."""
     web0, code = tc.a.pods["web-0"].ip, tc.direct_to_web0()
@@ -68,6 +72,10 @@ def table(tc: TwoClusters) -> list[Row]:
         rows.append(Row(caller, f"{callee}, policy in A", how, f"{_received(got)} (RBAC in {PEER})", got.status == 403))
     finally:
         tc.api_a.delete("mesh.aether.dev/v1alpha1", "MeshAuthorizationPolicy", "web-callers", NS)
+    status, body = tc.h2_via_tcp()
+    seen = f"{body.get('backend')} ({status}), XFCC {_uri(body.get('xfcc', ''))}" if status == 200 else str(status)
+    h2_ok = status == 200 and f"URI={client}" in body.get("xfcc", "")
+    rows.append(Row(f"B {NS}/client-0's SVID (curl)", callee, "h2 via TCP 18009", seen, h2_ok))
     rows.append(_direct(tc))
     return rows
 

@@ -284,6 +284,9 @@ def test_demo_clusters_2_shows_the_cross_cluster_table_and_leaves_nothing_behind
     )
     assert re.search(rf"policy in A +{via} +403 \(RBAC in cluster-a\) +as expected", out), out
     assert re.search(r"directly \(cluster-a\) +- \(pod to pod\) +no route \(ENETUNREACH\) +as expected", out), out
+    assert re.search(
+        rf"SVID \(curl\) +shop/web in cluster-a \(\S+\) +h2 via TCP 18009 +web-0 \(200\), XFCC {sid} +as expected", out
+    )
     assert "UNEXPECTED" not in out and "result: the caller's own SPIFFE ID crossed the gateway" in out
     m = re.search(r"lab tags (\S+) (\S+)\n.*working directories (\S+) (\S+)\n", out, re.S)
     assert m, out

@@ -49,6 +49,16 @@ def test_cross_cluster_h2_delivers_the_sources_own_identity(tc: TwoClusters) -> 
     assert tc.gateway_stat("udp.east_west_gateway_quic.downstream_sess_total") >= 1  # through A's gateway
 
 
+def test_h2_through_the_gateways_tcp_half_delivers_the_sources_identity(tc: TwoClusters) -> None:
+    """The TCP 18009 half across the clusters: h2 with client-0's SVID (curl as the source proxy, verifying web-0's
+    SVID against the shared root) through A's gateway; web-0's inbound verified client-0 and says so in XFCC."""
+    before = tc.gateway_stat("tcp.east_west_gateway.downstream_cx_total")
+    status, body = tc.h2_via_tcp()
+    assert status == 200 and body["backend"] == "web-0", body
+    assert f"URI={CLIENT}" in body["xfcc"] and f"By={spiffe_id(NS, 'web')}" in body["xfcc"], body
+    assert tc.gateway_stat("tcp.east_west_gateway.downstream_cx_total") == before + 1
+
+
 def test_no_pod_route_between_the_clusters(tc: TwoClusters) -> None:
     """B's client-0 cannot reach A's web-0 directly: a TCP connection to its app fails (ENETUNREACH: B's node has
     no route to it), and B's nodes have no route for a datagram to it either; only A's gateway address is."""
