@@ -7,8 +7,9 @@ gateway's address only: no pod of one cluster has a route to a pod of the other.
         tc.b_get("client-0")              # h2 from B's client-0 through A's gateway to web-0
 
 Cluster A exports Service web (a ServiceExport); cluster B imports it (a MeshPeer naming A's gateway address and
-a ServiceImport), as a user does on two real clusters. The HTTP/3 half (UDP 18009) plugs in here once the gateway's
-QUIC listener is deployed: the sidecars' `--east-west-gateway-quic` and a twin through the gateway."""
+a ServiceImport), as a user does on two real clusters. The aether_quic_sni module is on every Envoy's search path,
+so A's gateway serves UDP 18009 too and B's sources reach web over their HTTP/3 twins through it; `h2_via_tcp`
+exercises the TCP 18009 half."""
 
 from __future__ import annotations
 

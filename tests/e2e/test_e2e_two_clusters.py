@@ -5,8 +5,8 @@ operators running, only A's gateway address reachable from B (e2e/clusters.py). 
 - the request crosses A's gateway and web-0 receives client-0's own SPIFFE ID (XFCC), B's client-0 having no route
   to A's pods (a direct TCP connection and a UDP datagram to web-0's address fail). The source side gives a
   remote Service each source's QUIC twin through the gateway's UDP 18009 (since feb2ec4), so the request goes
-  HTTP/3 through the QUIC passthrough; h2 through TCP 18009 is what a source without a twin takes (not one here:
-  tests/xds/test_gateway_datapath.py covers it on the data path);
+  HTTP/3 through the QUIC passthrough; the TCP 18009 half is exercised with curl holding client-0's SVID as the
+  source (h2, the destination verified), and XFCC carries client-0's ID there too;
 - a MeshAuthorizationPolicy in A that does not admit client-0 gives 403 across clusters;
 - a packet capture at A's gateway node shows QUIC datagrams to 18009 and 18008, never the request's marker;
 - A's gateway Envoy killed and started again: only requests around the restart fail, the rest answer 200, with no
