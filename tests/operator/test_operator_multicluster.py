@@ -153,6 +153,17 @@ def test_a_service_import_becomes_a_destination_through_its_peers_gateways(
         assert destination(k, node, f"{ns}/{name}") is None
     assert (destination(k, node, f"{ns}/web") or {}).get("gateways") == ["192.0.2.12"]
 
+    # a peer with an unusable gateway address, and one in another trust domain: UnknownPeer, saying why
+    k.apply(o.mesh_peer("bad-address", ["gw.example"]))
+    k.apply(o.service_import(ns, "badaddr", [("http", 8080, "TCP")], "bad-address", "badaddr"))
+    c = wait_condition(k, "ServiceImport", ns, "badaddr", "Ready", "False", "UnknownPeer")
+    assert "'gw.example' is not an IP address" in c["message"], c
+    k.apply(o.mesh_peer("federated", ["192.0.2.40"], trust_domain="other.example"))
+    k.apply(o.service_import(ns, "fed", [("http", 8080, "TCP")], "federated", "fed"))
+    c = wait_condition(k, "ServiceImport", ns, "fed", "Ready", "False", "UnknownPeer")
+    assert "trust domain other.example" in c["message"] and "federating bundles is not" in c["message"], c
+    assert destination(k, node, f"{ns}/badaddr") is None and destination(k, node, f"{ns}/fed") is None
+
     # the peer appears: the import is served
     k.apply(o.mesh_peer("no-such-peer", ["192.0.2.20"]))
     wait_condition(k, "ServiceImport", ns, "lost", "Ready", "True", "Ready")
