@@ -30,6 +30,7 @@ from aether.operator.reconcile.multicluster import (
 )
 
 log = logging.getLogger("aether.operator.multicluster")
+SETTLE_WAIT = 5.0  # seconds a pass waits for the reconciler to take in the events so far, at most
 Views = Callable[[], Iterable[Any]]
 # (kind, plural, the object's view, its wanted status, (reason, message) of the Warning to post or None)
 Write = tuple[str, str, ExportView | ImportView, dict[str, Any], tuple[str, str] | None]
@@ -76,8 +77,9 @@ class MulticlusterController:
                 await asyncio.wait_for(self.wake.wait(), self.resync)
             await asyncio.sleep(self.debounce)
             self.wake.clear()
-            if self.settled is not None:
-                await self.settled.wait()
+            if self.settled is not None:  # bounded: a reconciler that is never idle (churn) does not starve this
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.settled.wait(), SETTLE_WAIT)
             try:
                 # computed on the loop (the reconciler changes the model there), written from a thread
                 await asyncio.to_thread(self.write_all, self.plan())
