@@ -1,0 +1,190 @@
+"""The in-kernel UDP path's pure builder (golden, the weight ranges' property, what it matches: R5) and its
+installer against the recording effects (no privileges)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aether.netns.contract import CAPTURE_DIVERT_FWMARK, L4_OUTBOUND_PORT
+from aether.netns.kernel_udp import (
+    BUCKETS,
+    DISPATCH_CHAIN,
+    PRIO_UNDIVERT,
+    UNDIVERT_CHAIN,
+    KernelArm,
+    KernelBackend,
+    build_kernel_udp,
+    canonical,
+    share_ranges,
+)
+from aether.netns.kernel_udp_install import KernelUdpError, apply_kernel_udp, departed
+from aether.netns.rules import PRIO_DSTNAT, PRIO_MANGLE, RulesetError
+from aether.testing.golden import check_golden, golden_json
+from aether.testing.kernel_udp_effects import RecordingKernelUdp
+
+GOLDEN = Path(__file__).parent / "golden"
+
+B1, B2, B3, B4 = "10.29.1.2", "10.29.1.3", "10.29.1.4", "10.29.1.5"
+ARMS = (
+    KernelArm(
+        "10.96.0.10",
+        (KernelBackend(B1, 5353, 70), KernelBackend(B2, 5353, 25), KernelBackend(B3, 5353, 5, valid=False)),
+    ),
+    KernelArm("10.96.0.12", (KernelBackend(B1, 53, 1), KernelBackend(B4, 53, 0))),  # B4 drained
+    KernelArm("10.96.0.11", ()),  # no backend: dropped
+)
+
+
+def test_golden_kernel_udp() -> None:
+    check_golden(GOLDEN / "kernel_udp.json", golden_json(build_kernel_udp(ARMS)))
+
+
+def _pick(rs: dict[str, Any], chain: str) -> list[Any]:
+    rules = canonical(rs)["rules"][chain]
+    return next(s["vmap"]["data"]["set"] for s in rules[-1] if "vmap" in s)
+
+
+def test_drain_and_invalid_backend() -> None:
+    """Weight 0 gets no range; an invalid backend's range drops (its share is not given to the others); an arm
+    with no range at all drops."""
+    rs = build_kernel_udp(ARMS)
+    assert _pick(rs, "svc_10_96_0_10") == [
+        [{"range": [0, 69]}, {"goto": {"target": "svc_10_96_0_10_b0"}}],
+        [{"range": [70, 94]}, {"goto": {"target": "svc_10_96_0_10_b1"}}],
+        [{"range": [95, 99]}, {"drop": None}],
+    ]
+    assert _pick(rs, "svc_10_96_0_12") == [[{"range": [0, 99]}, {"goto": {"target": "svc_10_96_0_12_b0"}}]]
+    assert "svc_10_96_0_12_b1" not in canonical(rs)["chains"]
+    assert canonical(rs)["rules"]["svc_10_96_0_11"] == [[{"counter": None}, {"drop": None}]]
+
+
+def _matches(rs: dict[str, Any]) -> list[Any]:
+    """Every left side matched or looked up anywhere in the ruleset, and every literal value it is compared with."""
+    out: list[Any] = []
+    for rule in (r for rules in canonical(rs)["rules"].values() for r in rules):
+        for stmt in rule:
+            if "match" in stmt:
+                out.append((stmt["match"]["left"], stmt["match"]["right"]))
+            if "vmap" in stmt:
+                out.append(
+                    (stmt["vmap"]["key"], stmt["vmap"]["data"] if isinstance(stmt["vmap"]["data"], str) else "set")
+                )
+    return out
+
+
+def test_only_plaintext_udp_to_18082_is_touched() -> None:
+    """R5: the only traffic matched is UDP to a listed VIP on the plaintext port 18082 (the sets' keys); no TCP
+    match, no other port, nothing about the QUIC class; the chains sit after the divert and at dstnat."""
+    rs = build_kernel_udp(ARMS)
+    c = canonical(rs)
+    keys = {(e["concat"][0], e["concat"][1]) for e in c["sets"]["vips"]["elem"]}
+    assert {port for _, port in keys} == {L4_OUTBOUND_PORT}
+    daddr_dport = {
+        "concat": [
+            {"payload": {"protocol": "ip", "field": "daddr"}},
+            {"payload": {"protocol": "udp", "field": "dport"}},
+        ]
+    }
+    l4udp = {"meta": {"key": "l4proto"}}
+    for left, right in _matches(rs):
+        assert left in (
+            daddr_dport,
+            l4udp,
+            {"meta": {"key": "mark"}},
+            {"numgen": {"mode": "random", "mod": 100, "offset": 0}},
+        )
+        if left == l4udp:
+            assert right == "udp"
+        if left == daddr_dport:
+            assert right in ("@vips", "@services")
+    assert "tcp" not in str(rs)
+    assert c["chains"][UNDIVERT_CHAIN]["prio"] == PRIO_UNDIVERT and PRIO_MANGLE < PRIO_UNDIVERT < PRIO_DSTNAT
+    assert c["chains"][DISPATCH_CHAIN]["type"] == "nat" and c["chains"][DISPATCH_CHAIN]["prio"] == PRIO_DSTNAT
+    assert [s for s in c["rules"][UNDIVERT_CHAIN][0] if "match" in s][-1]["match"]["right"] == CAPTURE_DIVERT_FWMARK
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=1_000_000), min_size=1, max_size=12))
+def test_ranges_partition_buckets_by_weight(weights: list[int]) -> None:
+    """Largest remainder: the ranges tile 0-99 in backend order, each holds floor or ceil of 100 * w / sum,
+    and weight 0 holds nothing."""
+    ranges = share_ranges(weights)
+    total = sum(weights)
+    if total == 0:
+        assert ranges == []
+        return
+    assert ranges[0].low == 0 and ranges[-1].high == BUCKETS - 1
+    assert all(a.high + 1 == b.low for a, b in itertools.pairwise(ranges))
+    got = {r.backend: r.high - r.low + 1 for r in ranges}
+    for i, w in enumerate(weights):
+        n = got.get(i, 0)
+        exact = BUCKETS * w / total
+        assert int(exact) <= n <= int(exact) + 1
+        if w == 0:
+            assert n == 0
+
+
+def test_share_ranges_rounding_ties() -> None:
+    assert share_ranges([1, 1, 1]) == [(0, 0, 33), (1, 34, 66), (2, 67, 99)]  # the leftover bucket: the first
+    assert share_ranges([70, 30]) == [(0, 0, 69), (1, 70, 99)]
+    assert share_ranges([0, 0]) == []
+
+
+@pytest.mark.parametrize(
+    ("arms", "message"),
+    [
+        ([KernelArm("10.96.0.300", ())], "not an IPv4"),
+        ([KernelArm("fd00::1", ())], "IPv4 only"),
+        ([KernelArm("10.96.0.1", ()), KernelArm("10.96.0.1", ())], "listed twice"),
+        ([KernelArm("10.96.0.1", (KernelBackend(B1, 0, 1),))], "port"),
+        ([KernelArm("10.96.0.1", (KernelBackend(B1, 53, -1),))], "weights"),
+    ],
+)
+def test_rejects(arms: list[KernelArm], message: str) -> None:
+    with pytest.raises(RulesetError, match=message):
+        build_kernel_udp(arms)
+
+
+def test_empty_builds_an_empty_map() -> None:
+    c = canonical(build_kernel_udp([]))
+    assert c["sets"] == {
+        "vips": {"elem": [], "type": ["ipv4_addr", "inet_service"]},
+        "services": {"elem": [], "type": ["ipv4_addr", "inet_service"], "map": "verdict"},
+    }
+
+
+def test_apply_loads_reads_back_and_forgets_departed_flows() -> None:
+    fx = RecordingKernelUdp(flows=[("10.96.0.10", 18082, B2, 5353), ("10.96.0.10", 18082, B1, 5353)])
+    assert apply_kernel_udp(fx, "ns", ARMS) == 0
+    assert fx.calls == [("nft", "replace"), ("nft", "list")]
+    new = (KernelArm("10.96.0.10", (KernelBackend(B1, 5353, 70), KernelBackend(B3, 5353, 5, valid=False))), *ARMS[1:])
+    assert departed(ARMS, new) == [("10.96.0.10", B2, 5353)]
+    assert apply_kernel_udp(fx, "ns", new, previous=ARMS) == 1
+    assert fx.calls[-1] == ("forget_flows", "10.96.0.10", B2, 5353)
+    assert fx.flows == [("10.96.0.10", 18082, B1, 5353)]
+
+
+def test_drained_backend_keeps_its_flows_and_invalid_loses_them() -> None:
+    drained = (KernelArm("10.96.0.10", (KernelBackend(B1, 5353, 0), KernelBackend(B2, 5353, 1))),)
+    invalid = (KernelArm("10.96.0.10", (KernelBackend(B1, 5353, 1, valid=False), KernelBackend(B2, 5353, 1))),)
+    before = (KernelArm("10.96.0.10", (KernelBackend(B1, 5353, 1), KernelBackend(B2, 5353, 1))),)
+    assert departed(before, drained) == []
+    assert departed(before, invalid) == [("10.96.0.10", B1, 5353)]
+    assert departed(before, ()) == [("10.96.0.10", B1, 5353), ("10.96.0.10", B2, 5353)]
+
+
+def test_refused_transaction_keeps_the_previous_rules() -> None:
+    fx = RecordingKernelUdp()
+    apply_kernel_udp(fx, "ns", ARMS)
+    kept = fx.table
+    fx.refuse = True
+    with pytest.raises(KernelUdpError, match="previous rules stay"):
+        apply_kernel_udp(fx, "ns", ARMS[:1], previous=ARMS)
+    assert fx.table == kept
+    assert [c for c in fx.calls if c[0] == "forget_flows"] == []  # nothing forgotten for rules that did not load
