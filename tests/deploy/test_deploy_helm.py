@@ -224,6 +224,7 @@ CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
     "mesh sources": ({"inbound": {"meshSources": ["10.0.0.0/16", "fd00::/64"]}}, {f"{DS}:{CNI}.env[1].value"}),
     "udp max sessions": ({"udp": {"maxSessions": 2500000}}, {f"{DS}:{XDS}.args"}),
     "udp idle timeout": ({"udp": {"idleTimeout": 120}}, {f"{DS}:{XDS}.args"}),
+    "east-west gateway quic": ({"eastWestGateway": {"quic": "off"}}, {f"{DS}:{XDS}.args"}),
     "certificates under /run/aether": ({"certificates": {"dir": "/run/aether/spire/"}}, {f"{DS}:{XDS}.args[7]"}),
     "certificates elsewhere": (
         {"certificates": {"dir": "/var/lib/spire/svids"}},
@@ -291,6 +292,14 @@ def test_udp_and_certificate_values_are_flags_the_sidecar_takes(
     assert volume["hostPath"] == {"path": "/var/lib/spire/svids", "type": "Directory"}
 
 
+def test_the_gateways_quic_value_is_a_flag_the_sidecar_takes(
+    helm_env: dict[str, str], default: list[dict[str, Any]]
+) -> None:
+    assert xds_args(default).east_west_gateway_quic == "auto"  # the default renders no flag: the sidecar's default
+    for value in ("on", "off"):
+        assert xds_args(render(helm_env, {"eastWestGateway": {"quic": value}})).east_west_gateway_quic == value
+
+
 def test_the_mesh_domain_is_a_flag_the_sidecar_takes(helm_env: dict[str, str]) -> None:
     objs = render(helm_env, {"meshDomain": "mesh.example.org"})
     assert container(objs, "xds")["args"][-2:] == ["--mesh-domain", "mesh.example.org"]
@@ -310,7 +319,12 @@ def test_the_release_namespace_is_the_mesh_namespace(helm_env: dict[str, str]) -
 
 @pytest.mark.parametrize(
     ("value", "refused"),
-    [("inbound.mode=LOOSE", "inbound/mode"), ("udp.maxSessions=0", "udp/maxSessions"), ("certificates.dir=rel", "dir")],
+    [
+        ("inbound.mode=LOOSE", "inbound/mode"),
+        ("udp.maxSessions=0", "udp/maxSessions"),
+        ("certificates.dir=rel", "dir"),
+        ("eastWestGateway.quic=maybe", "eastWestGateway/quic"),
+    ],
 )
 def test_the_schema_refuses_bad_values(helm_env: dict[str, str], value: str, refused: str) -> None:
     out = helm(helm_env, "template", "aether", str(CHART), "--set", value, check=False)
