@@ -58,7 +58,10 @@ def _config(sandbox: PodSandbox) -> dict[str, Any]:
         "ips": [{"address": f"{sandbox.ip}/32", "gateway": GATEWAY_LL, "interface": 0}],
     }
     sources = [NODE_LINKS]
-    if sandbox.ip6:  # its node proxy reaches it from the node's ULA (NODE_ADDRESSES6), never from a link-local one
+    if ":" in sandbox.ip:  # an IPv6-only pod: its one address, no IPv4 gateway
+        prev["ips"] = [{"address": f"{sandbox.ip}/128", "interface": 0}]
+        sources.append(NODE_ADDRESSES6)
+    elif sandbox.ip6:  # its node proxy reaches it from the node's ULA (NODE_ADDRESSES6), never from a link-local one
         prev["ips"] = [*prev["ips"], {"address": f"{sandbox.ip6}/128", "interface": 0}]
         sources.append(NODE_ADDRESSES6)
     # meshSources: the harness links nodes on 10.250.<n>.0/30 (e2e/harness.py), and a node proxy delivers plaintext

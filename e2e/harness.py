@@ -1,4 +1,7 @@
 """The multi-node e2e harness: a whole mesh in network namespaces on one machine, driven through the API.
+Long because: it is the one class tests and the demo drive a mesh through (nodes, pods, Services, routes, waits);
+its addresses, API writes, CNI calls and node proxies already live in addresses.py, kube.py, cni_runtime.py and
+node_proxy.py.
 
     with Mesh(workdir) as mesh:             # an API server (the real control plane by default) + `aether operator`
         a, b = mesh.add_node("node-a"), mesh.add_node("node-b")   # netns + Node object, nodes linked
@@ -30,7 +33,15 @@ from typing import Any
 
 from aether.api.naming import spiffe_id
 from aether.e2e import cni_runtime
-from aether.e2e.addresses import check_family, echo_flags, give_node_address6, pod_addresses, pod_ips, service_vips
+from aether.e2e.addresses import (
+    check_family,
+    echo_flags,
+    give_node_address6,
+    node_link6,
+    pod_addresses,
+    pod_ips,
+    service_vips,
+)
 from aether.e2e.kube import Kube, pod_uids, udp_arms
 from aether.e2e.node_proxy import MeshNodeProxy, connected
 from aether.netns.contract import INBOUND_ANNOTATION, L4_OUTBOUND_PORT, CaptureMode
@@ -99,7 +110,9 @@ class Mesh:
     # its v1alpha2-only copy)
     channel: str | None = None
     control_plane: Kind = field(default_factory=default_kind)
-    ip_family: IpFamily = "ipv4"  # dual: both service CIDRs, pods with an IPv6 ULA too, dual-stack UDP Services
+    # dual: both service CIDRs, pods with an IPv6 ULA too, dual-stack UDP Services; ipv6: the IPv6 CIDR alone,
+    # IPv6-only pods and Services (e2e/addresses.py)
+    ip_family: IpFamily = "ipv4"
     lab: Lab = field(init=False)
     api: TestBed | ControlPlane | None = None
     kube: Kube = field(init=False)
@@ -176,7 +189,8 @@ class Mesh:
         node.records.mkdir(parents=True)
         for other in self.nodes.values():
             n = next(self._node_links)
-            self.lab.link_nodes(other.net, net, f"10.250.{n}.1", f"10.250.{n}.2")
+            a6, b6 = node_link6(self.ip_family, n)
+            self.lab.link_nodes(other.net, net, f"10.250.{n}.1", f"10.250.{n}.2", a_ip6=a6, b_ip6=b6)
         cni_runtime.guard_node(net.path)
         self.nodes[name] = node
         self._pod_ips[name] = itertools.count(2)
@@ -283,13 +297,14 @@ class Mesh:
         return pod
 
     # -- services and routes ------------------------------------------------------------------------
-    def add_service(self, name: str, backends: list[str]) -> str:
-        """A UDP Service on port 18082 with a VIP, and its EndpointSlice of the (ready) backend pods."""
+    def add_service(self, name: str, backends: list[str], protocol: str = "UDP") -> str:
+        """A UDP Service on port 18082 with a VIP (both families' in a dual-stack mesh), and its EndpointSlices of
+        the (ready) backend pods; `protocol="TCP"`: the same for the TCP floor (backends listening on BACKEND_PORT)."""
         vip, vip6 = next(self._vips)
-        self.kube.service(self.namespace, name, vip, L4_OUTBOUND_PORT, vip6=vip6)
+        self.kube.service(self.namespace, name, vip, L4_OUTBOUND_PORT, protocol, vip6=vip6)
         self.services[name] = vip
         self.services6.update({name: vip6} if vip6 else {})
-        self.set_endpoints(name, backends)
+        self.set_endpoints(name, backends, protocol=protocol)
         self.progress(f"service {name}: VIP {vip}:{L4_OUTBOUND_PORT} -> {', '.join(backends)}")
         return vip
 
@@ -303,13 +318,15 @@ class Mesh:
         self.progress(f"service {name}: TCP {vip}:{HTTP_APP_PORT} -> {', '.join(backends)} (east-west destination)")
         return vip
 
-    def set_endpoints(self, service: str, backends: list[str], terminating: Sequence[str] = ()) -> None:
+    def set_endpoints(
+        self, service: str, backends: list[str], terminating: Sequence[str] = (), protocol: str = "UDP"
+    ) -> None:
         """The EndpointSlice controller's part: the Service's ready endpoints are exactly these pods, and the
         `terminating` ones are pods being deleted that still serve (their grace period)."""
         ready, ending = (
             [(ip, b) for b in pods for ip in pod_ips(self.pods[b].net)] for pods in (backends, terminating)
         )
-        self.kube.endpoint_slice(self.namespace, service, BACKEND_PORT, ready, terminating=ending)
+        self.kube.endpoint_slice(self.namespace, service, BACKEND_PORT, ready, protocol, terminating=ending)
 
     def add_route(self, name: str, parent: str, backend: str) -> None:
         self.kube.udproute(self.namespace, name, parent, backend, L4_OUTBOUND_PORT)

@@ -22,11 +22,11 @@ NO_REPLY = "<no reply>"
 _PORTS = itertools.cycle(range(10_000, 32_768))
 
 
-def _fresh_socket() -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+def _fresh_socket(v6: bool = False) -> socket.socket:
+    s = socket.socket(socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_DGRAM)
     for _ in range(1000):
         try:
-            s.bind(("0.0.0.0", next(_PORTS)))
+            s.bind(("::" if v6 else "0.0.0.0", next(_PORTS)))
             return s
         except OSError:
             continue
@@ -56,7 +56,7 @@ def _backend(reply: bytes) -> str:
 
 
 def probe_split(netns_path: str, host: str, port: int, probes: int, in_flight: int = 10, timeout: float = 1.0) -> Split:
-    """`probes` datagrams to host:port, each from a fresh socket made in the pod's netns on a source port no
+    """`probes` datagrams to host:port (an IPv4 or IPv6 address), each from a fresh socket made in the pod's netns on a source port no
     earlier probe used (a new session each), `in_flight` at a time; a probe unanswered within `timeout` counts as
     NO_REPLY."""
     counts: Counter[str] = Counter()
@@ -65,7 +65,7 @@ def probe_split(netns_path: str, host: str, port: int, probes: int, in_flight: i
         n = min(in_flight, probes - done)
 
         def make(n: int = n) -> list[socket.socket]:
-            return [_fresh_socket() for _ in range(n)]
+            return [_fresh_socket(":" in host) for _ in range(n)]
 
         socks = run_in_netns(netns_path, make)
         try:
