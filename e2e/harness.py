@@ -292,7 +292,7 @@ class Mesh:
         """A pod running an HTTP app on HTTP_APP_PORT that answers with its name and the XFCC it received."""
         pod = self.add_pod(node, name, sa=sa)
         log = open(node.workdir / f"{name}.log", "ab")  # noqa: SIM115 (the child process owns it)
-        argv = [sys.executable, "-m", "aether.testing.http_echo", name, str(HTTP_APP_PORT)]
+        argv = [sys.executable, "-m", "aether.testing.http_echo", name, str(HTTP_APP_PORT), *echo_flags(pod.net)]
         self.lab.spawn(pod.net.netns, argv, stdout=log, stderr=log)
         return pod
 
@@ -310,7 +310,7 @@ class Mesh:
 
     def add_http_service(self, name: str, backends: list[str]) -> str:
         """A TCP Service on HTTP_APP_PORT (an east-west destination: HTTP/3 twins per source identity)."""
-        vip, _ = next(self._vips)  # IPv4 only: east-west over IPv6 is not built
+        vip, _ = next(self._vips)  # one family: a dual-stack mesh's is IPv4, an IPv6-only mesh's IPv6
         self.kube.service(self.namespace, name, vip, HTTP_APP_PORT, "TCP")
         self.services[name] = vip
         ready = [(self.pods[b].ip, b) for b in backends]
