@@ -4,7 +4,8 @@ to table `ip aether_udp`, which lives beside the capture's table `inet aether` i
 For each arm (a Service's ClusterIP dialled on the plaintext L4 port 18082, and its backends with weights):
 
 - set `vips` and verdict map `services` hold `VIP . 18082`; chain `dispatch` (type nat, hook output, priority
-  dstnat) does `meta l4proto udp ip daddr . udp dport vmap @services`, a `goto` into the Service's own chain;
+  dstnat - 1: the nat chains run in priority order and the first that binds a flow's NAT wins, so it goes before
+  the REDIRECT capture's own chain at dstnat) does `meta l4proto udp ip daddr . udp dport vmap @services`, a `goto` into the Service's own chain;
 - the Service's chain `svc_<VIP>` counts, then `numgen random mod 100 vmap { lo-hi : goto svc_<VIP>_b<i>, ... }`
   over the backends' ranges (`share_ranges`: weight 0 = drain, no range; an invalid backend's range is `drop`, its
   share is never given to the others; no range at all: the chain drops);
@@ -41,6 +42,7 @@ SERVICE_MAP: Final = "services"
 UNDIVERT_CHAIN: Final = "undivert"
 DISPATCH_CHAIN: Final = "dispatch"
 PRIO_UNDIVERT: Final = (PRIO_MANGLE + PRIO_DSTNAT) // 2  # -125: after the capture's divert, before NAT
+PRIO_DISPATCH: Final = PRIO_DSTNAT - 1  # first among the nat chains, before the REDIRECT capture's (dstnat)
 BUCKETS: Final = 100  # `numgen random mod 100`: the weights' resolution is 1/100 of new flows
 
 
@@ -172,7 +174,7 @@ def build_kernel_udp(arms: Sequence[KernelArm]) -> Json:
     key_type = ["ipv4_addr", "inet_service"]
     mapping = [[k, {"goto": {"target": service_chain(a.vip)}}] for k, a in zip(keys, ordered, strict=True)]
     undivert = _ref("chain", UNDIVERT_CHAIN, type="route", hook="output", prio=PRIO_UNDIVERT, policy="accept")
-    dispatch = _ref("chain", DISPATCH_CHAIN, type="nat", hook="output", prio=PRIO_DSTNAT, policy="accept")
+    dispatch = _ref("chain", DISPATCH_CHAIN, type="nat", hook="output", prio=PRIO_DISPATCH, policy="accept")
     commands: list[Json] = [
         {"add": {"table": {"family": KERNEL_UDP_FAMILY, "name": KERNEL_UDP_TABLE}}},
         {"add": _ref("set", VIP_SET, type=key_type)},

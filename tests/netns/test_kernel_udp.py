@@ -105,7 +105,7 @@ def test_only_plaintext_udp_to_18082_is_touched() -> None:
             assert right in ("@vips", "@services")
     assert "tcp" not in str(rs)
     assert c["chains"][UNDIVERT_CHAIN]["prio"] == PRIO_UNDIVERT and PRIO_MANGLE < PRIO_UNDIVERT < PRIO_DSTNAT
-    assert c["chains"][DISPATCH_CHAIN]["type"] == "nat" and c["chains"][DISPATCH_CHAIN]["prio"] == PRIO_DSTNAT
+    assert c["chains"][DISPATCH_CHAIN]["type"] == "nat" and c["chains"][DISPATCH_CHAIN]["prio"] == PRIO_DSTNAT - 1
     assert [s for s in c["rules"][UNDIVERT_CHAIN][0] if "match" in s][-1]["match"]["right"] == CAPTURE_DIVERT_FWMARK
 
 

@@ -8,7 +8,6 @@ import json
 import socket
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -18,7 +17,7 @@ from aether.netns.install import install_capture
 from aether.netns.kernel_udp import KernelArm, KernelBackend, build_kernel_udp
 from aether.netns.kernel_udp_install import program_kernel_udp
 from aether.netns.nsthread import call_in_netns
-from aether.netns.rules import DIVERT_CHAIN
+from aether.netns.rules import DIVERT_CHAIN, REDIRECT_CHAIN
 from aether.testing.netlab import GATEWAY_LL, Lab, Pod, sh
 from aether.testing.udp_clients import socat_echo_argv
 from aether.testing.wait import wait_for
@@ -60,15 +59,15 @@ def exchange(sock: socket.socket, payload: bytes) -> bytes | None:
         return None
 
 
-@pytest.fixture
-def rig(lab: Lab) -> Iterator[Rig]:
+def _rig(lab: Lab, mode: CaptureMode) -> Rig:
     node = lab.add_node("n")
     client = lab.add_pod(node, "c", "10.29.0.2")
     b1, b2 = lab.add_pod(node, "b1", "10.29.0.3"), lab.add_pod(node, "b2", "10.29.0.4")
     for pod in (b1, b2):
         lab.spawn(pod.netns, [sys.executable, "-m", "aether.testing.udp_echo", pod.name, str(NAMED)])
     lab.spawn(b2.netns, socat_echo_argv(b2.ip, ECHO))
-    install_capture(client.path, CaptureMode.TPROXY, inbound=InboundPolicy(InboundMode.STRICT, (GATEWAY_LL,)))
+    inbound = InboundPolicy(InboundMode.STRICT, (GATEWAY_LL,)) if mode is CaptureMode.TPROXY else None
+    install_capture(client.path, mode, inbound=inbound)
     r = Rig(lab, client, b1, b2)
     program_kernel_udp(client.path, r.arms())
 
@@ -76,7 +75,12 @@ def rig(lab: Lab) -> Iterator[Rig]:
         return exchange(r.connected(VIP_ECHO), b"up") == b"up" and _names(r, 40) >= {"b1", "b2"}
 
     wait_for(both_answer, timeout=20, what="both backends answering through the kernel rules")
-    yield r
+    return r
+
+
+@pytest.fixture
+def rig(lab: Lab) -> Rig:
+    return _rig(lab, CaptureMode.TPROXY)
 
 
 def _names(r: Rig, n: int) -> set[str]:
@@ -161,3 +165,17 @@ def test_removed_backend_flow_moves_at_its_next_datagram(rig: Rig) -> None:
     forgotten = program_kernel_udp(rig.client.path, new, previous=old)
     assert forgotten >= 2  # this flow and the stale one (both VIP:18082 -> b2:5353)
     assert (exchange(moved, b"again") or b"").startswith(b"b1|")
+
+
+def test_redirect_capture_negative_control(lab: Lab) -> None:
+    """With the capture in REDIRECT mode (R6's negative control) and no kernel rules, a datagram to the VIP is
+    redirected to the pod's own port 18082 (the redirect rule's counter moves): the VIP is gone, no backend gets
+    it. With the kernel rules, whose nat chain runs first (priority dstnat - 1), the same datagram reaches the
+    VIP's backend."""
+    r = _rig(lab, CaptureMode.REDIRECT)
+    assert exchange(r.connected(VIP_ECHO), b"k") == b"k"
+    assert _names(r, 20) == {"b1", "b2"}
+    before = _counter(r.client.netns, "inet aether", REDIRECT_CHAIN)
+    sh("nft", "delete", "table", "ip", "aether_udp", netns=r.client.netns)
+    assert exchange(r.connected(VIP_ECHO), b"k") is None
+    assert _counter(r.client.netns, "inet aether", REDIRECT_CHAIN) > before
