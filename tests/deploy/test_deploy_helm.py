@@ -279,25 +279,19 @@ def test_inbound_values_reach_the_cni_entry(helm_env: dict[str, str], cni_instal
 def test_udp_and_certificate_values_are_flags_the_sidecar_takes(
     helm_env: dict[str, str], default: list[dict[str, Any]]
 ) -> None:
-    parsed = xds_args(default)
+    parsed = xds_args(default)  # eastWestGateway.quic auto renders no flag: the sidecar's default
     assert (parsed.udp_max_sessions, parsed.udp_idle_timeout, parsed.certs_dir) == (100_000, 60.0, "/run/aether/certs")
+    assert parsed.east_west_gateway_quic == "auto"
     values = {"udp": {"maxSessions": 2500000, "idleTimeout": 120}, "certificates": {"dir": "/var/lib/spire/svids"}}
-    objs = render(helm_env, values)
+    objs = render(helm_env, {**values, "eastWestGateway": {"quic": "off"}})
     svids = "/var/lib/spire/svids"
     parsed = xds_args(objs)
     assert (parsed.udp_max_sessions, parsed.udp_idle_timeout, parsed.certs_dir) == (2_500_000, 120.0, svids)
+    assert parsed.east_west_gateway_quic == "off"
     mount = next(m for m in container(objs, "xds")["volumeMounts"] if m["name"] == "aether-certs")
     volume = next(v for v in find(objs, DS)["spec"]["template"]["spec"]["volumes"] if v["name"] == "aether-certs")
     assert mount == {"name": "aether-certs", "mountPath": "/var/lib/spire/svids", "readOnly": True}
     assert volume["hostPath"] == {"path": "/var/lib/spire/svids", "type": "Directory"}
-
-
-def test_the_gateways_quic_value_is_a_flag_the_sidecar_takes(
-    helm_env: dict[str, str], default: list[dict[str, Any]]
-) -> None:
-    assert xds_args(default).east_west_gateway_quic == "auto"  # the default renders no flag: the sidecar's default
-    for value in ("on", "off"):
-        assert xds_args(render(helm_env, {"eastWestGateway": {"quic": value}})).east_west_gateway_quic == value
 
 
 def test_the_mesh_domain_is_a_flag_the_sidecar_takes(helm_env: dict[str, str]) -> None:
@@ -317,15 +311,11 @@ def test_the_release_namespace_is_the_mesh_namespace(helm_env: dict[str, str]) -
     assert "'system:serviceaccount:mesh-system:aether-node'" in policy["spec"]["matchConditions"][0]["expression"]
 
 
-@pytest.mark.parametrize(
-    ("value", "refused"),
-    [
-        ("inbound.mode=LOOSE", "inbound/mode"),
-        ("udp.maxSessions=0", "udp/maxSessions"),
-        ("certificates.dir=rel", "dir"),
-        ("eastWestGateway.quic=maybe", "eastWestGateway/quic"),
-    ],
-)
+BAD = [("inbound.mode=LOOSE", "inbound/mode"), ("udp.maxSessions=0", "udp/maxSessions")]  # (value, error names)
+BAD += [("certificates.dir=rel", "dir"), ("eastWestGateway.quic=maybe", "eastWestGateway/quic")]
+
+
+@pytest.mark.parametrize(("value", "refused"), BAD)
 def test_the_schema_refuses_bad_values(helm_env: dict[str, str], value: str, refused: str) -> None:
     out = helm(helm_env, "template", "aether", str(CHART), "--set", value, check=False)
     assert out.returncode != 0 and refused in out.stderr, out.stderr
