@@ -10,6 +10,9 @@ second cluster), then the Envoy knobs one at a time. Each figure is a median ove
 `--ipv6` adds, in the same run, the same pairs over IPv6: the client dials the backend's IPv6 address (direct) and
 an IPv6 VIP on 18082 (mesh, through the pod's [::]:18082 capture listener), interleaved with the IPv4 rows.
 Targets (issue 3): mesh >= 0.45x direct at 1 in flight, >= 0.6x at 32; 10,000 arms within 10% of 1 arm.
+`--kernel` adds (first, with 1 arm) direct vs the in-kernel UDP path vs Envoy in one run (issue 29): a second VIP
+programmed into the client pod's netns as table `ip aether_udp` (aether.netns.kernel_udp) to the same backend,
+each round a direct, a kernel and an Envoy run back to back; `--kernel-only` stops after those rows.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 
 from aether.api.meshnode import Endpoint, ServiceArm
 from aether.netns.contract import L4_OUTBOUND_PORT
+from aether.netns.kernel_udp import KernelArm, KernelBackend
+from aether.netns.kernel_udp_install import program_kernel_udp
 from aether.testing.netlab import Lab, is_root
 from aether.testing.nodebed import NodeBed, Service, udp_socket_in, wait_reply
 from aether.testing.probe import pod_socket
@@ -33,6 +38,7 @@ from aether.testing.wait import wait_for
 
 VIP = "10.96.50.1"
 VIP6 = "fd00:96:50::1"
+VIP_KERNEL = "10.96.50.2"  # the in-kernel path's VIP (--kernel): not an arm of Envoy's listener
 PORT = 5353
 
 
@@ -101,6 +107,41 @@ def measure(
     )
 
 
+def measure3(bed: NodeBed, svc: Service, seconds: float, rounds: int, inflight: int) -> list[float]:
+    """[direct, kernel, envoy, kernel/direct, envoy/direct]: medians over `rounds` triples run back to back (the
+    ratios taken per triple), after one unmeasured warm-up triple."""
+    payload = b"x" * 64
+    client = bed.clients["bench-client"].path
+
+    def run(dest: tuple[str, int]) -> float:
+        sock = udp_socket_in(client)
+        try:
+            sock.connect(dest)
+            return pingpong(sock, seconds, inflight, payload)
+        finally:
+            sock.close()
+
+    dests = [(svc.backend.ip, svc.port), (VIP_KERNEL, L4_OUTBOUND_PORT), (VIP, L4_OUTBOUND_PORT)]
+    [run(d) for d in dests]
+    triples = [[run(d) for d in dests] for _ in range(rounds)]
+    medians = [statistics.median(t[i] for t in triples) for i in range(3)]
+    return medians + [statistics.median(t[i] / t[0] for t in triples) for i in (1, 2)]
+
+
+def kernel_rows(bed: NodeBed, svc: Service, seconds: float, rounds: int) -> None:
+    client = bed.clients["bench-client"].path
+    program_kernel_udp(client, [KernelArm(VIP_KERNEL, (KernelBackend(svc.backend.ip, svc.port, 1),))])
+    s = udp_socket_in(client)
+    try:
+        wait_reply(s, VIP_KERNEL, b"echo|", timeout=30)
+    finally:
+        s.close()
+    print("| in flight | direct /s | kernel /s | Envoy /s | kernel/direct | Envoy/direct |\n|---|---|---|---|---|---|")
+    for inflight in (1, 32):
+        d, k, e, kd, ed = measure3(bed, svc, seconds, rounds, inflight)
+        print(f"| {inflight} | {d:.0f} | {k:.0f} | {e:.0f} | {kd:.2f} | {ed:.2f} |", flush=True)
+
+
 def arm6(svc: Service) -> ServiceArm:
     """The echo Service's IPv6 VIP: its own cluster (one family per cluster) with the backend's IPv6 address."""
     return ServiceArm(
@@ -129,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=0.3, help="length of one run")
     p.add_argument("--rounds", type=int, default=11, help="paired rounds per figure")
     p.add_argument("--skip-knobs", action="store_true")
+    p.add_argument("--kernel", action="store_true", help="also direct vs the in-kernel UDP path vs Envoy")
+    p.add_argument("--kernel-only", action="store_true", help="only the --kernel rows")
     p.add_argument("--ipv6", action="store_true", help="also the IPv6 path vs direct IPv6, in the same run")
     p.add_argument(
         "--client",
@@ -178,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         bed.wait_programmed()
         sock_ready()
         rows: list[tuple[str, int, int, float, float]] = []
+        if args.kernel or args.kernel_only:
+            kernel_rows(bed, svc, args.seconds, args.rounds)
+        if args.kernel_only:
+            return 0
 
         def row(label: str, inflight: int, size: int = 64) -> None:
             for v6 in (False, True) if args.ipv6 else (False,):
