@@ -1,4 +1,4 @@
-"""`aether demo [--keep] [--control-plane real|emulated] [--ip-family ipv4|dual]`: the whole mesh on one machine,
+"""`aether demo [--keep] [--control-plane real|emulated] [--ip-family ipv4|dual|ipv6]`: the whole mesh on one machine,
 and what it does with your datagrams.
 
 As root it starts an API server (the real control plane when `make k8s` has built it, else the API test bed), the
@@ -10,7 +10,7 @@ source's HTTP/3 twin, the QUIC pairs the sidecar recorded in the MeshNode, and t
 call (STRICT inbound) and a MeshAuthorizationPolicy turns a denied identity away (403). Everything it made goes
 away on exit, Ctrl-C, SIGTERM or failure;
 `--keep` leaves the mesh running (with instructions) until Ctrl-C. `--ip-family dual` (demo_families.py) does the
-UDP selection and the re-point on each Service's IPv6 VIP too.
+UDP selection and the re-point on each Service's IPv6 VIP too; `--ip-family ipv6` runs every section over IPv6 alone.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 
 from aether.api.naming import mesh_host, quic_twin, spiffe_id, udp_split_cluster
 from aether.e2e import demo_clusters
+from aether.e2e import demo_families as families
 from aether.e2e.demo_families import IP_FAMILIES, family_problem, ipv6_rows, wait_ipv6
 from aether.e2e.demo_report import (
     AccessRow,
@@ -169,7 +170,7 @@ def _build(mesh: Mesh, clock: Clock) -> _Lab:
         mesh.add_service(svc, [backend])
     mesh.add_route(ROUTE, "bravo", "bravo")
     vips = mesh.services
-    mesh.wait_arms(node, {vips[s]: f"udp:{NAMESPACE}/{s}" for s in SERVICES})
+    mesh.wait_arms(node, {vips[s]: families.primary_cluster(mesh, f"udp:{NAMESPACE}/{s}") for s in SERVICES})
     clock.say("operator wrote MeshNode node-1 (3 arms); waiting for the sidecar to program Envoy")
     for svc, backend in SERVICES.items():
         wait_answer(client.netns_path, vips[svc], backend)
@@ -182,9 +183,9 @@ def _build(mesh: Mesh, clock: Clock) -> _Lab:
 def _udp_sections(mesh: Mesh, lab: _Lab) -> bool:
     """Sections 1-4: selection by VIP, a route re-pointed, the weighted split, the REDIRECT control. -> all as
     expected."""
-    client, vips, node = lab.client, lab.vips, lab.node
+    client, vips, node, where = lab.client, lab.vips, lab.node, families.capture_listeners(mesh.ip_family)
     before = {s: who_answers(client.netns_path, vips[s]) for s in SERVICES}
-    print("\n1. Per-service selection: one Envoy listener on 0.0.0.0:18082 in the client's netns,")
+    print(f"\n1. Per-service selection: one Envoy listener on {where} in the client's netns,")
     print("   the mark-and-divert capture keeps the VIP, Envoy picks the Service by destination IP:\n")
     rows = [Row(f"{NAMESPACE}/client", f"{NAMESPACE}/{s}", before[s], SERVICES[s]) for s in SERVICES]
     rows += ipv6_rows(mesh, client, NAMESPACE, SERVICES)  # a dual-stack mesh: the same on each IPv6 VIP
@@ -313,7 +314,7 @@ def inbound_rows(mesh: Mesh, client: MeshPod, reporter: MeshPod) -> tuple[str | 
     denied = wait_http(reporter.netns_path, host, want=403)
     allowed = wait_http(client.netns_path, host)
     return accepted, [
-        AccessRow(f"{NAMESPACE}/{reporter.name}", f"{web.ip}:{HTTP_APP_PORT} directly", direct, None, "STRICT"),
+        AccessRow(f"{NAMESPACE}/{reporter.name}", families.directly(web.ip, HTTP_APP_PORT), direct, None, "STRICT"),
         AccessRow(f"{NAMESPACE}/{client.name}", f"{host} (mesh)", allowed, 200, f"allowed by {POLICY}"),
         AccessRow(f"{NAMESPACE}/{reporter.name}", f"{host} (mesh)", denied, 403, f"not in {POLICY}: RBAC"),
     ]
@@ -323,7 +324,7 @@ def weighted_split(mesh: Mesh, client: MeshPod, vip: str) -> Split:
     """Give ROUTE the SPLIT weights, wait for the split arm on the MeshNode and for Envoy's EDS, then probe."""
     mesh.weighted_route(ROUTE, "bravo", SPLIT)
     want = {f"{NAMESPACE}/{b}": w for b, w in SPLIT.items()}
-    cluster = udp_split_cluster(NAMESPACE, "bravo")
+    cluster = families.primary_cluster(mesh, udp_split_cluster(NAMESPACE, "bravo"))
 
     def arm_has_weights(obj: dict[str, Any]) -> bool:
         arm = udp_arms(obj).get(vip, {})

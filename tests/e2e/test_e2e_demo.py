@@ -139,6 +139,18 @@ def test_demo_completes_shows_selection_and_leaves_nothing_behind() -> None:
     _assert_nothing_left(out, run.mark)
 
 
+def _run_on(api_kind: str, family: str) -> tuple[Running, str, str, str]:
+    """The demo on `family` (the real control plane only): (the run, its output, section 1, what follows it)."""
+    if api_kind != "real":
+        pytest.skip(f"--ip-family {family} needs the real control plane")
+    run = Running("--ip-family", family)
+    code = run.finish()
+    out = run.text()
+    assert code == 0, out
+    section1, rest = out.split("1. Per-service selection")[1].split("2. UDPRoute")
+    return run, out, section1, rest
+
+
 @pytest.mark.privileged
 @pytest.mark.envoy
 @pytest.mark.slow
@@ -146,13 +158,7 @@ def test_demo_on_a_dual_stack_mesh_selects_on_each_ipv6_vip_too(api_kind: str) -
     """`--ip-family dual`: the real control plane with both service CIDRs, pods with an IPv6 ULA, dual-stack
     Services: each IPv6 VIP is answered by its own backend from VIP:18082, also after the route's re-point; the
     IPv4 sections as ever."""
-    if api_kind != "real":
-        pytest.skip("--ip-family dual needs the real control plane")
-    run = Running("--ip-family", "dual")
-    code = run.finish()
-    out = run.text()
-    assert code == 0, out
-    section1, rest = out.split("1. Per-service selection")[1].split("2. UDPRoute")
+    run, out, section1, rest = _run_on(api_kind, "dual")
     section2 = rest.split("3. Weighted split")[0]
     for svc, backend in demo.SERVICES.items():
         six = rf"demo/client +demo/{svc} +(fd00:10:96::77[0-9a-f]{{2}}):18082 +{backend} +\1:18082 +as expected\n"
@@ -163,10 +169,30 @@ def test_demo_on_a_dual_stack_mesh_selects_on_each_ipv6_vip_too(api_kind: str) -
     _assert_nothing_left(out, run.mark)
 
 
-def test_demo_refuses_an_ipv6_only_mesh_saying_what_is_missing() -> None:
-    out = subprocess.run([*command(), "demo", "--ip-family", "ipv6"], capture_output=True, text=True, timeout=60)
+@pytest.mark.privileged
+@pytest.mark.envoy
+@pytest.mark.slow
+def test_demo_on_an_ipv6_only_mesh_runs_every_section_over_ipv6(api_kind: str) -> None:
+    """`--ip-family ipv6`: the real control plane with the IPv6 service CIDR alone, IPv6-only pods and Services:
+    selection and the re-point on IPv6 VIPs, the split, the REDIRECT control, HTTP/3 identity, STRICT inbound."""
+    run, out, section1, rest = _run_on(api_kind, "ipv6")
+    assert "listener on [::]:18082" in section1, out
+    for svc, backend in demo.SERVICES.items():
+        six = rf"demo/client +demo/{svc} +(fd00:10:96::77[0-9a-f]{{2}}):18082 +{backend} +\1:18082 +as expected\n"
+        assert re.search(six, section1), out
+    assert re.search(r"demo/client +demo/bravo +fd00:\S+ +echo-charlie +fd00:\S+ +as expected", rest), out
+    assert re.search(r"demo/reporter +\[fd00:\S+\]:8080 directly +no answer +STRICT +as expected", out), out
+    for sa in demo.HTTP_CLIENTS.values():
+        assert re.search(rf"quic:demo/web@{sa} HTTP/3 +spiffe://cluster.local/ns/demo/sa/{sa} +as expected", out), out
+    assert "UNEXPECTED" not in out and "result: every VIP reached the backend it should" in out
+    _assert_nothing_left(out, run.mark)
+
+
+def test_demo_refuses_ipv6_on_the_api_test_bed() -> None:
+    argv = [*command(), "demo", "--ip-family", "ipv6", "--control-plane", "emulated"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out
-    assert "--ip-family ipv6: not built" in out.stderr and "use --ip-family dual" in out.stderr, out.stderr
+    assert "--ip-family ipv6 needs the real control plane" in out.stderr, out.stderr
 
 
 @pytest.mark.privileged
