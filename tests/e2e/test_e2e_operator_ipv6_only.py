@@ -3,19 +3,21 @@ CIDR alone, IPv6-only pods and Services, `aether operator` writing the MeshNodes
 captured by the real aether-cni, and IPv6 between the nodes.
 
 A client pod on node-a reaches each Service's IPv6 VIP and gets its own backend on node-b (per-service selection by
-VIP); two client pods with their own ServiceAccounts call an HTTP Service on node-b east-west (HTTP/3 twins over
+VIP), and STRICT on the backends drops the client's plaintext datagram to a backend's own IPv6 address while the
+same datagram from node-a (a mesh source) is answered; two client pods with their own ServiceAccounts call an HTTP Service on node-b east-west (HTTP/3 twins over
 IPv6) and each arrives with its own SPIFFE ID.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
 
 from aether.api.naming import in_family, mesh_host, quic_twin, spiffe_id
-from aether.e2e.harness import Mesh
-from aether.testing.probe import HttpAnswer, wait_answer, wait_http
+from aether.e2e.harness import BACKEND_PORT, Mesh
+from aether.testing.probe import HttpAnswer, ask, pod_socket, wait_answer, wait_http
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
@@ -64,3 +66,20 @@ def test_each_source_arrives_with_its_own_spiffe_id_over_http3_across_nodes(mesh
     # node-b terminated them as HTTP/3 on web-0's inbound QUIC listener, on its IPv6 address
     stats = mesh.nodes["node-b"].running_envoy().stats("inbound_http3.downstream_rq_2xx$")
     assert sum(stats.values()) >= len(CLIENTS), stats
+
+
+def _direct(netns_path: str, ip: str) -> str | None:
+    """One datagram from `netns_path` to ip:BACKEND_PORT (around the mesh); the backend that answered, or None."""
+    sock = pod_socket(netns_path, 0.5, socket.AF_INET6)
+    try:
+        return ask(sock, ip, b"direct", BACKEND_PORT).backend
+    finally:
+        sock.close()
+
+
+def test_strict_drops_a_plaintext_ipv6_call_and_admits_the_node_across_nodes(mesh: Mesh) -> None:
+    backend = mesh.pods["echo-a"]
+    wait_answer(mesh.pods["client-a"].netns_path, mesh.services["svc-a"], "echo-a")  # the mesh path works
+    assert [_direct(mesh.pods["client-a"].netns_path, backend.ip) for _ in range(3)] == [None] * 3
+    # the control: node-a's datagram (from its link address, a mesh source) reaches the same port
+    assert _direct(mesh.nodes["node-a"].net.path, backend.ip) == "echo-a"
