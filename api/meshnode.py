@@ -135,6 +135,13 @@ def _unwritten_when_empty(description: str) -> Any:
     return Field(default_factory=list, exclude_if=lambda v: not v, description=description)
 
 
+GatewayTransport = Literal["h3", "h2"]  # what an east-west gateway offers on 18009: HTTP/3 (UDP), h2 (TCP)
+
+
+def both_transports() -> list[GatewayTransport]:
+    return ["h3", "h2"]
+
+
 class QuicDestination(_Model):
     service: str
     service_account: str
@@ -149,6 +156,13 @@ class QuicDestination(_Model):
         "addresses of the east-west gateways of the cluster the Service runs in, when that is not this one: sources "
         "reach it through them on TCP 18009, over h2 (no twin). The operator writes it for a ServiceImport from its "
         "MeshPeer's spec.gateways (docs/architecture.md#discovery-across-clusters)"
+    )
+    gateway_transports: list[GatewayTransport] = Field(
+        default_factory=both_transports,
+        min_length=1,
+        exclude_if=lambda v: set(v) == {"h3", "h2"},
+        description="what the gateways in `gateways` offer (their MeshPeer's spec.transports; written only when not "
+        "both): without h3 the Service gets no QUIC twin, its sources reach it over h2 on TCP 18009",
     )
     exported: bool = Field(
         default=False,

@@ -56,6 +56,20 @@ class PeerView:
     gateways: tuple[str, ...]
     trust_domain: str | None = None
     problems: tuple[str, ...] = ()
+    transports: tuple[str, ...] = mc.TRANSPORTS  # what its gateways offer (spec.transports)
+
+
+def _transports(value: object) -> tuple[tuple[str, ...], list[str]]:
+    """spec.transports (default h3 and h2), and what is wrong with it."""
+    if value is None:
+        return mc.TRANSPORTS, []
+    got = tuple(dict.fromkeys(str(t) for t in _l(value)))
+    unknown = [t for t in got if t not in mc.TRANSPORTS]
+    if unknown:
+        return got, [f"spec.transports: {', '.join(unknown)} is not h3 or h2"]
+    if "h2" not in got:
+        return got, ["spec.transports must list h2: every east-west gateway serves TCP 18009"]
+    return got, []
 
 
 def _generation(meta: Raw) -> int:
@@ -109,7 +123,9 @@ def parse_peer(obj: Raw) -> PeerView:
             problems.append(f"spec.gateways: {g!r} is not an IP address")
     if not gateways and not problems:
         problems.append("spec.gateways is empty")
-    return PeerView(str(meta.get("name", "")), tuple(gateways), _s(spec.get("trustDomain")), tuple(problems))
+    transports, wrong = _transports(spec.get("transports"))
+    name, td = str(meta.get("name", "")), _s(spec.get("trustDomain"))
+    return PeerView(name, tuple(gateways), td, (*problems, *wrong), transports)
 
 
 @dataclass(frozen=True)
@@ -156,8 +172,10 @@ def import_verdict(
         service_account=imp.service_account,
         ports=list(imp.ports),
         gateways=list(peer.gateways),
+        gateway_transports=[t for t in mc.TRANSPORTS if t in peer.transports],
     )
-    message = f"through {', '.join(peer.gateways)} (MeshPeer {imp.peer}) on TCP 18009"
+    over = "TCP 18009 (h2) and UDP 18009 (h3)" if "h3" in peer.transports else "TCP 18009 (h2 only)"
+    message = f"through {', '.join(peer.gateways)} (MeshPeer {imp.peer}) on {over}"
     return ImportVerdict(dest, mc.READY, message, cluster)
 
 

@@ -171,8 +171,13 @@ def service_import(
     return {"apiVersion": MCS, "kind": "ServiceImport", "metadata": meta, "spec": spec}
 
 
-def mesh_peer(name: str, gateways: Sequence[str], trust_domain: str | None = None) -> Obj:
+def mesh_peer(
+    name: str, gateways: Sequence[str], trust_domain: str | None = None, transports: Sequence[str] | None = None
+) -> Obj:
+    """`transports`: spec.transports (what the gateways offer; None leaves it out: both)."""
     spec: Obj = {"gateways": list(gateways)}
     if trust_domain is not None:
         spec["trustDomain"] = trust_domain
+    if transports is not None:
+        spec["transports"] = list(transports)
     return {"apiVersion": "mesh.aether.dev/v1alpha1", "kind": "MeshPeer", "metadata": {"name": name}, "spec": spec}

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from aether.api.meshnode import MeshNode
 from aether.netns.contract import EAST_WEST_PORT, INBOUND_PORT
+from aether.netns.records import PodRecord
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.envoy import validate
 from aether.testing.golden import check_golden, golden_json
@@ -91,9 +93,9 @@ def test_no_exports_is_no_listener() -> None:
     assert gateway.build([], GW, MD) == {LISTENER: {}, CLUSTER: {}, ENDPOINT: {}}
 
 
-def source_side() -> Resources:
-    """Node A with client-0; default/web remote (through GW), default/local in this cluster."""
-    node, records = sample_node(
+def node_a() -> tuple[MeshNode, dict[str, PodRecord]]:
+    """Node A with client-0, which has dialled default/web and default/local (both QUIC destinations here)."""
+    return sample_node(
         "node-a",
         [SamplePod("u-client", "client-0", "10.200.1.2", "client", "/run/netns/sample-client")],
         [
@@ -101,6 +103,11 @@ def source_side() -> Resources:
             SampleDestination("default/local", "local", (8080,), ("10.200.1.9",), vip="10.96.0.21"),
         ],
     )
+
+
+def source_side() -> Resources:
+    """Node A with client-0; default/web remote (through GW), default/local in this cluster."""
+    node, records = node_a()
     return build(node, records, OPTS, EastWestOptions(remote_gateways={"default/web": (GW,)}))
 
 
@@ -154,7 +161,11 @@ def source_side_for_validate() -> Resources:
     cluster whose TLS context takes its secrets over SDS makes Envoy 1.40's `--mode validate` crash (SIGSEGV, for
     every h2 cluster and twin, remote or not: seen here), so the TLS half is proven where it loads over ADS, in
     tests/xds/test_gateway_datapath.py."""
-    res = source_side()
+    return for_validate(source_side())
+
+
+def for_validate(res: Resources) -> Resources:
+    """`res`'s listeners, clusters and load assignments, the clusters without their transport sockets."""
     clusters = {
         n: {k: v for k, v in c.items() if k != "transportSocket"}
         for n, c in res[CLUSTER].items()
@@ -255,14 +266,7 @@ def test_the_role_exports_the_nodes_destinations_only_when_asked(tmp_path: Path)
 def test_a_destination_marked_remote_in_the_meshnode_goes_through_its_gateway(tmp_path: Path) -> None:
     """`status.quic.destinations[].gateways` marks a Service of another cluster: the sidecar's own translation (the
     CLI, from a MeshNode file) dials its gateway on 18009 over h2; a gateway node never re-exports it."""
-    node, records = sample_node(
-        "node-a",
-        [SamplePod("u-client", "client-0", "10.200.1.2", "client", "/run/netns/sample-client")],
-        [
-            SampleDestination("default/web", "web-sa", (8080,), ("10.200.2.7",), vip="10.96.0.20"),
-            SampleDestination("default/local", "local", (8080,), ("10.200.1.9",), vip="10.96.0.21"),
-        ],
-    )
+    node, records = node_a()
     web = next(d for d in node.status.quic.destinations if d.service == "default/web")
     web.gateways = [GW, "10.199.0.3"]
     res = build(node, records, OPTS)
@@ -293,3 +297,58 @@ def test_a_destination_marked_remote_in_the_meshnode_goes_through_its_gateway(tm
     # the field is written only when set
     written = json.loads(node.model_dump_json(by_alias=True))["status"]["quic"]["destinations"]
     assert [d["service"] for d in written if "gateways" in d] == ["default/web"]
+
+
+# -- a peer whose gateways offer h2 only (MeshPeer spec.transports: [h2]) -------------------------------------------
+
+
+def h2_only_node(transports: tuple[str, ...] = ("h2",)) -> tuple[MeshNode, dict[str, PodRecord]]:
+    """Node A with client-0 (its pairs with both Services listed); default/web remote through GW, its destination
+    entry's `gatewayTransports` as given ([h2]: the peer's gateway has no QUIC half), default/local here."""
+    node, records = node_a()
+    web = next(d for d in node.status.quic.destinations if d.service == "default/web")
+    web.gateways, web.gateway_transports = [GW], list(transports)  # type: ignore[arg-type]
+    return node, records
+
+
+def h2_only_side() -> Resources:
+    return build(*h2_only_node(), OPTS)
+
+
+def test_a_gateway_without_h3_gets_no_twin_and_its_sources_use_h2() -> None:
+    res = h2_only_side()
+    # no twin for the remote Service, though status.quic.pairs lists client's pair with it: h2 on TCP 18009
+    assert _route(res, "default/web") == {"cluster": "h2:default/web"}
+    assert "quic:default/web@client" not in res[CLUSTER] and "quic:default/web@client" not in res[ENDPOINT]
+    cla = res[ENDPOINT]["h2:default/web"]["endpoints"][0]["lbEndpoints"]
+    assert [e["endpoint"]["address"]["socketAddress"] for e in cla] == [{"address": GW, "portValue": EAST_WEST_PORT}]
+    tls = res[CLUSTER]["h2:default/web"]["transportSocket"]["typedConfig"]
+    assert tls["sni"] == "8080.web-sa.default.mesh.example"
+    # the on-demand fast path does not make that twin either; the local Service keeps its own
+    fast = twins_for(*h2_only_node(), OPTS, ["quic:default/web@client", "quic:default/local@client"])
+    assert sorted(fast[CLUSTER]) == ["quic:default/local@client"]
+    assert "inlineClusterSpecifierPlugin" in _route(res, "default/local")
+    # the same node with both transports (the default) has the twin: the field is what decides
+    both = build(*h2_only_node(("h3", "h2")), OPTS)
+    assert "quic:default/web@client" in both[CLUSTER]
+    assert "inlineClusterSpecifierPlugin" in _route(both, "default/web")
+    # the field is written only when not the default
+    node, _ = h2_only_node()
+    written = json.loads(node.model_dump_json(by_alias=True))["status"]["quic"]["destinations"]
+    assert {d["service"]: d.get("gatewayTransports") for d in written} == {"default/web": ["h2"], "default/local": None}
+
+
+def test_golden_h2_only_side() -> None:
+    res = h2_only_side()
+    picked = {
+        CLUSTER: {"h2:default/web": res[CLUSTER]["h2:default/web"]},
+        ENDPOINT: {"h2:default/web": res[ENDPOINT]["h2:default/web"]},
+        ROUTE: {"default/web": _route(res, "default/web"), "default/local": _route(res, "default/local")},
+    }
+    check_golden(GOLDEN / "gateway_h2_only_side.json", golden_json(picked))
+
+
+@pytest.mark.envoy
+def test_envoy_validates_the_h2_only_side() -> None:
+    out = validate(static_bootstrap("node-a", for_validate(h2_only_side())))  # source_side_for_validate: why
+    assert out.returncode == 0, out.stderr[-3000:]

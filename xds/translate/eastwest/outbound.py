@@ -218,8 +218,9 @@ def route_action(dest: Destination, sources: list[str], quic: bool) -> dict[str,
 def quic(dest: Destination, options: EastWestOptions) -> bool:
     """Whether `dest`'s route selects twins: QUIC on. A remote Service's twins dial its cluster's gateway on UDP
     18009 (the QUIC passthrough), as its h2 cluster dials TCP 18009, with the same SNI, pinned SPIFFE ID and
-    per-source SVID."""
-    return options.quic
+    per-source SVID; a remote Service whose gateways offer h2 only (`Destination.h3` False) is routed over h2 on
+    TCP 18009 with the source's own SVID, as every Service is with QUIC off."""
+    return options.quic and dest.h3
 
 
 def route_config(

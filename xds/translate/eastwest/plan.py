@@ -81,6 +81,7 @@ class Destination:
     endpoints: tuple[tuple[str, int], ...]
     vip: str | None
     gateways: tuple[str, ...] = ()  # the east-west gateways it is reached through (another cluster); () here
+    h3: bool = True  # HTTP/3 reaches it: False when its gateways offer h2 only (no QUIC half), so no twin
 
     @property
     def primary_port(self) -> int:
@@ -121,6 +122,7 @@ def destinations(node: MeshNode, trust_domain: str) -> list[Destination]:
                 endpoints=tuple((e.ip, e.port or INBOUND_PORT) for e in d.endpoints),
                 vip=vips.get(d.service),
                 gateways=tuple(d.gateways),
+                h3=not d.gateways or "h3" in d.gateway_transports,
             )
         )
     return out
@@ -131,7 +133,8 @@ def through_gateways(dests: Sequence[Destination], remote: Mapping[str, tuple[st
     (SNI, the destination's pinned SPIFFE ID, its own SVID) is unchanged, only the address it dials moves. Remote:
     named in `remote` (`EastWestOptions.remote_gateways`, which wins), or carrying `gateways` from the MeshNode
     (`status.quic.destinations[].gateways`). A remote Service not among `dests` is not invented: its SNI and
-    ServiceAccount come from the destination entry."""
+    ServiceAccount come from the destination entry. Its `h3` stays the destination entry's (a gateway offering h2
+    only: `gateway_transports`)."""
     out = []
     for d in dests:
         gateways = remote.get(ref(d.namespace, d.service)) or d.gateways
@@ -209,7 +212,8 @@ def twin_pairs(
     node: MeshNode, pods: list[LocalPod], dests: list[Destination], twins: Iterable[str] | None = None
 ) -> list[tuple[Destination, str]]:
     """(destination, source SPIFFE ID) for every listed pair the node can serve, sorted by twin; a pair whose twin
-    name does not parse, or whose source or destination is not here, builds nothing. `twins`: these twin names
+    name does not parse, whose source or destination is not here, or whose destination HTTP/3 cannot reach (`h3`:
+    a remote gateway without its QUIC half), builds nothing. `twins`: these twin names
     instead of the ones `status.quic.pairs` lists."""
     by_ref = {ref(d.namespace, d.service): d for d in dests}
     local = {ref(p.namespace, p.service_account): p.identity for p in pods}
@@ -220,6 +224,6 @@ def twin_pairs(
         except ValueError:
             continue
         dest, source = by_ref.get(ref(t.namespace, t.service)), local.get(ref(t.source_namespace, t.source_sa))
-        if dest is not None and source is not None:
+        if dest is not None and source is not None and dest.h3:
             out[twin] = (dest, source)
     return [out[t] for t in sorted(out)]
