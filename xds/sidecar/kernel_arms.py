@@ -1,0 +1,55 @@
+"""The sidecar's plaintext UDP arms (`ServiceArm`) as the in-kernel UDP path's arms (`aether.netns.kernel_udp`):
+pure, the piece that selecting `kernel` for a Service will feed (the selection itself is not built yet).
+
+- Only `udp:` arms; a `blackhole` arm (no healthy backend) becomes an arm without backends: it drops, as Envoy's
+  blackhole does. TCP arms are not touched (R5).
+- A draining endpoint is left out: no new flow picks it, and the installer deletes its flows' conntrack entries, so
+  they move at their next datagram, as on the Envoy path.
+- A weighted arm (`backends`): a backend's weight is shared evenly by its serving endpoints (scaled by the least
+  common multiple of their counts, so the weights stay integers). Weight 0 (`Drained`) takes no range. An invalid
+  backendRef (any other `reason`), or a backend with weight but no serving endpoint, keeps its weight as one
+  invalid entry: its share is dropped, never given to the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from aether.api.meshnode import BLACKHOLE_CLUSTER, ArmBackend, Endpoint, ServiceArm
+from aether.netns.kernel_udp import KernelArm, KernelBackend
+
+UNROUTABLE = KernelBackend("0.0.0.0", 1, 0, valid=False)  # an invalid entry's address is never used: it drops
+
+
+def _serving(endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+    return [e for e in endpoints if not e.draining]
+
+
+def _weighted(backends: Sequence[ArmBackend]) -> tuple[KernelBackend, ...]:
+    counts = [len(_serving(b.endpoints)) for b in backends]
+    scale = math.lcm(*[n for n in counts if n]) if any(counts) else 1
+    out: list[KernelBackend] = []
+    for b, n in zip(backends, counts, strict=True):
+        if b.weight == 0:
+            continue
+        if (b.reason is not None and b.reason != "Drained") or n == 0:
+            out.append(UNROUTABLE._replace(weight=b.weight * scale))
+            continue
+        out += [KernelBackend(e.ip, e.port, b.weight * scale // n) for e in _serving(b.endpoints)]
+    return tuple(out)
+
+
+def kernel_arm(arm: ServiceArm) -> KernelArm | None:
+    """`arm` for table `ip aether_udp`, or None when it is not a plaintext UDP arm."""
+    if arm.cluster == BLACKHOLE_CLUSTER:  # only UDP is matched, so a TCP blackhole drops UDP too, as Envoy does
+        return KernelArm(arm.vip, ())
+    if not arm.cluster.startswith("udp:"):
+        return None
+    if arm.backends is not None:
+        return KernelArm(arm.vip, _weighted(arm.backends))
+    return KernelArm(arm.vip, tuple(KernelBackend(e.ip, e.port, 1) for e in _serving(arm.endpoints)))
+
+
+def kernel_arms(arms: Sequence[ServiceArm]) -> list[KernelArm]:
+    return [k for k in map(kernel_arm, arms) if k is not None]
