@@ -9,7 +9,8 @@ gateway's address only: no pod of one cluster has a route to a pod of the other.
 Cluster A exports Service web (a ServiceExport); cluster B imports it (a MeshPeer naming A's gateway address and
 a ServiceImport), as a user does on two real clusters. The aether_quic_sni module is on every Envoy's search path,
 so A's gateway serves UDP 18009 too and B's sources reach web over their HTTP/3 twins through it; `h2_via_tcp`
-exercises the TCP 18009 half."""
+exercises the TCP 18009 half with curl, and Service api (web-0 again), imported through a second MeshPeer for the
+same gateway whose spec.transports is [h2], is reached by B's source proxies over h2 on TCP 18009 (no twin)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ NS = "shop"
 AREAS = "udp,tcp-floor,eastwest,gateway"
 GATEWAY_IP, B_LINK_IP = "10.251.0.1", "10.251.0.2"  # the one link across: A's gateway node <-> B's client node
 PEER = "cluster-a"
+# the same gateway as a peer whose gateways offer h2 only (MeshPeer spec.transports: [h2]); Service api (web-0
+# behind a second Service) is imported through it: B's sources reach it over h2 on TCP 18009, no QUIC twin
+H2_PEER, H2_ONLY = "cluster-a-h2", "api"
 GATEWAY_LISTENER = "east-west-gateway"
 SEARCH_PATH = "ENVOY_DYNAMIC_MODULES_SEARCH_PATH"
 
@@ -108,25 +112,29 @@ def _cluster_a(a: Mesh) -> None:
     api.apply(gw, status=o.node_status(GATEWAY_IP))
     a.start_node_proxies()
     a.add_http_backend(a.nodes["a-web"], "web-0", sa="web")
-    a.add_http_service("web", ["web-0"])
-    api.apply(o.service_export(NS, "web"))
+    for svc in ("web", H2_ONLY):
+        a.add_http_service(svc, ["web-0"])
+        api.apply(o.service_export(NS, svc))
 
     def exported() -> bool:
         dests = (a.kube.meshnode("a-gw") or {}).get("status", {}).get("quic", {}).get("destinations") or []
-        return any(d.get("service") == f"{NS}/web" and d.get("exported") for d in dests)
+        return {f"{NS}/web", f"{NS}/{H2_ONLY}"} <= {d.get("service") for d in dests if d.get("exported")}
 
-    wait_for(exported, 60, "web exported on A's gateway node", ignore=READ_ERRORS)
+    wait_for(exported, 60, f"web and {H2_ONLY} exported on A's gateway node", ignore=READ_ERRORS)
     envoy = a.nodes["a-gw"].running_envoy()
     wait_for(lambda: GATEWAY_LISTENER in envoy.active_config("dynamic_listeners"), 60, "A's gateway listener")
 
 
 def _cluster_b(b: Mesh) -> None:
-    """B: client-0 on the node linked to A's gateway; A's web imported through a MeshPeer."""
+    """B: client-0 on the node linked to A's gateway; A's web imported through a MeshPeer, A's api through one
+    saying its gateway offers h2 only."""
     api = Cluster(b.kubeconfig, None)
     b.start_node_proxies()
     b.add_pod(b.nodes["b-client"], "client-0", sa="client")
     api.apply(o.mesh_peer(PEER, [GATEWAY_IP]))
+    api.apply(o.mesh_peer(H2_PEER, [GATEWAY_IP], transports=["h2"]))
     api.apply(o.service_import(NS, "web", [("http", 8080, "TCP")], PEER, "web"))
+    api.apply(o.service_import(NS, H2_ONLY, [("http", 8080, "TCP")], H2_PEER, "web"))
 
 
 @contextlib.contextmanager

@@ -7,6 +7,8 @@ operators running, only A's gateway address reachable from B (e2e/clusters.py). 
   remote Service each source's QUIC twin through the gateway's UDP 18009 (since feb2ec4), so the request goes
   HTTP/3 through the QUIC passthrough; the TCP 18009 half is exercised with curl holding client-0's SVID as the
   source (h2, the destination verified), and XFCC carries client-0's ID there too;
+- Service api, imported through a MeshPeer saying the same gateway offers h2 only (spec.transports: [h2]), is
+  reached from client-0's node proxy over h2 through A's TCP 18009 (no twin), XFCC carrying client-0's ID;
 - a MeshAuthorizationPolicy in A that does not admit client-0 gives 403 across clusters;
 - a packet capture at A's gateway node shows QUIC datagrams to 18009 and 18008, never the request's marker;
 - A's gateway Envoy killed and started again: only requests around the restart fail, the rest answer 200, with no
@@ -24,7 +26,7 @@ from collections.abc import Iterator
 import pytest
 
 from aether.api.naming import mesh_host, spiffe_id
-from aether.e2e.clusters import NS, TwoClusters, two_clusters
+from aether.e2e.clusters import H2_ONLY, NS, TwoClusters, two_clusters
 from aether.netns.contract import EAST_WEST_PORT, HTTP_OUTBOUND_PORT, INBOUND_PORT
 from aether.netns.nsthread import run_in_netns
 from aether.testing.packet_capture import capture, udp_payloads
@@ -57,6 +59,20 @@ def test_h2_through_the_gateways_tcp_half_delivers_the_sources_identity(tc: TwoC
     assert status == 200 and body["backend"] == "web-0", body
     assert f"URI={CLIENT}" in body["xfcc"] and f"By={spiffe_id(NS, 'web')}" in body["xfcc"], body
     assert tc.gateway_stat("tcp.east_west_gateway.downstream_cx_total") == before + 1
+
+
+def test_a_peer_offering_h2_only_is_reached_over_tcp_from_the_source_proxy(tc: TwoClusters) -> None:
+    """Service api, imported through a MeshPeer whose spec.transports is [h2]: B's client-0 calls it through its
+    node proxy, which has no twin for it and dials A's gateway on TCP 18009 with client-0's own SVID; web-0's
+    inbound verified client-0 (XFCC), and A's gateway counted the TCP connection, not a QUIC session."""
+    b, before = tc.b.nodes["b-client"], tc.gateway_stat("tcp.east_west_gateway.downstream_cx_total")
+    sessions = tc.gateway_stat("udp.east_west_gateway_quic.downstream_sess_total")
+    got = tc.b_get("client-0", service=H2_ONLY, timeout=60)
+    assert got == HttpAnswer(200, "web-0", CLIENT), f"{got}\n{tc.b.diagnostics()}\n{tc.a.diagnostics()}"
+    assert b.stat(f"cluster.h2_shop/{H2_ONLY}.upstream_rq_200") >= 1
+    assert b.stat(f"cluster.quic_shop/{H2_ONLY}@client.upstream_cx_http3_total") == 0
+    assert tc.gateway_stat("tcp.east_west_gateway.downstream_cx_total") > before
+    assert tc.gateway_stat("udp.east_west_gateway_quic.downstream_sess_total") == sessions
 
 
 def test_no_pod_route_between_the_clusters(tc: TwoClusters) -> None:
