@@ -27,6 +27,7 @@ and their ports are left as they are (R5). IPv4 only (not built for IPv6).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
@@ -231,4 +232,6 @@ def canonical(nft_json: Json) -> Json:
                 out["chains"][body["name"]] = {k: v for k, v in body.items() if k not in ("handle", "family", "table")}
             elif kind == "rule":
                 out["rules"].setdefault(body["chain"], []).append([_canonical_stmt(s) for s in body["expr"]])
+    for entry in out["sets"].values():  # a set is unordered: nft lists big ones in its own (hash) order
+        entry["elem"] = sorted(entry["elem"], key=lambda e: json.dumps(e, sort_keys=True))
     return out

@@ -3,6 +3,7 @@ installer against the recording effects (no privileges)."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 from pathlib import Path
 from typing import Any
@@ -188,3 +189,13 @@ def test_refused_transaction_keeps_the_previous_rules() -> None:
         apply_kernel_udp(fx, "ns", ARMS[:1], previous=ARMS)
     assert fx.table == kept
     assert [c for c in fx.calls if c[0] == "forget_flows"] == []  # nothing forgotten for rules that did not load
+
+
+def test_canonical_ignores_the_order_nft_lists_set_elements_in() -> None:
+    """nft lists a large set's elements in its own (hash) order: 1,000 Services failed the read-back until the
+    canonical form sorted them (bench.kernel_udp_program)."""
+    listed = copy.deepcopy(build_kernel_udp(ARMS))
+    for item in listed["nftables"]:
+        if "element" in item.get("add", {}):
+            item["add"]["element"]["elem"].reverse()
+    assert canonical(listed) == canonical(build_kernel_udp(ARMS))
