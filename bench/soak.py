@@ -37,7 +37,16 @@ from aether.e2e.node_proxy import MeshNodeProxy
 from aether.testing.controlplane.cluster import free_port
 from aether.testing.udp_clients import dnsmasq_argv
 from bench.soak_churn import POLICY, Churn
-from bench.soak_report import DOCUMENTED, classes, event_records, failure_record, slopes, table, worst
+from bench.soak_report import (
+    DOCUMENTED,
+    classes,
+    event_records,
+    failure_record,
+    per_minute,
+    slopes,
+    table,
+    worst,
+)
 from bench.soak_traffic import PROBES, Prober, Recorder
 from bench.soak_watch import Watcher
 
@@ -197,6 +206,7 @@ def _report(
         "events": event_records(churn.events, t0),
         "events_failed": [f"{e.kind}:{e.target}: {e.detail}" for e in churn.events if "FAILED" in e.detail],
         "failures_listed": [failure_record(o, churn.events, t0) for o in failures[:200]],
+        "failures_per_minute": per_minute(failures, churn.events, t0),
         "not_done": NOT_DONE,
         "policy": POLICY,
     }

@@ -212,3 +212,12 @@ def event_records(events: Sequence[Event], t0: float) -> list[dict[str, Any]]:
         d["end"] = None if e.end is None else round(e.end - t0, 3)
         out.append(d)
     return out
+
+
+def per_minute(failures: Iterable[Outcome], events: Sequence[Event], t0: float) -> dict[str, dict[int, list[int]]]:
+    """class -> minute of the run -> [failures in documented windows, failures outside]."""
+    out: dict[str, dict[int, list[int]]] = {}
+    for o in failures:
+        cell = out.setdefault(o.cls, {}).setdefault(int((o.start - t0) // 60), [0, 0])
+        cell[0 if in_window(o, events) else 1] += 1
+    return out

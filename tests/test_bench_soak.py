@@ -60,3 +60,9 @@ def test_slopes_take_the_longest_lived_process_of_the_second_half() -> None:
     assert got["pid"] == 1 and got["processes_in_half"] == 2
     assert got["rss_kib"]["per_min"] == 60.0  # 1 KiB per second
     assert report.worst({"envoy/node-a": got}, "rss_kib") == {"sidecar": None, "operator": None, "envoy": 60.0}
+
+
+def test_failures_per_minute_split_by_window() -> None:
+    events = [Event("envoy_restart", "node-b", 10.0, 14.0)]
+    failures = [_fail("udp_dns", "node-b", 11.0), _fail("udp_dns", "node-a", 12.0), _fail("h3", "node-a", 70.0)]
+    assert report.per_minute(failures, events, 0.0) == {"udp_dns": {0: [1, 1]}, "h3": {1: [0, 1]}}
