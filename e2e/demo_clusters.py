@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aether.api.naming import spiffe_id
-from aether.e2e.clusters import NS, PEER, TwoClusters, two_clusters
+from aether.e2e.clusters import H2_ONLY, H2_PEER, NS, PEER, TwoClusters, two_clusters
 from aether.testing.probe import HttpAnswer
 
 Say = Callable[[str], None]
 TWIN_H3 = "cluster.quic_shop/web@client.upstream_rq_total"  # client-0's own HTTP/3 twin, through UDP 18009
 GATEWAY_H2 = "tcp.east_west_gateway.downstream_cx_total"  # A's gateway's TCP 18009 passthrough
+H2 = "h2 via TCP 18009"
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ def _transport(tc: TwoClusters, call: Callable[[], HttpAnswer]) -> tuple[HttpAns
     if b.stat(TWIN_H3) > h3:
         return got, f"HTTP/3, quic:{NS}/web@client via UDP 18009"
     if tc.gateway_stat(GATEWAY_H2) > h2:
-        return got, "h2 via TCP 18009"
+        return got, H2
     return got, "-"
 
 
@@ -75,7 +76,10 @@ def table(tc: TwoClusters) -> list[Row]:
     status, body = tc.h2_via_tcp()
     seen = f"{body.get('backend')} ({status}), XFCC {_uri(body.get('xfcc', ''))}" if status == 200 else str(status)
     h2_ok = status == 200 and f"URI={client}" in body.get("xfcc", "")
-    rows.append(Row(f"B {NS}/client-0's SVID (curl)", callee, "h2 via TCP 18009", seen, h2_ok))
+    rows.append(Row(f"B {NS}/client-0's SVID (curl)", callee, H2, seen, h2_ok))
+    got, how = _transport(tc, lambda: tc.b_get("client-0", service=H2_ONLY, timeout=60))
+    h2_only = f"{NS}/{H2_ONLY} in {H2_PEER} (transports: [h2])"
+    rows.append(Row(caller, h2_only, how, _received(got), got == HttpAnswer(200, "web-0", client) and how == H2))
     rows.append(_direct(tc))
     return rows
 

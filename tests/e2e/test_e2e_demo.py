@@ -313,6 +313,8 @@ def test_demo_clusters_2_shows_the_cross_cluster_table_and_leaves_nothing_behind
     assert re.search(
         rf"SVID \(curl\) +shop/web in cluster-a \(\S+\) +h2 via TCP 18009 +web-0 \(200\), XFCC {sid} +as expected", out
     )
+    h2_only = r"shop/api in cluster-a-h2 \(transports: \[h2\]\) +h2 via TCP 18009"  # the source proxy over h2
+    assert re.search(rf"B shop/client-0 +{h2_only} +web-0 \(200\), XFCC {sid} +as expected", out), out
     assert "UNEXPECTED" not in out and "result: the caller's own SPIFFE ID crossed the gateway" in out
     m = re.search(r"lab tags (\S+) (\S+)\n.*working directories (\S+) (\S+)\n", out, re.S)
     assert m, out
