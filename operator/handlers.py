@@ -23,6 +23,7 @@ from aether.api.client import OPERATOR_USER_AGENT, ApiException, api_client, ser
 from aether.api.meshnode import API_GROUP, API_VERSION, PLURAL
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
 from aether.api.slices import SLICE_PLURAL
+from aether.operator import discovery
 from aether.operator.kubeapi import UDPROUTE_VERSIONS, UDPROUTES, KubeWriter
 from aether.operator.mcsctl import MulticlusterController
 from aether.operator.policyctl import PolicyController
@@ -33,6 +34,7 @@ from aether.operator.reconciler import Reconciler
 GATEWAY = "gateway.networking.k8s.io"
 log = logging.getLogger("aether.operator")
 WATCH_BACKOFFS = (1, 1, 2, 3, 5, 8, 13, 21, *(30,) * 18)  # seconds between retries of one API request: 594 s in all
+OWN_RESOURCES = [(API_GROUP, API_VERSION, p) for p in (PLURAL, authz.PLURAL, SLICE_PLURAL)]  # _watch_own_kinds'
 POLICY_INPUTS = frozenset({"service", "slice", "pod"})  # kinds whose changes can change a policy's status or counts
 
 # kind -> (kopf resource spec, parser); the UDPRoute version is replaced by the one discovered at start
@@ -114,6 +116,9 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         _configure(settings)
+        # kopf scans the API's resources once, right after this handler: not before discovery is whole
+        wanted = [discovery.resource(path) for path, _ in watched.values()] + OWN_RESOURCES
+        await discovery.wait_until_listed(api_client(config.kubeconfig, OPERATOR_USER_AGENT), wanted)
         for kind in WATCHED:
             indexes[kind] = kwargs[f"aether_{kind}s"]  # kopf passes each index by its id
         writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT), route_version)

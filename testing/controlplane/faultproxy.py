@@ -5,6 +5,7 @@ watch streams, or holds them off, with the API test bed's fault interface:
     proxy = FaultProxy(cp)                          # -> .kubeconfig_path for the client under test
     proxy.inject(Fault(500, verb="patch", plural="udproutes", subresource="status"))
     proxy.cut_watches(); proxy.set_down(True)       # 503 to everything until set_down(False)
+    proxy.hide_groups({"discovery.k8s.io"})         # discovery as a server still starting serves it
 
 The server behind it stays whole (a real outage is `ControlPlane.set_down`): tests write through the server's own
 kubeconfig while the client under test sees the faults. Each answered fault counts on its `Fault.hits`.
@@ -65,6 +66,7 @@ class FaultProxy:
         self.down = False
         self._watches_held: asyncio.Event | None = None  # set: new watch requests wait (hold_watches)
         self._held_agent = ""
+        self.hidden_groups: frozenset[str] = frozenset()  # API groups discovery leaves out (hide_groups)
         self.expired = 0  # watch streams that carried a 410 (the API server's "too old resource version")
         self._watches: set[aiohttp.ClientResponse] = set()  # the open watch streams' upstream halves
         self._loop = asyncio.new_event_loop()
@@ -107,6 +109,11 @@ class FaultProxy:
                 self._watches_held = None
 
         self._loop.call_soon_threadsafe(flip)
+
+    def hide_groups(self, groups: set[str] | frozenset[str]) -> None:
+        """Discovery as a kube-apiserver still starting serves it: the group list (`GET /apis`) leaves `groups` out
+        and their discovery documents answer 404; requests for the resources themselves go through."""
+        self.hidden_groups = frozenset(groups)
 
     def set_down(self, down: bool) -> None:
         self.down = down
@@ -184,6 +191,9 @@ class FaultProxy:
         fault = self._fault_for(request)
         if fault is not None:
             return status_response(fault.code, fault.reason, fault.message)
+        parts = request.path.strip("/").split("/")
+        if self.hidden_groups and request.method == "GET" and parts[0] == "apis" and len(parts) <= 3:
+            return await self._discovery(request, parts)
         headers = CIMultiDict((k, v) for k, v in request.headers.items() if k.lower() not in HOP_HEADERS)
         body = await request.read()
         key = traffic_key(request)
@@ -224,6 +234,19 @@ class FaultProxy:
         with contextlib.suppress(Exception):
             await out.write_eof()
         return out
+
+    async def _discovery(self, request: aiohttp.web.Request, parts: list[str]) -> aiohttp.web.Response:
+        """A discovery document with the hidden groups left out (`hide_groups`)."""
+        self._count(traffic_key(request), requests=1)
+        if len(parts) > 1 and parts[1] in self.hidden_groups:
+            return status_response(404, "NotFound", "the server could not find the requested resource")
+        async with self._session.get(
+            self.upstream + request.path_qs, headers={"Accept": "application/json"}
+        ) as upstream:
+            body = await upstream.json(content_type=None)
+            if upstream.status == 200 and len(parts) == 1:
+                body["groups"] = [g for g in body.get("groups") or [] if g.get("name") not in self.hidden_groups]
+            return aiohttp.web.Response(status=upstream.status, text=json.dumps(body), content_type="application/json")
 
 
 def traffic_key(request: aiohttp.web.Request) -> TrafficKey:
