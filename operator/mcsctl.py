@@ -28,6 +28,7 @@ from aether.operator.reconcile.multicluster import (
     import_status,
     import_verdict,
 )
+from aether.operator.statusloop import StatusLoop
 
 log = logging.getLogger("aether.operator.multicluster")
 SETTLE_WAIT = 5.0  # seconds a pass waits for the reconciler to take in the events so far, at most
@@ -50,7 +51,7 @@ def eligibility(model: ClusterModel, namespace: str, name: str) -> str | None:
     return "the Service is not a QUIC destination"
 
 
-class MulticlusterController:
+class MulticlusterController(StatusLoop):
     def __init__(
         self,
         writer: KubeWriter,
@@ -63,29 +64,15 @@ class MulticlusterController:
     ) -> None:
         self.writer, self.exports, self.imports, self.model = writer, exports, imports, model
         self.settled = settled  # the reconciler's `idle`: its model has taken in every event so far
-        self.debounce, self.resync = debounce, resync
-        self.wake = asyncio.Event()
-        self.passes = 0
+        super().__init__(log, "multicluster status", debounce, resync)
         self.writes: list[tuple[str, str]] = []  # ("export" | "import" | "event", "<ns>/<name>"), for tests
 
-    def touch(self) -> None:
-        self.wake.set()
-
-    async def run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):  # no event for `resync` seconds: a pass anyway
-                await asyncio.wait_for(self.wake.wait(), self.resync)
-            await asyncio.sleep(self.debounce)
-            self.wake.clear()
-            if self.settled is not None:  # bounded: a reconciler that is never idle (churn) does not starve this
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.settled.wait(), SETTLE_WAIT)
-            try:
-                # computed on the loop (the reconciler changes the model there), written from a thread
-                await asyncio.to_thread(self.write_all, self.plan())
-            except Exception:  # a bug or an API outage: logged, the next event or resync tries again
-                log.exception("multicluster status pass failed")
-            self.passes += 1
+    async def a_pass(self) -> None:
+        if self.settled is not None:  # bounded: a reconciler that is never idle (churn) does not starve this
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.settled.wait(), SETTLE_WAIT)
+        # computed on the loop (the reconciler changes the model there), written from a thread
+        await asyncio.to_thread(self.write_all, self.plan())
 
     def one_pass(self) -> None:
         self.write_all(self.plan())

@@ -10,8 +10,6 @@ field it writes (`status.authorization`) is one the reconciler never patches."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -24,6 +22,7 @@ from aether.metrics import OPERATOR_POLICIES
 from aether.operator.kubeapi import MERGE
 from aether.operator.policies import node_counts, policy_status, same_status, unresolved, with_times
 from aether.operator.reconcile.views import PodView, ServiceView, SliceView
+from aether.operator.statusloop import StatusLoop
 
 log = logging.getLogger("aether.operator.policies")
 Bodies = Callable[[], Iterable[dict[str, Any]]]
@@ -31,7 +30,7 @@ Views = Callable[[], Iterable[Any]]
 PostEvent = Callable[[dict[str, Any], str, str, str], None]  # (policy body, type, reason, message)
 
 
-class PolicyController:
+class PolicyController(StatusLoop):
     def __init__(
         self,
         custom: Any,  # kubernetes.client.CustomObjectsApi
@@ -53,25 +52,8 @@ class PolicyController:
             pods,
             meshnodes,
         )
-        self.debounce, self.resync = debounce, resync
-        self.wake = asyncio.Event()
-        self.passes = 0
+        super().__init__(log, "policy", debounce, resync)
         self.writes: list[tuple[str, str]] = []  # ("policy", "<ns>/<name>") | ("meshnode", name), for tests
-
-    def touch(self) -> None:
-        self.wake.set()
-
-    async def run(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):  # no event for `resync` seconds: a pass anyway
-                await asyncio.wait_for(self.wake.wait(), self.resync)
-            await asyncio.sleep(self.debounce)
-            self.wake.clear()
-            try:
-                await asyncio.to_thread(self.one_pass)
-            except Exception:  # a bug or an API outage: logged, the next event or resync tries again
-                log.exception("policy pass failed")
-            self.passes += 1
 
     def one_pass(self) -> None:
         by_ns: dict[str, dict[str, ServiceView]] = {}
