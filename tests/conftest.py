@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from aether.testing import controlplane
 from aether.testing.apiserver import Kind, default_kind
@@ -25,6 +26,11 @@ from aether.testing.controlplane import binaries
 from aether.testing.controlplane.cluster import STARTED
 from aether.testing.envoy import EnvoyNotFound, envoy_path
 from aether.testing.netlab import CREATED_TAGS, Lab, is_root, leftover_netns
+
+# No hypothesis deadline anywhere: a test's time is not a property it checks (speed lives in bench/), and on two
+# cores shared by three workers a 1-ms example took 210 ms once (test_backoff failed CI on its 200-ms default)
+settings.register_profile("aether", deadline=None)
+settings.load_profile("aether")
 
 REQUIRE_PRIVILEGED = os.environ.get("AETHER_REQUIRE_PRIVILEGED") == "1"
 # every `aether xds` a test starts without --certs-dir may use the development CA (a production sidecar refuses to
