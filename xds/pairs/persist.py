@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import Final, Protocol, runtime_checkable
 
@@ -26,7 +26,6 @@ from aether.api.naming import ref, spiffe_id
 from aether.backoff import Backoff
 from aether.metrics import QUIC_PAIR_WRITE_FAILURES
 from aether.xds.identity.svid import parse_spiffe_id
-from aether.xds.memo import lru
 from aether.xds.pairs.values import Evidence, EvidenceKind, Persist, PersistedPair
 
 log = logging.getLogger("aether.xds.pairs")
@@ -43,9 +42,7 @@ def parse_time(text: str) -> float:
     return datetime.strptime(text, _TIME).replace(tzinfo=UTC).timestamp()
 
 
-@lru(maxsize=1 << 14)
 def to_wire(p: PersistedPair, trust_domain: str) -> QuicPair:
-    """(Cached: an unchanged pair is converted once, not on every write of the whole list.)"""
     ns, _, sa = p.source.partition("/")
     last = PairEvidence(kind=p.evidence.kind.value, time=wire_time(p.evidence.at)) if p.evidence else None
     return QuicPair(
@@ -56,6 +53,30 @@ def to_wire(p: PersistedPair, trust_domain: str) -> QuicPair:
         evidence=p.admitted.value if p.admitted else None,
         last_evidence=last,
     )
+
+
+class WireMemo:
+    """`to_wire` over a whole list, an unchanged pair converted once: it keeps the last list's conversions only,
+    so what it holds is bounded by the live pairs. (An LRU over every pair seen kept each one with each of its
+    evidence times, 16,384 of them: the sidecar's RSS grew with every use of a pair, issue 28.) One per owner."""
+
+    def __init__(self, trust_domain: str) -> None:
+        self.trust_domain = trust_domain
+        self._last: dict[PersistedPair, QuicPair] = {}
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def convert(self, pairs: Iterable[PersistedPair]) -> list[QuicPair]:
+        last = self._last
+        kept: dict[PersistedPair, QuicPair] = {}
+        out: list[QuicPair] = []
+        for p in pairs:
+            q = kept.get(p) or last.get(p) or to_wire(p, self.trust_domain)
+            kept[p] = q
+            out.append(q)
+        self._last = kept
+        return out
 
 
 def from_wire(q: QuicPair, trust_domain: str) -> PersistedPair | None:
@@ -98,6 +119,7 @@ class PairWriter:
         settle: float = 0.05,
     ) -> None:
         self.node_name, self.sink, self.trust_domain = node_name, sink, trust_domain
+        self._wire_pairs, self._wire_dormant = WireMemo(trust_domain), WireMemo(trust_domain)
         self.condition_cb, self.retry = condition, retry
         self.min_interval = min_interval
         # a write starts `settle` after the first view it carries: the view comes from an ADS stream's hook
@@ -162,8 +184,8 @@ class PairWriter:
             try:
                 self.sink.publish_pairs(
                     self.node_name,
-                    [to_wire(p, self.trust_domain) for p in view.pairs],
-                    [to_wire(p, self.trust_domain) for p in view.dormant],
+                    self._wire_pairs.convert(view.pairs),
+                    self._wire_dormant.convert(view.dormant),
                 )
             except Exception as exc:
                 QUIC_PAIR_WRITE_FAILURES.inc()

@@ -36,7 +36,7 @@ from aether.xds.ads.server import Companions, Events
 from aether.xds.codec.protojson import CodecError
 from aether.xds.gates.core import PathExists
 from aether.xds.pairs.keeper import PairKeeper
-from aether.xds.pairs.persist import PairSink, PairWriter, stored, to_wire
+from aether.xds.pairs.persist import PairSink, PairWriter, WireMemo, stored
 from aether.xds.pairs.values import (
     Decision,
     Dormant,
@@ -98,6 +98,7 @@ class Sidecar:
         if isinstance(sink, PairSink):
             self.pair_writer = PairWriter(node_name, sink, self.options.trust_domain, self._publish_condition)
         self.pairs = PairKeeper(pair_config, clock, persist=self._persist)
+        self._wire = WireMemo(self.options.trust_domain)  # the published pairs' wire form, for the live pairs only
         self._plan_memo: tuple[MeshNode, dict[str, PodRecord], tuple[list[LocalPod], list[Destination]]] | None = None
 
     @property
@@ -153,7 +154,7 @@ class Sidecar:
         else:
             self.pairs.environment(env)
         assert self.pairs.state is not None
-        return [to_wire(p, self.options.trust_domain) for p in self.pairs.state.persist().pairs]
+        return self._wire.convert(self.pairs.state.persist().pairs)
 
     def on_first_request(
         self, node: str, stream_id: int, type_url: str, subscribed: frozenset[str], held: frozenset[str]
