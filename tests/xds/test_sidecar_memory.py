@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import tracemalloc
 
 from aether.api.meshnode import MeshNode, QuicPair
 from aether.api.naming import quic_twin
 from aether.netns.records import PodRecord
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.samples import udp_arm
+from aether.xds.ads import cache as ads_cache
 from aether.xds.ads.cache import SnapshotCache
 from aether.xds.resources import CLUSTER, TranslateOptions
 from aether.xds.sidecar.loop import Sidecar
@@ -89,3 +91,29 @@ def test_pair_records_held_are_bounded_by_the_live_pairs_not_by_churn() -> None:
     # the served node carries the live pairs once per snapshot the cache keeps (current and fallback) and the memo
     # once more: a few times the live count, never one per use
     assert after <= 4 * live + 8, f"{after} QuicPair objects alive for {live} live pairs (was {before} before)"
+
+
+def test_snapshot_versioning_keeps_nothing_per_resource_name() -> None:
+    """The snapshot's per-type mix hashed each resource name through an LRU of 131,072 names, so every rolled pod's
+    listener, cluster and route names stayed after the pod had gone: what `aether.xds.ads.cache` holds after the
+    churn must not grow with it."""
+    logging.disable(logging.WARNING)
+    cache = SnapshotCache()
+    sidecar = Sidecar("node-a", cache, None, options=TranslateOptions(), path_exists=lambda _: True)
+    for step in range(5):
+        drive(sidecar, step)
+    gc.collect()
+    tracemalloc.start(1)
+    try:
+        before = tracemalloc.take_snapshot()
+        for step in range(5, 5 + STEPS // 2):
+            drive(sidecar, step)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+        logging.disable(logging.NOTSET)
+    only = [tracemalloc.Filter(True, ads_cache.__file__)]
+    grown = sum(s.size_diff for s in after.filter_traces(only).compare_to(before.filter_traces(only), "filename"))
+    # the current and fallback snapshots' own dicts (versions, encodings) change size a little between steps
+    assert grown < 32 << 10, f"aether.xds.ads.cache kept {grown // 1024} KiB more after {STEPS // 2} churn steps"

@@ -17,7 +17,6 @@ from operator import is_not
 from typing import Final
 
 from aether.xds.codec.protojson import encode
-from aether.xds.memo import lru
 from aether.xds.resources import KNOWN_TYPES, Resources
 
 # Order in which a changed snapshot is pushed: clusters (and their endpoints) before the listeners that use them.
@@ -42,14 +41,15 @@ class Snapshot:
 _MASK: Final = (1 << 128) - 1
 
 
-@lru(maxsize=1 << 17)
 def _name_factor(name: str) -> int:
+    # not memoized: it is needed for changed and removed resources only (each one encoded too, which costs far more
+    # than this 0.5 us hash), and a memo of names kept every pod's resource names after the pod had gone (issue 28)
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=16).digest(), "big") | 1
 
 
 def _mix(name: str, version: str) -> int:
     """A resource's part of its type's mix: its version (a content hash) times an odd 128-bit hash of its name,
-    mod 2**128 (so the same versions under swapped names mix differently); names repeat, so theirs is cached."""
+    mod 2**128 (so the same versions under swapped names mix differently)."""
     return (int(version, 16) * _name_factor(name)) & _MASK
 
 
