@@ -117,11 +117,12 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
     async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         _configure(settings)
         # kopf scans the API's resources once, right after this handler: not before discovery is whole
+        client = api_client(config.kubeconfig, OPERATOR_USER_AGENT)
         wanted = [discovery.resource(path) for path, _ in watched.values()] + OWN_RESOURCES
-        await discovery.wait_until_listed(api_client(config.kubeconfig, OPERATOR_USER_AGENT), wanted)
+        await discovery.wait_until_listed(client, wanted)
         for kind in WATCHED:
             indexes[kind] = kwargs[f"aether_{kind}s"]  # kopf passes each index by its id
-        writer = KubeWriter(api_client(config.kubeconfig, OPERATOR_USER_AGENT), route_version)
+        writer = KubeWriter(client, route_version)
         reconciler = _start_reconciler(config, writer, indexes, kwargs, state)
         _start_policies(config, writer, indexes, kwargs, state)
         _start_multicluster(config, writer, indexes, reconciler, state)

@@ -164,9 +164,9 @@ def _start(bed: Bed) -> None:
         for n in ("client", "client-redirect")
     }
     bed.ads.set("node-a", translate(node, records, TranslateOptions(areas=("udp", "tcp-floor"))))
-    bed.envoy = start_envoy(lab, a.netns, "node-a", bed.workdir, bed.ads)
+    bed.envoy = envoy = start_envoy(lab, a.netns, "node-a", bed.workdir, bed.ads)
     # two clients: a UDP listener per family each, a TCP-floor one (IPv6 arms only) each
-    wait_for(lambda: bed.envoy.stat("listener_manager.total_listeners_active") == 6, 30, "6 listeners active")  # type: ignore[union-attr]
+    wait_for(lambda: envoy.stat("listener_manager.total_listeners_active") == 6, 30, "6 listeners active")
 
 
 @pytest.fixture(scope="module")
