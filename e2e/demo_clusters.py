@@ -73,6 +73,7 @@ def table(tc: TwoClusters) -> list[Row]:
         rows.append(Row(caller, f"{callee}, policy in A", how, f"{_received(got)} (RBAC in {PEER})", got.status == 403))
     finally:
         tc.api_a.delete("mesh.aether.dev/v1alpha1", "MeshAuthorizationPolicy", "web-callers", NS)
+    tc.b_get("client-0", timeout=60)  # the policy's removal has reached A's inbound (200 again) before the next row
     status, body = tc.h2_via_tcp()
     seen = f"{body.get('backend')} ({status}), XFCC {_uri(body.get('xfcc', ''))}" if status == 200 else str(status)
     h2_ok = status == 200 and f"URI={client}" in body.get("xfcc", "")

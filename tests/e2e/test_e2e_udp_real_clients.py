@@ -93,7 +93,8 @@ def _who(client: MeshPod, vip: str) -> list[str]:
 
 
 def _exchange(client: MeshPod, host: str, port: int, payload: bytes) -> bytes | None:
-    got = exchange(client.netns_path, host, port, payload)
+    # every reply of the sweep is expected: 5 s only bounds a loss (1 s missed a direct 4 KiB reply at CI's load)
+    got = exchange(client.netns_path, host, port, payload, timeout=5.0)
     return None if got is None else got[0]
 
 
