@@ -20,6 +20,8 @@ API_VERSION = "v1alpha1"
 KIND = "MeshNode"
 PLURAL = "meshnodes"
 BLACKHOLE_CLUSTER = "blackhole"  # same as aether.api.naming.BLACKHOLE_CLUSTER
+UdpDataplane = Literal["envoy", "kernel"]  # a UDP arm's data path (docs/operations.md#the-udp-data-path)
+UDP_DATAPLANES: tuple[UdpDataplane, ...] = ("envoy", "kernel")
 
 
 class _Model(BaseModel):
@@ -109,6 +111,12 @@ class ServiceArm(_Model):
         gt=0,
         description="UDP session idle timeout for this Service (annotation mesh.aether.dev/udp-idle-timeout); "
         "unset: the node's default",
+    )
+    dataplane: UdpDataplane | None = Field(
+        default=None,
+        description="the UDP data path pods take to this Service (annotation mesh.aether.dev/udp-dataplane): envoy "
+        "(the node proxy) or kernel (nft rules in each client pod's netns); unset: the node's default "
+        "(aether xds --udp-dataplane)",
     )
 
 

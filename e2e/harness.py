@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,7 @@ HTTP_APP_PORT = 8080  # the east-west builders' default application port
 Progress = Callable[[str], None]
 App = Callable[[str, int], list[str]]  # (pod ip, port) -> the argv of a pod's app
 XDS_CLI = (sys.executable, "-m", "aether.cli", "xds")
+UDP_DATAPLANE_ENV = "AETHER_E2E_UDP_DATAPLANE"
 
 
 def _quiet(_: str) -> None: ...
@@ -93,6 +95,9 @@ class Mesh:
     areas: str = "udp,tcp-floor"  # the east-west area needs certificates this harness does not issue
     operator_args: tuple[str, ...] = ()  # extra `aether operator` flags, e.g. ("--debounce", "0.01")
     sidecar_args: tuple[str, ...] = ()  # extra `aether xds` flags for every node, e.g. ("--udp-preserve-source",)
+    # every sidecar's `--udp-dataplane`: "envoy" or "kernel" (nft rules in each meshed pod's netns); None: the
+    # sidecar's default (envoy), or $AETHER_E2E_UDP_DATAPLANE when set (the whole UDP suite on either path)
+    udp_dataplane: str | None = field(default_factory=lambda: os.environ.get(UDP_DATAPLANE_ENV) or None)
     envoy_args: tuple[str, ...] = ()  # extra Envoy flags for every node proxy started after it is set
     envoy_runtime: dict[str, Any] = field(default_factory=dict)  # a static runtime layer for those proxies
     # One CA for the whole mesh: the harness issues each pod's SVID into a PEM directory every sidecar reads
@@ -211,6 +216,7 @@ class Mesh:
         argv = [*XDS_CLI, "--node", node.name, "--listen", f"unix:{node.ads_sock}"]
         argv += ["--kubeconfig", self.kubeconfig, "--records", str(node.records), "--areas", self.areas]
         argv += ["--certs-dir", str(self.certs_dir)] if self.shared_ca else ["--dev-builtin-ca"]
+        argv += ["--udp-dataplane", self.udp_dataplane] if self.udp_dataplane else []
         argv += self.sidecar_args
         log = open(node.workdir / "sidecar.log", "ab")  # noqa: SIM115 (the child process owns it)
         node.sidecar = self.lab.spawn(None, argv, stdout=log, stderr=log)

@@ -35,6 +35,7 @@ from aether.operator.reconcile.world import World
 MULTIPLE_UDP_PORTS, MULTIPLE_TCP_PORTS = "MultipleUDPPorts", "MultipleTCPPorts"
 INVALID_SERVICE, NO_CLUSTER_IP, DUPLICATE_VIP = "InvalidService", "NoClusterIP", "DuplicateVIP"
 INVALID_IDLE_TIMEOUT, NO_ENDPOINTS_IN_FAMILY = "InvalidIdleTimeout", "NoEndpointsInFamily"
+INVALID_UDP_DATAPLANE = "InvalidUdpDataplane"
 UNSUPPORTED_ADDRESS_TYPE = "UnsupportedAddressType"
 NO_READY_ENDPOINTS, MIXED_SERVICE_ACCOUNTS, UNKNOWN_ENDPOINT_PODS = (
     "NoReadyEndpoints",
@@ -292,6 +293,8 @@ def _one_service(
         arms, shapes = _plain_arms(world, svc, "UDP")
         udp_arms.extend(arms)
         udp_shapes.extend(shapes)
+    if svc.udp_dataplane is not None:  # the dialled Service's choice, whatever a route re-points it to
+        udp_arms = [a.model_copy(update={"dataplane": svc.udp_dataplane}) for a in udp_arms]
     if not meshed:
         return Contribution(svc.name, tuple(udp_arms))
     if svc.problems:
@@ -303,6 +306,14 @@ def _one_service(
                 route=sref,
                 reason=INVALID_IDLE_TIMEOUT,
                 message=f"{svc.idle_timeout_problem}: the Service keeps the node's default idle timeout",
+            )
+        )
+    if svc.dataplane_problem and svc.ports_of("UDP"):
+        udp_shapes.append(
+            UnsupportedShape(
+                route=sref,
+                reason=INVALID_UDP_DATAPLANE,
+                message=f"{svc.dataplane_problem}: the Service keeps the node's default UDP data path",
             )
         )
     if not lost:

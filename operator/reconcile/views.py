@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aether.api.addresses import unroutable_vip
+from aether.api.meshnode import UDP_DATAPLANES, UdpDataplane
 from aether.api.multicluster import GATEWAY_NODE_LABEL
 
 MESH_LABEL = "mesh.aether.dev/enabled"
@@ -18,6 +19,7 @@ EGRESS_ANNOTATION = "mesh.aether.dev/egress"
 # a Service's own UDP session idle timeout (docs/operations.md): a duration such as 5s, 500ms, 2m, 1m30s
 UDP_IDLE_TIMEOUT_ANNOTATION = "mesh.aether.dev/udp-idle-timeout"
 UDP_IDLE_TIMEOUT_BOUNDS = (1.0, 86_400.0)  # seconds: shorter churns sessions under a slow reply; a day at most
+UDP_DATAPLANE_ANNOTATION = "mesh.aether.dev/udp-dataplane"  # envoy | kernel (docs/operations.md)
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 GATEWAY_GROUP = "gateway.networking.k8s.io"
 # Our own bounds, the v1alpha2 UDPRoute CRD's (16 rules x 16 backendRefs, 32 parentRefs): a route the CRD admits is
@@ -195,6 +197,16 @@ def parse_idle_timeout(value: Any) -> tuple[float | None, str | None]:
     return round(total, 3), None
 
 
+def parse_dataplane(annotations: Raw) -> tuple[UdpDataplane | None, str | None]:
+    """UDP_DATAPLANE_ANNOTATION -> (envoy or kernel, None); (None, None) when absent; (None, why it is refused)."""
+    value = annotations.get(UDP_DATAPLANE_ANNOTATION)
+    text = value.strip().lower() if isinstance(value, str) else value
+    found = next((c for c in UDP_DATAPLANES if c == text), None)
+    if value is None or found is not None:
+        return found, None
+    return None, f"annotation {UDP_DATAPLANE_ANNOTATION} {value!r} is not one of {', '.join(UDP_DATAPLANES)}"
+
+
 @dataclass(frozen=True, slots=True)
 class ServicePort:
     name: str
@@ -219,6 +231,8 @@ class ServiceView:
     # spec.clusterIPs: one VIP per family, the primary (ipFamilies[0], = cluster_ip) first; one arm each
     cluster_ips: tuple[str, ...] = ()
     ip_family_policy: str | None = None  # SingleStack, PreferDualStack or RequireDualStack
+    udp_dataplane: UdpDataplane | None = None  # UDP_DATAPLANE_ANNOTATION; None: the node's default
+    dataplane_problem: str | None = None  # the annotation is set but refused (the arm keeps the node's default)
 
     @property
     def vips(self) -> tuple[str, ...]:
@@ -294,6 +308,7 @@ def parse_service(obj: Raw) -> ServiceView:
     annotations = _d(meta.get("annotations"))
     if UDP_IDLE_TIMEOUT_ANNOTATION in annotations:
         idle_s, idle_problem = parse_idle_timeout(annotations[UDP_IDLE_TIMEOUT_ANNOTATION])
+    plane, plane_problem = parse_dataplane(annotations)
     return ServiceView(
         str(meta.get("namespace", "")),
         str(meta.get("name", "")),
@@ -308,6 +323,8 @@ def parse_service(obj: Raw) -> ServiceView:
         _labels(spec.get("selector")) if spec.get("type") != "ExternalName" else frozenset(),
         cluster_ips if not bad_vip else (),
         _s(spec.get("ipFamilyPolicy")),
+        plane,
+        plane_problem,
     )
 
 

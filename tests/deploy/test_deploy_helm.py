@@ -3,6 +3,7 @@
 the flags it writes are the ones `aether xds` and the CNI installer take), the render is accepted by the real
 control plane (`kubectl apply --server-side`, `--dry-run=server` once the namespace exists), and the "Install with
 Helm" commands of docs/operations.md run as written against it.
+Long because: every value of the chart is a case of one render check here (CASES), sharing its render helpers.
 
 helm is the pinned build of `make k8s` (k8s/helm/go.mod): without it these tests skip naming `make k8s`, and fail under
 AETHER_REQUIRE_PRIVILEGED=1 (CI), as the control plane's tests do."""
@@ -224,6 +225,11 @@ CASES: dict[str, tuple[dict[str, Any], set[str]]] = {
     "mesh sources": ({"inbound": {"meshSources": ["10.0.0.0/16", "fd00::/64"]}}, {f"{DS}:{CNI}.env[1].value"}),
     "udp max sessions": ({"udp": {"maxSessions": 2500000}}, {f"{DS}:{XDS}.args"}),
     "udp idle timeout": ({"udp": {"idleTimeout": 120}}, {f"{DS}:{XDS}.args"}),
+    "udp dataplane envoy": ({"udp": {"dataplane": "envoy"}}, {f"{DS}:{XDS}.args"}),
+    "udp dataplane kernel": (
+        {"udp": {"dataplane": "kernel"}},
+        {f"{DS}:{XDS}.args", f"{DS}:{XDS}.securityContext.capabilities.add"},
+    ),
     "east-west gateway quic": ({"eastWestGateway": {"quic": "off"}}, {f"{DS}:{XDS}.args"}),
     "certificates under /run/aether": ({"certificates": {"dir": "/run/aether/spire/"}}, {f"{DS}:{XDS}.args[7]"}),
     "certificates elsewhere": (
@@ -294,6 +300,17 @@ def test_udp_and_certificate_values_are_flags_the_sidecar_takes(
     assert volume["hostPath"] == {"path": "/var/lib/spire/svids", "type": "Directory"}
 
 
+def test_the_udp_dataplane_is_a_flag_the_sidecar_takes_with_the_capabilities_to_enter_pods(
+    helm_env: dict[str, str], default: list[dict[str, Any]]
+) -> None:
+    assert xds_args(default).udp_dataplane == "envoy"
+    assert container(default, "xds")["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    objs = render(helm_env, {"udp": {"dataplane": "kernel"}})
+    assert xds_args(objs).udp_dataplane == "kernel"
+    caps = container(objs, "xds")["securityContext"]["capabilities"]
+    assert caps == {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN"]}
+
+
 def test_the_mesh_domain_is_a_flag_the_sidecar_takes(helm_env: dict[str, str]) -> None:
     objs = render(helm_env, {"meshDomain": "mesh.example.org"})
     assert container(objs, "xds")["args"][-2:] == ["--mesh-domain", "mesh.example.org"]
@@ -313,6 +330,7 @@ def test_the_release_namespace_is_the_mesh_namespace(helm_env: dict[str, str]) -
 
 BAD = [("inbound.mode=LOOSE", "inbound/mode"), ("udp.maxSessions=0", "udp/maxSessions")]  # (value, error names)
 BAD += [("certificates.dir=rel", "dir"), ("eastWestGateway.quic=maybe", "eastWestGateway/quic")]
+BAD += [("udp.dataplane=ebpf", "udp/dataplane")]
 
 
 @pytest.mark.parametrize(("value", "refused"), BAD)

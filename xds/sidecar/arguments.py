@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from aether.api.meshnode import UDP_DATAPLANES
 from aether.api.naming import DEFAULT_MESH_DOMAIN
 from aether.xds.translate.eastwest.gateway_quic import MODULE as QUIC_MODULE
 
@@ -36,6 +37,18 @@ def mesh_domain_argument(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MESH_DOMAIN,
         help=f"the domain pods dial Services under (<svc>.<ns>.<domain>), which the QUIC SNI and the SVIDs' DNS names "
         f"end in (default {DEFAULT_MESH_DOMAIN}; every node and the certificates must agree)",
+    )
+
+
+def udp_dataplane_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--udp-dataplane",
+        choices=UDP_DATAPLANES,
+        default="envoy",
+        help="the node's default UDP data path for plaintext UDP Services (a Service's annotation "
+        "mesh.aether.dev/udp-dataplane overrides it): envoy (default: the capture to the node's Envoy) or kernel "
+        "(nft rules in each meshed pod's netns pick a backend and rewrite the address; needs CAP_NET_ADMIN and "
+        "CAP_SYS_ADMIN to enter the pods' netns; docs/operations.md#the-udp-data-path)",
     )
 
 

@@ -2,7 +2,7 @@
 
     aether xds --node N [--state FILE | --kubeconfig F] [--listen ADDR] [--allow-sds-over-tcp] [--records DIR]
                [--status-out FILE] [--metrics ADDR] [--quic-pair-fetch-window DURATION]
-               [--announce on|off]
+               [--announce on|off] [--udp-dataplane envoy|kernel]
     aether xds render --state FILE [--node N] [--records DIR]
     aether xds bootstrap --node N [--xds ADDR] [--admin ADDR]
 
@@ -37,6 +37,7 @@ from aether.xds.sidecar.arguments import duration
 from aether.xds.sidecar.arguments import east_west_gateway_argument as _east_west_gateway_argument
 from aether.xds.sidecar.arguments import east_west_gateway_quic as _east_west_gateway_quic
 from aether.xds.sidecar.arguments import mesh_domain_argument as _mesh_domain_argument
+from aether.xds.sidecar.arguments import udp_dataplane_argument as _udp_dataplane_argument
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
 
 if TYPE_CHECKING:
@@ -213,6 +214,7 @@ def _udp_arguments(p: _Parser) -> None:
         help="UDP backends see the client pod's address instead of the node's; needs `aether node-return install` "
         "where Envoy runs",
     )
+    _udp_dataplane_argument(p)
 
 
 def _eastwest_arguments(p: _Parser) -> None:
@@ -347,6 +349,7 @@ def _serve(argv: list[str]) -> int:
         return 2
     from aether.xds.ads.cache import SnapshotCache
     from aether.xds.pairs.values import PairConfig
+    from aether.xds.sidecar.kernel_path import KernelUdpPath
     from aether.xds.sidecar.loop import Sidecar
 
     source, sink = _state_io(args)
@@ -354,7 +357,10 @@ def _serve(argv: list[str]) -> int:
     options = _translate_options(args, areas)
     keeper = _secret_keeper(args, options) if serves_secrets else None
     pair_config = PairConfig(fetch_window_s=args.quic_pair_fetch_window)
-    sidecar = Sidecar(args.node, cache, sink, args.records, options, secrets=keeper, pair_config=pair_config)
+    kernel = KernelUdpPath(args.udp_dataplane)
+    sidecar = Sidecar(
+        args.node, cache, sink, args.records, options, secrets=keeper, pair_config=pair_config, kernel=kernel
+    )
     stop = threading.Event()
     if not args.state and serves_secrets:  # cluster mode: the policies come from the API, read-only
         policies = importlib.import_module("aether.xds.sidecar.kube_policies")

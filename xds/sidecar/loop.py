@@ -49,6 +49,7 @@ from aether.xds.pairs.values import (
     is_twin_name,
 )
 from aether.xds.resources import CLUSTER, ENDPOINT, Resources, TranslateOptions, count
+from aether.xds.sidecar.kernel_path import KernelUdpPath
 from aether.xds.sidecar.pipeline import gated_snapshot
 from aether.xds.sidecar.programmed import Programmed
 from aether.xds.sidecar.secrets import SecretKeeper
@@ -79,6 +80,7 @@ class Sidecar:
         secrets: SecretKeeper | None = None,
         pair_config: PairConfig | None = None,
         clock: Callable[[], float] = time.time,
+        kernel: KernelUdpPath | None = None,
     ) -> None:
         self.node_name = node_name
         self.cache = cache
@@ -100,6 +102,9 @@ class Sidecar:
         self.pairs = PairKeeper(pair_config, clock, persist=self._persist)
         self._wire = WireMemo(self.options.trust_domain)  # the published pairs' wire form, for the live pairs only
         self._plan_memo: tuple[MeshNode, dict[str, PodRecord], tuple[list[LocalPod], list[Destination]]] | None = None
+        self.kernel = kernel  # the in-kernel UDP path's programmer (kernel_path.py): fed every served state
+        if kernel is not None:
+            kernel.on_problems = self._kernel_problems
 
     @property
     def condition(self) -> Condition | None:
@@ -290,7 +295,14 @@ class Sidecar:
         if gated.failures:
             self.programmed.gate_refused(gated.failures)
             return
+        if self.kernel is not None:  # returns at once: its worker programs the pods' netns
+            self.kernel.submit(gated.node, self.records)
         self._install(gated.resources)
+
+    def _kernel_problems(self, problems: tuple[str, ...]) -> None:
+        """From the kernel path's worker: the pod netns whose rules failed now (Programmed's message)."""
+        with self._lock:
+            self.programmed.kernel_rules(problems)
 
     def _install(self, resources: Resources) -> None:
         try:
@@ -366,3 +378,5 @@ class Sidecar:
         t.join(timeout=2)
         if self.pair_writer is not None:
             self.pair_writer.close()
+        if self.kernel is not None:
+            self.kernel.close()

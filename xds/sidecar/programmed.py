@@ -5,7 +5,9 @@ our gates removed a resource that names a fault, such as an arm whose VIP two ar
 the rest is served), False with a reason when the state file is invalid (InvalidState), a gate still refuses it
 (GateRefused), it does not encode (EncodeFailed) or Envoy NACKs it (Rejected, with Envoy's error_detail), or, once
 Envoy holds what is served, when part of the state is missing or stale (SlicesIncomplete: a MeshServiceSlice the
-MeshNode names is absent or from another split of its namespace; the rest is served and the message names them). In
+MeshNode names is absent or from another split of its namespace; the rest is served and the message names them;
+KernelRulesFailed: the in-kernel UDP rules did not apply in a pod netns, named with nft's error: that netns keeps its
+previous rules and the capture still carries the rest to Envoy; it turns True again when an apply succeeds). In
 every False case the last good state keeps serving: a NACKed version is remembered (`rejects`) and not served again
 until the desired state changes (`new_state`).
 
@@ -35,6 +37,9 @@ log = logging.getLogger("aether.xds.sidecar.loop")  # the sidecar's log, as befo
 PROGRAMMED = "Programmed"
 PUBLISH_SETTLE_S = 0.05  # a Programmed change made on an ADS stream is written this long after (see _publish_loop)
 WAITING_FOR_POLICIES = "waiting for the first list of MeshAuthorizationPolicies; nothing served"
+KERNEL_RULES_FAILED = "KernelRulesFailed"
+ACCEPTED_REASONS = ("Accepted", "AcceptedWithRefusals")
+PARTIAL_REASONS = ("SlicesIncomplete", KERNEL_RULES_FAILED)  # False although Envoy holds what is served
 
 
 def _now() -> str:
@@ -53,6 +58,7 @@ class Programmed:
         self.rejected: set[str] = set()
         self.refused_now: tuple[str, ...] = ()  # what the gates removed from the served state (refuse.py)
         self.state_problems: tuple[str, ...] = ()  # what the source could not supply (StateUpdate.problems)
+        self.kernel_problems: tuple[str, ...] = ()  # pod netns whose kernel UDP rules failed (kernel_path.py)
         self._refusal_changed = False
         self._on_stream = False  # inside an ADS stream hook: condition writes go to the publisher thread
         self._publisher: threading.Thread | None = None
@@ -96,6 +102,18 @@ class Programmed:
     def encode_failed(self, message: str) -> None:
         self.set("False", "EncodeFailed", message)
 
+    def kernel_rules(self, problems: tuple[str, ...]) -> None:
+        """The pod netns whose kernel UDP rules did not apply now (empty: every one did): once Envoy holds what is
+        served, the condition says so (False/KernelRulesFailed) or recovers."""
+        if problems == self.kernel_problems:
+            return
+        self.kernel_problems = problems
+        accepted = self.condition is not None and self.condition.reason in (*ACCEPTED_REASONS, KERNEL_RULES_FAILED)
+        if accepted and self.served_version is not None and self.served_version == self.acked_version:
+            self._accepted(self.served_version)
+        else:
+            self._refusal_changed = True  # the next Pending message carries it
+
     def rejects(self, version: str) -> bool:
         """Whether Envoy already NACKed `version` (the condition says why; wait for a new desired state)."""
         return version in self.rejected
@@ -115,7 +133,7 @@ class Programmed:
         # only a served state waiting for Envoy turns True: after a NACK the rolled-back state is ACKed, but the
         # desired state is still not programmed (False/Rejected stays until a new desired state)
         self.acked_version = version
-        pending = self.condition is not None and self.condition.reason in ("Pending", "SlicesIncomplete")
+        pending = self.condition is not None and self.condition.reason in ("Pending", *PARTIAL_REASONS)
         if version == self.served_version and pending:
             self._accepted(version)
 
@@ -135,11 +153,16 @@ class Programmed:
         note = f"; refused, the rest served: {'; '.join(self.refused_now)}" if self.refused_now else ""
         if self.state_problems:
             note += f"; incomplete state, the rest served: {'; '.join(self.state_problems)}"
+        if self.kernel_problems:
+            note += f"; {'; '.join(self.kernel_problems)}"
         return note
 
     def _accepted(self, version: str) -> None:
         if self.state_problems:
             self.set("False", "SlicesIncomplete", f"Envoy accepted version {version}{self._note()}")
+            return
+        if self.kernel_problems:
+            self.set("False", KERNEL_RULES_FAILED, f"Envoy accepted version {version}{self._note()}")
             return
         reason = "AcceptedWithRefusals" if self.refused_now else "Accepted"
         self.set("True", reason, f"Envoy accepted version {version}{self._note()}")

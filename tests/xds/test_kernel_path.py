@@ -1,0 +1,147 @@
+"""The sidecar's in-kernel UDP path without privileges: which arms select it (pure plan), the worker that programs
+each meshed pod's netns (a recording `program` in place of `program_kernel_udp`), and the Programmed condition
+naming a pod netns whose rules failed, then recovering."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from aether.api.meshnode import Condition, ServiceArm
+from aether.netns.kernel_udp import KernelArm, KernelBackend
+from aether.netns.kernel_udp_install import KernelUdpError
+from aether.testing.samples import node_with, records_for
+from aether.testing.wait import wait_for
+from aether.xds.ads.cache import SnapshotCache
+from aether.xds.resources import TranslateOptions
+from aether.xds.sidecar.kernel_path import KernelUdpPath, kernel_plan
+from aether.xds.sidecar.loop import Sidecar
+
+L4 = TranslateOptions(areas=("udp", "tcp-floor"))
+REFUSED = "Error: Could not process rule: Operation not supported"
+
+
+@dataclass
+class Netns:
+    """One recorded netns per path: what it holds and every program call (netns, VIPs, previous VIPs)."""
+
+    held: dict[str, tuple[KernelArm, ...]] = field(default_factory=dict)
+    calls: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
+    refuse: set[str] = field(default_factory=set)
+
+    def program(self, netns_path: str, arms: Sequence[KernelArm], *, previous: Sequence[KernelArm] = ()) -> int:
+        self.calls.append((netns_path, [a.vip for a in arms], [a.vip for a in previous]))
+        if netns_path in self.refuse:
+            raise KernelUdpError(
+                f"nft refused the kernel UDP rules for {netns_path} (the previous rules stay): {REFUSED}"
+            )
+        self.held[netns_path] = tuple(arms)
+        return 0
+
+
+def kernel(arm: ServiceArm, plane: str | None = "kernel") -> ServiceArm:
+    return arm.model_copy(update={"dataplane": plane})
+
+
+def test_the_plan_takes_the_arms_that_select_kernel_and_the_pods_with_a_record() -> None:
+    node = node_with(4, 3)
+    arms = node.status.udp.services
+    arms[0] = kernel(arms[0])
+    arms[1] = kernel(arms[1], "envoy")
+    arms[2] = kernel(arms[2].model_copy(update={"vip": "fd00:96::a", "cluster": "udp:default/svc-2@ipv6"}))
+    arms[3] = kernel(arms[3].model_copy(update={"cluster": "tcp:default/svc-3"}))
+    records = records_for(node)
+    del records["u2"]  # no CNI record yet: not programmed
+    plan = kernel_plan(node, records, "envoy")
+    assert plan.arms == (KernelArm(arms[0].vip, (KernelBackend(arms[0].endpoints[0].ip, 5353, 1),)),)
+    assert plan.services == {arms[0].vip: "default/svc-0"}
+    assert {uid: t.name for uid, t in plan.pods.items()} == {"u0": "default/client-0", "u1": "default/client-1"}
+    assert plan.selected
+    everything = kernel_plan(node, records, "kernel")  # the node's default: every plaintext UDP IPv4 arm but 1's
+    assert [a.vip for a in everything.arms] == [arms[0].vip]
+    arms[1] = kernel(arms[1], None)
+    assert [a.vip for a in kernel_plan(node, records, "kernel").arms] == [arms[0].vip, arms[1].vip]
+    assert not kernel_plan(node_with(2, 1), records, "envoy").selected
+
+
+def test_each_pod_gets_the_arms_then_only_changes_with_what_it_last_got() -> None:
+    ns = Netns()
+    path = KernelUdpPath("kernel", program=ns.program)
+    node = node_with(2, 2)
+    records = records_for(node)
+    path.apply(kernel_plan(node, records, path.default))
+    v0, v1 = (a.vip for a in node.status.udp.services)
+    assert ns.calls == [("/run/netns/test-client-0", [v0, v1], []), ("/run/netns/test-client-1", [v0, v1], [])]
+    path.apply(kernel_plan(node, records, path.default))
+    assert len(ns.calls) == 2  # nothing changed: no nft call
+    node.status.udp.services[1] = kernel(node.status.udp.services[1], "envoy")
+    path.apply(kernel_plan(node, records, path.default))
+    assert ns.calls[2:] == [("/run/netns/test-client-0", [v0], [v0, v1]), ("/run/netns/test-client-1", [v0], [v0, v1])]
+    node.status.pods = node.status.pods[:1]  # client-1 left: forgotten, its netns untouched
+    node.status.udp.services = [kernel(a, "envoy") for a in node.status.udp.services]
+    path.apply(kernel_plan(node, records, path.default))
+    assert ns.calls[4:] == [("/run/netns/test-client-0", [], [v0])]  # no arm selects kernel: an empty table
+    assert set(path.applied) == {"u0"}
+
+
+def test_a_node_that_never_selected_kernel_touches_no_netns() -> None:
+    ns = Netns()
+    path = KernelUdpPath("envoy", program=ns.program)
+    node = node_with(3, 2)
+    path.apply(kernel_plan(node, records_for(node), path.default))
+    assert ns.calls == [] and path.applied == {}
+
+
+def test_a_refused_netns_is_reported_keeps_its_rules_and_recovers() -> None:
+    ns = Netns()
+    seen: list[tuple[str, ...]] = []
+    path = KernelUdpPath("kernel", program=ns.program, on_problems=seen.append)
+    node = node_with(1, 2)
+    records = records_for(node)
+    path.apply(kernel_plan(node, records, path.default))
+    first = ns.held["/run/netns/test-client-1"]
+    ns.refuse.add("/run/netns/test-client-1")
+    node.status.udp.services.append(kernel(node_with(2, 0).status.udp.services[1]))
+    path.apply(kernel_plan(node, records, path.default))
+    (problem,) = seen[-1]
+    assert "pod default/client-1" in problem and REFUSED in problem and "previous rules stay" in problem
+    assert ns.held["/run/netns/test-client-1"] == first  # what it held before (the installer keeps it)
+    assert path.applied["u1"].arms == first  # and the next try's `previous` is still that
+    assert len(ns.held["/run/netns/test-client-0"]) == 2  # the other pod got the change
+    ns.refuse.clear()
+    path.apply(kernel_plan(node, records, path.default))  # a retry (the worker's RETRY_S, or the next change)
+    assert seen[-1] == () and len(ns.held["/run/netns/test-client-1"]) == 2
+    assert ns.calls[-1] == (
+        "/run/netns/test-client-1",
+        [a.vip for a in ns.held["/run/netns/test-client-0"]],
+        [first[0].vip],
+    )
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.seen: list[Condition] = []
+
+    def publish(self, node_name: str, conditions: list[Condition]) -> None:
+        self.seen.append(conditions[0])
+
+
+def test_programmed_names_the_failed_pod_netns_and_recovers() -> None:
+    ns = Netns(refuse={"/run/netns/test-client-1"})
+    path = KernelUdpPath("kernel", program=ns.program, retry_s=0.05)
+    sc = Sidecar("node-a", SnapshotCache(), Sink(), options=L4, path_exists=lambda _: True, kernel=path)
+    node = node_with(2, 2)
+    sc.on_records(records_for(node))
+    sc.on_state(node)
+    assert path.wait_idle(10)
+    assert sc.served_version is not None
+    sc.on_ack("node-a", "type.googleapis.com/envoy.config.listener.v3.Listener", sc.served_version)
+    cond = sc.condition
+    assert cond is not None and (cond.status, cond.reason) == ("False", "KernelRulesFailed"), cond
+    assert f"Envoy accepted version {sc.served_version}" in cond.message
+    assert "pod default/client-1" in cond.message and REFUSED in cond.message
+    ns.refuse.clear()  # the worker retries on its own
+    wait_for(lambda: sc.condition is not None and sc.condition.status == "True", 10, "Programmed back to True")
+    assert sc.condition is not None and sc.condition.reason == "Accepted"
+    assert len(ns.held["/run/netns/test-client-1"]) == 2
+    path.close()

@@ -1,0 +1,200 @@
+"""The sidecar's in-kernel UDP path (issue 29, docs/operations.md#the-udp-data-path): which arms select it, and
+the one worker thread that programs them into every meshed pod's netns.
+
+- `kernel_plan` (pure): a node's served arms whose effective data path (`ServiceArm.dataplane`, else the node's
+  `--udp-dataplane`) is `kernel`, as the kernel path's arms (`kernel_arms`: plaintext UDP only), and the pods to
+  program: those the MeshNode lists that have a pod record (the netns path), as the Envoy path binds listeners.
+- `KernelUdpPath`: `submit` hands it the latest (node, records) and returns at once (it is called under the
+  sidecar's lock, on the thread that reconciled); its worker thread, the only one that programs, applies the plan
+  with `program_kernel_udp`: a pod is programmed when what it should hold differs from what it last got (its
+  `previous`), or after a failure (retried every `RETRY_S`). A pod that left is forgotten (its netns is gone); a pod
+  whose arms no longer select kernel gets a smaller table (an empty one when none). A node that never selected
+  kernel touches no netns. After a sidecar restart the first apply to each pod is a full replace of what is there
+  (one nft transaction: the working rules stay until the new ones load). What failed goes to `on_problems`, one
+  entry per pod netns (the Programmed condition's message); the netns keeps its previous rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from aether.api.meshnode import MeshNode, ServiceArm, UdpDataplane
+from aether.netns.kernel_udp import KernelArm
+from aether.netns.kernel_udp_install import KernelUdpError, program_kernel_udp
+from aether.netns.records import PodRecord
+from aether.xds.sidecar.kernel_arms import kernel_arm
+
+log = logging.getLogger("aether.xds.sidecar.kernel")
+RETRY_S = 5.0  # a pod netns whose rules failed is tried again this often (and on every change)
+LOGGED_ARMS = 8  # an apply's log line names this many arms, then counts the rest
+
+
+class Program(Protocol):
+    def __call__(self, netns_path: str, arms: Sequence[KernelArm], *, previous: Sequence[KernelArm] = ()) -> int: ...
+
+
+@dataclass(frozen=True)
+class PodTarget:
+    name: str  # <namespace>/<name>
+    netns: str
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    arms: tuple[KernelArm, ...]  # the same for every pod of the node
+    services: Mapping[str, str]  # VIP -> <namespace>/<name> of the Service dialled (metrics, logs)
+    pods: Mapping[str, PodTarget]  # pod uid -> where to program
+    selected: bool  # the node's default or any arm selects kernel
+
+
+def selects_kernel(arm: ServiceArm, default: UdpDataplane) -> bool:
+    return (arm.dataplane or default) == "kernel"
+
+
+def kernel_plan(node: MeshNode, records: Mapping[str, PodRecord], default: UdpDataplane) -> KernelPlan:
+    """What every meshed pod of `node` should hold (pure)."""
+    chosen = [a for a in node.status.udp.services if selects_kernel(a, default)]
+    arms, services = [], {}
+    for arm in chosen:
+        k = kernel_arm(arm)
+        if k is not None and ":" not in k.vip:  # the kernel path is IPv4 only: IPv6 VIPs stay on Envoy
+            arms.append(k)
+            services[k.vip] = arm.service
+    pods = {
+        p.uid: PodTarget(f"{p.namespace}/{p.name}", records[p.uid].netns) for p in node.status.pods if p.uid in records
+    }
+    return KernelPlan(tuple(arms), services, pods, default == "kernel" or bool(chosen))
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What one pod netns holds: the arms of its last successful apply."""
+
+    target: PodTarget
+    arms: tuple[KernelArm, ...]
+    services: Mapping[str, str] = field(default_factory=dict)
+
+
+def _changed(plan: KernelPlan, uid: str, last: Applied | None, failed: bool) -> bool:
+    target = plan.pods[uid]
+    if last is None:
+        return plan.selected
+    return failed or last.arms != plan.arms or last.target != target
+
+
+class KernelUdpPath:
+    """The one owner of the node's kernel UDP programming (see the module docstring)."""
+
+    def __init__(
+        self,
+        default: UdpDataplane = "envoy",
+        *,
+        program: Program = program_kernel_udp,
+        on_problems: Callable[[tuple[str, ...]], None] | None = None,
+        retry_s: float = RETRY_S,
+    ) -> None:
+        self.default: UdpDataplane = default
+        self._program = program
+        self.on_problems = on_problems
+        self._retry_s = retry_s
+        self._lock = threading.Lock()
+        self._latest: tuple[MeshNode, Mapping[str, PodRecord]] | None = None
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.applied: dict[str, Applied] = {}  # pod uid -> what its netns holds (worker-owned; read: `holding`)
+        self.failures: dict[str, str] = {}  # pod uid -> why its last apply failed
+
+    def submit(self, node: MeshNode, records: Mapping[str, PodRecord]) -> None:
+        """The latest served state: programmed by the worker (only the last of several queued ones)."""
+        with self._lock:
+            self._latest = (node, records)
+            self._idle.clear()
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="kernel-udp", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def holding(self) -> list[Applied]:
+        """What every programmed pod netns holds now (a copy, for the metrics)."""
+        with self._lock:
+            return list(self.applied.values())
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Tests: True once everything submitted so far was applied (or failed)."""
+        return self._idle.wait(timeout)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        plan: KernelPlan | None = None
+        while not self._closed:
+            self._wake.wait(self._retry_s if self.failures else None)
+            self._wake.clear()
+            if self._closed:
+                return
+            with self._lock:
+                latest, self._latest = self._latest, None
+            if latest is not None:
+                plan = kernel_plan(*latest, self.default)
+            if plan is not None:
+                try:
+                    self.apply(plan)
+                except Exception:
+                    log.exception("programming the kernel UDP path failed")
+            with self._lock:
+                if self._latest is None:
+                    self._idle.set()
+
+    def apply(self, plan: KernelPlan) -> None:
+        """Bring every pod netns to `plan` (the worker's step; tests call it directly)."""
+        for uid in [u for u in self.applied if u not in plan.pods]:
+            with self._lock:
+                gone = self.applied.pop(uid)
+            log.info("kernel UDP: pod %s left (netns %s): forgotten", gone.target.name, gone.target.netns)
+        for uid in [u for u in self.failures if u not in plan.pods]:
+            del self.failures[uid]
+        before = dict(self.failures)
+        for uid, target in plan.pods.items():
+            last = self.applied.get(uid)
+            if _changed(plan, uid, last, uid in self.failures):
+                self._apply_one(uid, target, plan, last)
+        if self.failures != before and self.on_problems is not None:
+            self.on_problems(tuple(self.failures[u] for u in sorted(self.failures)))
+
+    def _apply_one(self, uid: str, target: PodTarget, plan: KernelPlan, last: Applied | None) -> None:
+        previous = last.arms if last is not None and last.target == target else ()
+        t0 = time.perf_counter()
+        try:
+            forgot = self._program(target.netns, plan.arms, previous=previous)
+        except KernelUdpError as exc:
+            why = f"kernel UDP rules not applied in pod {target.name} (its previous rules stay): {exc}"
+            if self.failures.get(uid) != why:
+                log.warning("%s", why)
+            self.failures[uid] = why
+            return
+        with self._lock:
+            self.applied[uid] = Applied(target, plan.arms, plan.services)
+        self.failures.pop(uid, None)
+        vips = ", ".join(f"{plan.services[a.vip]} {a.vip}" for a in plan.arms[:LOGGED_ARMS]) or "none"
+        vips += f", and {len(plan.arms) - LOGGED_ARMS} more" if len(plan.arms) > LOGGED_ARMS else ""
+        log.info(
+            "kernel UDP: pod %s (netns %s) holds %d arms (%s)%s, %.1f ms",
+            target.name,
+            target.netns,
+            len(plan.arms),
+            vips,
+            f", {forgot} flows of departed backends forgotten" if forgot else "",
+            (time.perf_counter() - t0) * 1000,
+        )
