@@ -73,6 +73,8 @@ class TranslateOptions:
     # ... and its QUIC half on UDP 18009 (eastwest/gateway_quic.py): needs the aether_quic_sni module in Envoy's
     # ENVOY_DYNAMIC_MODULES_SEARCH_PATH (the sidecar sets it when the module is there)
     east_west_gateway_quic: bool = False
+    # this node's pods call other pods over QUIC twins; False: over the h2 clusters only (`aether xds --east-west-quic`)
+    east_west_quic: bool = True
 
 
 def seconds(value: float) -> str:

@@ -134,3 +134,27 @@ def test_the_mesh_domain_reaches_the_routes_and_the_sni(tmp_path: Path) -> None:
     assert "quic." in out.stdout  # the twins are there: the SNI check is not vacuous
     bad = _run("render", "--state", str(state), "--mesh-domain", "Not_A_Domain")
     assert bad.returncode != 0 and "is not a DNS domain" in bad.stderr
+
+
+def test_east_west_quic_off_routes_every_destination_over_its_h2_cluster(tmp_path: Path) -> None:
+    """`--east-west-quic off`: the pods' outbound route names the destination's h2 cluster, with no per-source twin
+    selection, and no twin is built; on (the default) the twins are there."""
+    from aether.netns.records import write_record
+    from aether.testing.eastwest_sample import two_sources_one_destination
+    from aether.xds.resources import CLUSTER, ROUTE
+
+    node, records = two_sources_one_destination()
+    state = tmp_path / "node.json"
+    state.write_text(json.dumps(node.wire()))
+    for record in records.values():
+        write_record(record, tmp_path / "records")
+    base = ("render", "--state", str(state), "--records", str(tmp_path / "records"))
+    on, off = _run(*base), _run(*base, "--east-west-quic", "off")
+    assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
+    clusters = {c: set(json.loads(r.stdout)[CLUSTER]) for c, r in (("on", on), ("off", off))}
+    twins = {c: {n for n in names if n.startswith("quic:")} for c, names in clusters.items()}
+    assert twins["on"] and not twins["off"], twins
+    assert "h2:default/web" in clusters["off"]
+    route = json.loads(off.stdout)[ROUTE]["http-outbound"]
+    actions = [r["route"] for vh in route["virtualHosts"] for r in vh["routes"]]
+    assert actions and all(set(a) == {"cluster"} and a["cluster"].startswith("h2:") for a in actions), actions

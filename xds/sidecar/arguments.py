@@ -1,4 +1,5 @@
-"""Argument types of the sidecar's command line (`aether xds`): durations, the mesh domain, the gateway address."""
+"""Argument types of the sidecar's command line (`aether xds`): durations, the mesh domain, the east-west transport,
+the gateway address."""
 
 from __future__ import annotations
 
@@ -37,6 +38,17 @@ def mesh_domain_argument(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MESH_DOMAIN,
         help=f"the domain pods dial Services under (<svc>.<ns>.<domain>), which the QUIC SNI and the SVIDs' DNS names "
         f"end in (default {DEFAULT_MESH_DOMAIN}; every node and the certificates must agree)",
+    )
+
+
+def east_west_quic_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--east-west-quic",
+        choices=["on", "off"],
+        default="on",
+        help="on (default): this node's pods call other pods over their QUIC twins (HTTP/3, one per source "
+        "ServiceAccount and destination); off: every destination over its h2 cluster (TCP mTLS HTTP/2 with the "
+        "source's own SVID), no twin built. Either way the node's inbound serves both",
     )
 
 

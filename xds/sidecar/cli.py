@@ -36,6 +36,7 @@ from aether.netns.records import load_records, state_dir
 from aether.xds.sidecar.arguments import duration
 from aether.xds.sidecar.arguments import east_west_gateway_argument as _east_west_gateway_argument
 from aether.xds.sidecar.arguments import east_west_gateway_quic as _east_west_gateway_quic
+from aether.xds.sidecar.arguments import east_west_quic_argument as _east_west_quic_argument
 from aether.xds.sidecar.arguments import mesh_domain_argument as _mesh_domain_argument
 from aether.xds.sidecar.arguments import udp_dataplane_argument as _udp_dataplane_argument
 from aether.xds.sidecar.bootstrap import DEFAULT_XDS_ADDR, ads_bootstrap
@@ -109,6 +110,7 @@ def _render(argv: list[str]) -> int:
     p.add_argument("--node", help="the MeshNode to render when the List holds several (kubectl get mn,mss -o yaml)")
     p.add_argument("--records", help=f"pod records directory (default ${'{'}AETHER_STATE_DIR{'}'} or {state_dir()})")
     _mesh_domain_argument(p)
+    _east_west_quic_argument(p)
     _east_west_gateway_argument(p)
     args = p.parse_args(argv)
     from aether.xds.resources import TranslateOptions
@@ -128,6 +130,7 @@ def _render(argv: list[str]) -> int:
         mesh_domain=args.mesh_domain,
         east_west_gateway=args.east_west_gateway,
         east_west_gateway_quic=_east_west_gateway_quic(args.east_west_gateway_quic, os.environ),
+        east_west_quic=args.east_west_quic == "on",
     )
     for policy in options.authorization:
         if not policy.accepted:
@@ -219,6 +222,7 @@ def _udp_arguments(p: _Parser) -> None:
 
 def _eastwest_arguments(p: _Parser) -> None:
     _mesh_domain_argument(p)
+    _east_west_quic_argument(p)
     _east_west_gateway_argument(p)
     p.add_argument(
         "--certs-dir",
@@ -292,6 +296,7 @@ def _translate_options(args: argparse.Namespace, areas: tuple[str, ...]) -> Tran
         mesh_domain=args.mesh_domain,
         east_west_gateway=args.east_west_gateway,
         east_west_gateway_quic=_east_west_gateway_quic(args.east_west_gateway_quic, os.environ),
+        east_west_quic=args.east_west_quic == "on",
     )
     if options.udp_gso_writer:
         log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from aether.api.meshnode import MeshNode
@@ -60,14 +61,20 @@ def camel(obj: Any) -> Any:
     return obj
 
 
+def _eastwest(options: TranslateOptions, ew: EastWestOptions | None) -> EastWestOptions:
+    """The east-west knobs: `ew`, or a `TranslateOptions.eastwest` field, or the defaults; QUIC off when the node's
+    options say so (`aether xds --east-west-quic off`: every destination over its h2 cluster, no twin)."""
+    ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
+    return ew if options.east_west_quic else replace(ew, quic=False)
+
+
 def build(
     node: MeshNode,
     records: Mapping[str, PodRecord],
     options: TranslateOptions,
     ew: EastWestOptions | None = None,
 ) -> Resources:
-    # `TranslateOptions` may carry an `eastwest: EastWestOptions` field (how the sidecar would set these knobs)
-    ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
+    ew = _eastwest(options, ew)
     td, md = options.trust_domain, options.mesh_domain
     backed = guarded(node)
     pods = local_pods(node, records, td, ew, backed)
@@ -109,7 +116,7 @@ def twins_for(
     """Just the twin clusters and load assignments of `twins` that the node can serve, exactly as `build` makes
     them: the sidecar's on-demand fast path adds these to the served snapshot instead of translating everything.
     `plan`: `(local_pods, destinations)` of this node and these records, when the caller has them."""
-    ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
+    ew = _eastwest(options, ew)
     td, md = options.trust_domain, options.mesh_domain
     pods, dests = plan or (local_pods(node, records, td, ew), destinations(node, td))
     dests = through_gateways(dests, ew.remote_gateways)  # a remote Service's twin dials its gateway's UDP 18009
