@@ -107,25 +107,29 @@ def measure(
     )
 
 
-def measure3(bed: NodeBed, svc: Service, seconds: float, rounds: int, inflight: int) -> list[float]:
-    """[direct, kernel, envoy, kernel/direct, envoy/direct]: medians over `rounds` triples run back to back (the
-    ratios taken per triple), after one unmeasured warm-up triple."""
-    payload = b"x" * 64
-    client = bed.clients["bench-client"].path
+def pingpong_run(client: str, dest: tuple[str, int], seconds: float, inflight: int, size: int = 64) -> float:
+    """One ping-pong run from a fresh socket made in the netns at `client`, connected to `dest`: replies/s."""
+    sock = udp_socket_in(client)
+    try:
+        sock.connect(dest)
+        return pingpong(sock, seconds, inflight, b"x" * size)
+    finally:
+        sock.close()
 
-    def run(dest: tuple[str, int]) -> float:
-        sock = udp_socket_in(client)
-        try:
-            sock.connect(dest)
-            return pingpong(sock, seconds, inflight, payload)
-        finally:
-            sock.close()
 
-    dests = [(svc.backend.ip, svc.port), (VIP_KERNEL, L4_OUTBOUND_PORT), (VIP, L4_OUTBOUND_PORT)]
-    [run(d) for d in dests]
-    triples = [[run(d) for d in dests] for _ in range(rounds)]
+def ratios_of(triples: list[list[float]]) -> list[float]:
+    """[direct, kernel, envoy, kernel/direct, envoy/direct]: the medians of per-triple figures (each ratio taken
+    within its own triple, so the three arms of a ratio saw the same moment's load)."""
     medians = [statistics.median(t[i] for t in triples) for i in range(3)]
-    return medians + [statistics.median(t[i] / t[0] for t in triples) for i in (1, 2)]
+    return medians + [statistics.median(t[i] / t[0] if t[0] else 0.0 for t in triples) for i in (1, 2)]
+
+
+def measure3(bed: NodeBed, svc: Service, seconds: float, rounds: int, inflight: int) -> list[float]:
+    """`ratios_of` `rounds` triples (direct, kernel, Envoy) run back to back, after one unmeasured warm-up triple."""
+    client = bed.clients["bench-client"].path
+    dests = [(svc.backend.ip, svc.port), (VIP_KERNEL, L4_OUTBOUND_PORT), (VIP, L4_OUTBOUND_PORT)]
+    [pingpong_run(client, d, seconds, inflight) for d in dests]
+    return ratios_of([[pingpong_run(client, d, seconds, inflight) for d in dests] for _ in range(rounds)])
 
 
 def kernel_rows(bed: NodeBed, svc: Service, seconds: float, rounds: int) -> None:
