@@ -6,25 +6,35 @@ from a VIP to a backend), opened on a thread inside the netns like the capture's
 `KernelUdpKernel` is the real one (libnftables, and ctnetlink through pyroute2), and `aether.testing.kernel_udp_effects`
 records the calls, so the order is tested without privileges.
 
-`apply_kernel_udp` loads the whole table in one nft transaction (all or nothing: when nft refuses it, the table the
-netns held before stays as it was) and reads back what loaded. Then, for every backend endpoint that left an arm
+`apply_kernel_udp` first reads the netns's tables back. When they are exactly what `previous` builds, it sends only
+the difference (`aether.netns.kernel_udp_diff.update_commands`: the changed Services' chains, elements and objects;
+nothing when nothing changed); otherwise (first programming, a restarted sidecar, a table someone changed) it
+replaces both tables whole and reads them back. Either way it is one nft transaction, all or nothing: when nft
+refuses it, the tables the netns held before stay as they were. Then, for every backend endpoint that left an arm
 (gone from it, or its backendRef now invalid), the conntrack entries of the flows VIP:18082 -> that endpoint are
 deleted, the way kube-proxy clears a removed UDP endpoint's entries: the flow's next datagram is a new flow and picks
 again. A backend whose weight went to 0 (drain) keeps its flows: they finish, as on the Envoy path.
+
+`read_kernel_udp_counters` lists the tables' named counters (`aether.netns.kernel_udp.parse_counters`).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from aether.netns import install, kernel_udp
+from aether.netns import install, kernel_udp, kernel_udp_diff, kernel_udp_text
 from aether.netns.contract import L4_OUTBOUND_PORT
-from aether.netns.kernel_udp import KernelArm
+from aether.netns.kernel_udp import FAMILIES, KERNEL_UDP_TABLE, Family, Json, KernelArm, KernelUdpCounter
 from aether.netns.libnft import Nft, NftError, NftResult
 from aether.netns.nsthread import NetnsError, call_in_netns
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class KernelUdpError(RuntimeError):
@@ -36,7 +46,7 @@ class KernelUdpEffects(Protocol):
 
     def forget_flows(self, vip: str, vip_port: int, backend_ip: str, backend_port: int) -> int:
         """Delete the UDP conntrack entries whose original destination is vip:vip_port and whose reply comes from
-        backend_ip:backend_port; return how many."""
+        backend_ip:backend_port (IPv4 or IPv6); return how many."""
         ...
 
     def close(self) -> None: ...
@@ -49,18 +59,29 @@ class KernelUdpKernel:
         self._nft = Nft()
 
     def nft(self, command: dict[str, Any]) -> NftResult:
-        return self._nft.run(command)
+        """A listing goes as JSON; a change as nft text (`aether.netns.kernel_udp_text`: why)."""
+        if any("list" in item for item in command["nftables"]):
+            return self._nft.run(command)
+        return self._nft.run(kernel_udp_text.to_text(command))
 
     def forget_flows(self, vip: str, vip_port: int, backend_ip: str, backend_port: int) -> int:
+        """IPv4: the kernel filters the dump by the original tuple. IPv6: the kernel's dump filter matched nothing
+        here (kernel 6.18, pyroute2 0.9.7: 0 of 44 entries that match), so the IPv6 table is dumped whole and
+        filtered here."""
         from pyroute2 import Conntrack
         from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
         udp = socket.IPPROTO_UDP
-        orig = NFCTAttrTuple(proto=udp, daddr=vip, dport=vip_port)
-        reply = NFCTAttrTuple(proto=udp, saddr=backend_ip, sport=backend_port)
-        ct = Conntrack()
+        v6 = ":" in vip
+        family = socket.AF_INET6 if v6 else socket.AF_INET
+        orig = NFCTAttrTuple(family=family, proto=udp, daddr=vip, dport=vip_port)
+        reply = NFCTAttrTuple(family=family, proto=udp, saddr=backend_ip, sport=backend_port)
+        ct = Conntrack(nfgen_family=family)
         try:
-            entries = list(ct.dump_entries(tuple_orig=orig, tuple_reply=reply))
+            if v6:
+                entries = [e for e in ct.dump_entries() if _same_flow(e, orig, reply)]
+            else:
+                entries = list(ct.dump_entries(tuple_orig=orig, tuple_reply=reply))
             for entry in entries:
                 ct.delete(entry)
         finally:
@@ -71,9 +92,21 @@ class KernelUdpKernel:
         self._nft.close()
 
 
+def _same_flow(entry: Any, orig: Any, reply: Any) -> bool:
+    o, r = entry.tuple_orig, entry.tuple_reply
+    return (
+        o.proto == orig.proto
+        and ipaddress.ip_address(o.daddr) == ipaddress.ip_address(orig.daddr)
+        and o.dport == orig.dport
+        and ipaddress.ip_address(r.saddr) == ipaddress.ip_address(reply.saddr)
+        and r.sport == reply.sport
+    )
+
+
 def _endpoints(arms: Sequence[KernelArm]) -> dict[str, set[tuple[str, int]]]:
     """VIP -> its valid backends' (ip, port), weight 0 included (a drained backend's flows finish)."""
-    return {a.vip: {(b.ip, b.port) for b in a.backends if b.valid} for a in arms}
+    split = kernel_udp.by_family(arms)
+    return {a.vip: {(b.ip, b.port) for b in a.backends if b.valid} for f in FAMILIES for a in split[f]}
 
 
 def departed(old: Sequence[KernelArm], new: Sequence[KernelArm]) -> list[tuple[str, str, int]]:
@@ -83,27 +116,66 @@ def departed(old: Sequence[KernelArm], new: Sequence[KernelArm]) -> list[tuple[s
     return sorted((vip, ip, port) for vip, eps in before.items() for ip, port in eps - after.get(vip, set()))
 
 
-def apply_kernel_udp(
-    fx: KernelUdpEffects, where: str, arms: Sequence[KernelArm], previous: Sequence[KernelArm] = ()
-) -> int:
-    """Make table `ip aether_udp` in `fx`'s netns exactly `arms`, then forget the flows of the backends that left
-    since `previous`; return how many conntrack entries were deleted."""
-    wanted = kernel_udp.build_kernel_udp(arms)
-    res = fx.nft(kernel_udp.replace_commands(wanted))
+def _list(fx: KernelUdpEffects, family: Family, what: str = "table") -> Json | None:
+    """`nft -j list <what> <family> aether_udp`, or None when the table is not there."""
+    key = "table" if what == "counters" else "name"
+    ref = {"family": family, key: KERNEL_UDP_TABLE}
+    res = fx.nft({"nftables": [{"list": {what: ref}}]})
+    return res.json() if res.rc == 0 else None
+
+
+def _listed_equals(fx: KernelUdpEffects, wanted: Json) -> bool:
+    for family in FAMILIES:
+        listed = _list(fx, family)
+        if listed is None or kernel_udp_diff.canonical(listed, family) != kernel_udp_diff.canonical(wanted, family):
+            return False
+    return True
+
+
+def _send(fx: KernelUdpEffects, where: str, command: Json) -> None:
+    res = fx.nft(command)
     if res.rc != 0:
         raise KernelUdpError(
             f"nft refused the kernel UDP rules for {where} (the previous rules stay): {res.error.strip()}"
         )
-    listed = fx.nft({"nftables": [{"list": {"table": {"family": "ip", "name": kernel_udp.KERNEL_UDP_TABLE}}}]})
-    if listed.rc != 0 or kernel_udp.canonical(listed.json()) != kernel_udp.canonical(wanted):
-        raise KernelUdpError(
-            f"the kernel UDP rules loaded in {where} differ from what was asked: {listed.error.strip()}"
-        )
+
+
+def apply_kernel_udp(
+    fx: KernelUdpEffects,
+    where: str,
+    arms: Sequence[KernelArm],
+    previous: Sequence[KernelArm] = (),
+    *,
+    default_idle_timeout_s: float | None = None,
+) -> int:
+    """Make tables `ip|ip6 aether_udp` in `fx`'s netns exactly what `arms` build (incrementally when they hold what
+    `previous` builds), then forget the flows of the backends that left since `previous`; return how many conntrack
+    entries were deleted."""
+    timeouts = {"default_idle_timeout_s": default_idle_timeout_s}
+    wanted = kernel_udp.build_kernel_udp(arms, **timeouts)
+    if _listed_equals(fx, kernel_udp.build_kernel_udp(previous, **timeouts)):
+        update = kernel_udp_diff.update_commands(previous, arms, **timeouts)
+        if update["nftables"]:
+            _send(fx, where, update)
+    else:
+        log.info("kernel UDP rules in %s are not what the previous arms build: replacing them whole", where)
+        _send(fx, where, kernel_udp.replace_commands(wanted))
+        if not _listed_equals(fx, wanted):
+            raise KernelUdpError(f"the kernel UDP rules loaded in {where} differ from what was asked")
     return sum(fx.forget_flows(vip, L4_OUTBOUND_PORT, ip, port) for vip, ip, port in departed(previous, arms))
 
 
-def _in_netns(path: str, open_effects: Callable[[], KernelUdpEffects], fn: Callable[[KernelUdpEffects], int]) -> int:
-    def run() -> int:
+def counters(fx: KernelUdpEffects) -> list[KernelUdpCounter]:
+    """Every named counter of both tables (a missing table has none)."""
+    out: list[KernelUdpCounter] = []
+    for family in FAMILIES:
+        listed = _list(fx, family, "counters")
+        out += kernel_udp.parse_counters(listed or {})
+    return sorted(out, key=lambda c: (c.vip, c.backend_ip or "", c.backend_port or 0))
+
+
+def _in_netns(path: str, open_effects: Callable[[], KernelUdpEffects], fn: Callable[[KernelUdpEffects], T]) -> T:
+    def run() -> T:
         fx = open_effects()
         try:
             return fn(fx)
@@ -124,17 +196,29 @@ def program_kernel_udp(
     arms: Sequence[KernelArm],
     *,
     previous: Sequence[KernelArm] = (),
+    default_idle_timeout_s: float | None = None,
     effects: Callable[[], KernelUdpEffects] = KernelUdpKernel,
 ) -> int:
     """`apply_kernel_udp` on a thread inside the netns at `netns_path`."""
     path = os.fspath(netns_path)
-    return _in_netns(path, effects, lambda fx: apply_kernel_udp(fx, path, arms, previous))
+    return _in_netns(
+        path,
+        effects,
+        lambda fx: apply_kernel_udp(fx, path, arms, previous, default_idle_timeout_s=default_idle_timeout_s),
+    )
+
+
+def read_kernel_udp_counters(
+    netns_path: str | os.PathLike[str], *, effects: Callable[[], KernelUdpEffects] = KernelUdpKernel
+) -> list[KernelUdpCounter]:
+    """The kernel path's named counters in the netns at `netns_path` (none when it holds no tables)."""
+    return _in_netns(os.fspath(netns_path), effects, counters)
 
 
 def remove_kernel_udp(
     netns_path: str | os.PathLike[str], *, effects: Callable[[], KernelUdpEffects] = KernelUdpKernel
 ) -> None:
-    """Delete table `ip aether_udp` (idempotent)."""
+    """Delete tables `ip|ip6 aether_udp` (idempotent)."""
     path = os.fspath(netns_path)
 
     def remove(fx: KernelUdpEffects) -> int:

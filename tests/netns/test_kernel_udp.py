@@ -15,35 +15,40 @@ from hypothesis import strategies as st
 from aether.netns.contract import CAPTURE_DIVERT_FWMARK, L4_OUTBOUND_PORT
 from aether.netns.kernel_udp import (
     BUCKETS,
+    COUNT_BACKEND_CHAIN,
+    COUNT_VIP_CHAIN,
     DISPATCH_CHAIN,
     PRIO_UNDIVERT,
     UNDIVERT_CHAIN,
+    Family,
     KernelArm,
     KernelBackend,
     build_kernel_udp,
-    canonical,
     share_ranges,
 )
+from aether.netns.kernel_udp_diff import canonical
 from aether.netns.kernel_udp_install import KernelUdpError, apply_kernel_udp, departed
+from aether.netns.kernel_udp_text import to_text
 from aether.netns.rules import PRIO_DSTNAT, PRIO_MANGLE, RulesetError
 from aether.testing.golden import check_golden, golden_json
-from aether.testing.kernel_udp_effects import RecordingKernelUdp
+from aether.testing.kernel_udp_effects import ARMS, B1, B2, B3, RecordingKernelUdp
 
 GOLDEN = Path(__file__).parent / "golden"
-
-B1, B2, B3, B4 = "10.29.1.2", "10.29.1.3", "10.29.1.4", "10.29.1.5"
-ARMS = (
-    KernelArm(
-        "10.96.0.10",
-        (KernelBackend(B1, 5353, 70), KernelBackend(B2, 5353, 25), KernelBackend(B3, 5353, 5, valid=False)),
-    ),
-    KernelArm("10.96.0.12", (KernelBackend(B1, 53, 1), KernelBackend(B4, 53, 0))),  # B4 drained
-    KernelArm("10.96.0.11", ()),  # no backend: dropped
-)
 
 
 def test_golden_kernel_udp() -> None:
     check_golden(GOLDEN / "kernel_udp.json", golden_json(build_kernel_udp(ARMS)))
+
+
+def test_golden_kernel_udp_text() -> None:
+    """What the kernel is handed: the same transaction as nft text (`kernel_udp_text`), both families, an idle
+    timeout on one arm and the node's default on the others."""
+    arms = (
+        ARMS[0]._replace(idle_timeout_s=7.5),
+        *ARMS[1:],
+        KernelArm("fd00:96::10", (KernelBackend("fd00:29::2", 53, 1),)),
+    )
+    check_golden(GOLDEN / "kernel_udp.nft", to_text(build_kernel_udp(arms, default_idle_timeout_s=30)))
 
 
 def _pick(rs: dict[str, Any], chain: str) -> list[Any]:
@@ -56,13 +61,13 @@ def test_drain_and_invalid_backend() -> None:
     with no range at all drops."""
     rs = build_kernel_udp(ARMS)
     assert _pick(rs, "svc_10_96_0_10") == [
-        [{"range": [0, 69]}, {"goto": {"target": "svc_10_96_0_10_b0"}}],
-        [{"range": [70, 94]}, {"goto": {"target": "svc_10_96_0_10_b1"}}],
+        [{"range": [0, 69]}, {"goto": {"target": "svc_10_96_0_10__10_29_1_2_5353"}}],
+        [{"range": [70, 94]}, {"goto": {"target": "svc_10_96_0_10__10_29_1_3_5353"}}],
         [{"range": [95, 99]}, {"drop": None}],
     ]
-    assert _pick(rs, "svc_10_96_0_12") == [[{"range": [0, 99]}, {"goto": {"target": "svc_10_96_0_12_b0"}}]]
-    assert "svc_10_96_0_12_b1" not in canonical(rs)["chains"]
-    assert canonical(rs)["rules"]["svc_10_96_0_11"] == [[{"counter": None}, {"drop": None}]]
+    assert _pick(rs, "svc_10_96_0_12") == [[{"range": [0, 99]}, {"goto": {"target": "svc_10_96_0_12__10_29_1_2_53"}}]]
+    assert "svc_10_96_0_12__10_29_1_5_53" not in canonical(rs)["chains"]
+    assert canonical(rs)["rules"]["svc_10_96_0_11"] == [[{"drop": None}]]
 
 
 def _matches(rs: dict[str, Any]) -> list[Any]:
@@ -76,6 +81,8 @@ def _matches(rs: dict[str, Any]) -> list[Any]:
                 out.append(
                     (stmt["vmap"]["key"], stmt["vmap"]["data"] if isinstance(stmt["vmap"]["data"], str) else "set")
                 )
+            if "map" in (stmt.get("counter") or {}):
+                out.append((stmt["counter"]["map"]["key"], stmt["counter"]["map"]["data"]))
     return out
 
 
@@ -93,9 +100,11 @@ def test_only_plaintext_udp_to_18082_is_touched() -> None:
         ]
     }
     l4udp = {"meta": {"key": "l4proto"}}
+    backend = {"concat": [{"ct": {"key": "ip daddr", "dir": "original"}}, *daddr_dport["concat"]]}
     for left, right in _matches(rs):
         assert left in (
             daddr_dport,
+            backend,
             l4udp,
             {"meta": {"key": "mark"}},
             {"numgen": {"mode": "random", "mod": 100, "offset": 0}},
@@ -103,10 +112,14 @@ def test_only_plaintext_udp_to_18082_is_touched() -> None:
         if left == l4udp:
             assert right == "udp"
         if left == daddr_dport:
-            assert right in ("@vips", "@services")
+            assert right in ("@vips", "@services", "@vip_counters")
+        if left == backend:
+            assert right == "@backend_counters"
     assert "tcp" not in str(rs)
     assert c["chains"][UNDIVERT_CHAIN]["prio"] == PRIO_UNDIVERT and PRIO_MANGLE < PRIO_UNDIVERT < PRIO_DSTNAT
     assert c["chains"][DISPATCH_CHAIN]["type"] == "nat" and c["chains"][DISPATCH_CHAIN]["prio"] == PRIO_DSTNAT - 1
+    assert c["chains"][COUNT_VIP_CHAIN]["type"] == c["chains"][COUNT_BACKEND_CHAIN]["type"] == "filter"
+    assert c["chains"][COUNT_VIP_CHAIN]["prio"] < PRIO_DSTNAT < c["chains"][COUNT_BACKEND_CHAIN]["prio"]
     assert [s for s in c["rules"][UNDIVERT_CHAIN][0] if "match" in s][-1]["match"]["right"] == CAPTURE_DIVERT_FWMARK
 
 
@@ -140,8 +153,9 @@ def test_share_ranges_rounding_ties() -> None:
 @pytest.mark.parametrize(
     ("arms", "message"),
     [
-        ([KernelArm("10.96.0.300", ())], "not an IPv4"),
-        ([KernelArm("fd00::1", ())], "IPv4 only"),
+        ([KernelArm("10.96.0.300", ())], "not an IP address"),
+        ([KernelArm("fd00::1", (KernelBackend(B1, 53, 1),))], "not the VIP's family"),
+        ([KernelArm("fd00::1", ()), KernelArm("fd00:0::1", ())], "listed twice"),
         ([KernelArm("10.96.0.1", ()), KernelArm("10.96.0.1", ())], "listed twice"),
         ([KernelArm("10.96.0.1", (KernelBackend(B1, 0, 1),))], "port"),
         ([KernelArm("10.96.0.1", (KernelBackend(B1, 53, -1),))], "weights"),
@@ -152,18 +166,24 @@ def test_rejects(arms: list[KernelArm], message: str) -> None:
         build_kernel_udp(arms)
 
 
-def test_empty_builds_an_empty_map() -> None:
-    c = canonical(build_kernel_udp([]))
-    assert c["sets"] == {
-        "vips": {"elem": [], "type": ["ipv4_addr", "inet_service"]},
-        "services": {"elem": [], "type": ["ipv4_addr", "inet_service"], "map": "verdict"},
-    }
+def test_empty_builds_empty_maps() -> None:
+    families: tuple[tuple[Family, str], ...] = (("ip", "ipv4_addr"), ("ip6", "ipv6_addr"))
+    for family, addr in families:
+        c = canonical(build_kernel_udp([]), family)
+        assert c["sets"] == {
+            "vips": {"elem": [], "type": [addr, "inet_service"]},
+            "services": {"elem": [], "type": [addr, "inet_service"], "map": "verdict"},
+            "vip_counters": {"elem": [], "type": [addr, "inet_service"], "map": "counter"},
+            "backend_counters": {"elem": [], "type": [addr, addr, "inet_service"], "map": "counter"},
+        }
+        assert c["counters"] == c["timeouts"] == {}
 
 
 def test_apply_loads_reads_back_and_forgets_departed_flows() -> None:
     fx = RecordingKernelUdp(flows=[("10.96.0.10", 18082, B2, 5353), ("10.96.0.10", 18082, B1, 5353)])
     assert apply_kernel_udp(fx, "ns", ARMS) == 0
-    assert fx.calls == [("nft", "replace"), ("nft", "list")]
+    listed = [("nft", "list", "table", "ip"), ("nft", "list", "table", "ip6")]
+    assert fx.calls == [listed[0], ("nft", "replace"), *listed]  # no table yet: replaced whole, read back
     new = (KernelArm("10.96.0.10", (KernelBackend(B1, 5353, 70), KernelBackend(B3, 5353, 5, valid=False))), *ARMS[1:])
     assert departed(ARMS, new) == [("10.96.0.10", B2, 5353)]
     assert apply_kernel_udp(fx, "ns", new, previous=ARMS) == 1
@@ -183,11 +203,11 @@ def test_drained_backend_keeps_its_flows_and_invalid_loses_them() -> None:
 def test_refused_transaction_keeps_the_previous_rules() -> None:
     fx = RecordingKernelUdp()
     apply_kernel_udp(fx, "ns", ARMS)
-    kept = fx.table
+    kept = copy.deepcopy(fx.tables)
     fx.refuse = True
     with pytest.raises(KernelUdpError, match="previous rules stay"):
         apply_kernel_udp(fx, "ns", ARMS[:1], previous=ARMS)
-    assert fx.table == kept
+    assert fx.tables == kept
     assert [c for c in fx.calls if c[0] == "forget_flows"] == []  # nothing forgotten for rules that did not load
 
 
