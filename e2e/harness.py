@@ -244,6 +244,12 @@ class Mesh:
             f"node {node.name}: Envoy (base-id {envoy.base_id}) running in {node.net.netns}, ADS over {node.ads_sock}"
         )
 
+    @property
+    def _direct_udp_sources(self) -> bool:
+        """Whether UDP reaches backends from the client pod's own address (source-preserving UDP, the kernel path):
+        what STRICT cannot tell from a direct datagram, so such a mesh runs PERMISSIVE (docs/limits.md#security)."""
+        return "--udp-preserve-source" in self.sidecar_args or self.udp_dataplane == "kernel"
+
     # -- pods ---------------------------------------------------------------------------------------
     def add_pod(
         self, node: MeshNodeProxy, name: str, sa: str = "default", capture: CaptureMode = CaptureMode.TPROXY
@@ -255,7 +261,7 @@ class Mesh:
             self._issue_svid(sa)
         uid = self.kube.pod(self.namespace, name, node.name, sa)
         net = self.lab.add_pod(node.net, name, ip, ip6=ip6)
-        inbound = "permissive" if "--udp-preserve-source" in self.sidecar_args else self.inbound
+        inbound = "permissive" if self._direct_udp_sources else self.inbound
         annotations = ((INBOUND_ANNOTATION, inbound),) if inbound else ()
         sandbox = cni_runtime.PodSandbox(
             self.namespace, name, uid, net.path, ip, f"ctr-{self.tag}-{name}", annotations, ip6
