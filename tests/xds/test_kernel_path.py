@@ -84,12 +84,24 @@ def test_each_pod_gets_the_arms_then_only_changes_with_what_it_last_got() -> Non
     assert set(path.applied) == {"u0"}
 
 
-def test_a_node_that_never_selected_kernel_touches_no_netns() -> None:
+def test_a_node_that_never_selected_kernel_only_clears_leftovers_once_at_start() -> None:
     ns = Netns()
-    path = KernelUdpPath("envoy", program=ns.program)
+    removed: list[str] = []
+
+    def remove(netns: str) -> None:
+        removed.append(netns)
+        if netns.endswith("client-1"):
+            raise KernelUdpError("setns: Operation not permitted")  # a sidecar without the privileges
+
+    path = KernelUdpPath("envoy", program=ns.program, remove=remove)
     node = node_with(3, 2)
+    records = records_for(node)
+    path.apply(kernel_plan(node, records, path.default))
+    assert removed == ["/run/netns/test-client-0", "/run/netns/test-client-1"] and ns.calls == []
+    assert {u: a.arms for u, a in path.applied.items()} == {"u0": ()} and path.failures == {}
+    node.status.pods.append(node_with(1, 3).status.pods[2])
     path.apply(kernel_plan(node, records_for(node), path.default))
-    assert ns.calls == [] and path.applied == {}
+    assert len(removed) == 2 and ns.calls == []  # a later pod never had a table: nothing to do
 
 
 def test_a_refused_netns_is_reported_keeps_its_rules_and_recovers() -> None:

@@ -9,7 +9,8 @@ the one worker thread that programs them into every meshed pod's netns.
   with `program_kernel_udp`: a pod is programmed when what it should hold differs from what it last got (its
   `previous`), or after a failure (retried every `RETRY_S`). A pod that left is forgotten (its netns is gone); a pod
   whose arms no longer select kernel gets a smaller table (an empty one when none). A node that never selected
-  kernel touches no netns. After a sidecar restart the first apply to each pod is a full replace of what is there
+  kernel touches no netns but once: at its start it deletes any table an earlier sidecar left (its Services left
+  kernel while it was down). After a sidecar restart the first apply to each pod is a full replace of what is there
   (one nft transaction: the working rules stay until the new ones load). What failed goes to `on_problems`, one
   entry per pod netns (the Programmed condition's message); the netns keeps its previous rules.
 """
@@ -25,7 +26,7 @@ from typing import Protocol
 
 from aether.api.meshnode import MeshNode, ServiceArm, UdpDataplane
 from aether.netns.kernel_udp import KernelArm
-from aether.netns.kernel_udp_install import KernelUdpError, program_kernel_udp
+from aether.netns.kernel_udp_install import KernelUdpError, program_kernel_udp, remove_kernel_udp
 from aether.netns.records import PodRecord
 from aether.xds.sidecar.kernel_arms import kernel_arm
 
@@ -36,6 +37,9 @@ LOGGED_ARMS = 8  # an apply's log line names this many arms, then counts the res
 
 class Program(Protocol):
     def __call__(self, netns_path: str, arms: Sequence[KernelArm], *, previous: Sequence[KernelArm] = ()) -> int: ...
+
+
+Remove = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,13 @@ class KernelUdpPath:
         default: UdpDataplane = "envoy",
         *,
         program: Program = program_kernel_udp,
+        remove: Remove = remove_kernel_udp,
         on_problems: Callable[[tuple[str, ...]], None] | None = None,
         retry_s: float = RETRY_S,
     ) -> None:
         self.default: UdpDataplane = default
-        self._program = program
+        self._program, self._remove = program, remove
+        self._adopting = True  # the first plan: what an earlier sidecar left in the pods' netns
         self.on_problems = on_problems
         self._retry_s = retry_s
         self._lock = threading.Lock()
@@ -166,12 +172,29 @@ class KernelUdpPath:
         for uid in [u for u in self.failures if u not in plan.pods]:
             del self.failures[uid]
         before = dict(self.failures)
+        if self._adopting:
+            self._adopting = False
+            if not plan.selected:
+                self._clear_leftovers(plan)
         for uid, target in plan.pods.items():
             last = self.applied.get(uid)
             if _changed(plan, uid, last, uid in self.failures):
                 self._apply_one(uid, target, plan, last)
         if self.failures != before and self.on_problems is not None:
             self.on_problems(tuple(self.failures[u] for u in sorted(self.failures)))
+
+    def _clear_leftovers(self, plan: KernelPlan) -> None:
+        """Nothing selects kernel at this sidecar's start: a table an earlier sidecar loaded (its Services have left
+        kernel since) would keep rewriting their VIPs, so each pod's is deleted (an idempotent delete). Where that
+        fails (a sidecar without the privileges: it never programmed one) it is only logged at debug level."""
+        for uid, target in plan.pods.items():
+            try:
+                self._remove(target.netns)
+            except KernelUdpError as exc:
+                log.debug("kernel UDP: no leftover table removed in pod %s: %s", target.name, exc)
+                continue
+            with self._lock:
+                self.applied[uid] = Applied(target, ())
 
     def _apply_one(self, uid: str, target: PodTarget, plan: KernelPlan, last: Applied | None) -> None:
         previous = last.arms if last is not None and last.target == target else ()
