@@ -7,12 +7,16 @@ The mesh (aether.e2e.harness.Mesh: the real control plane, the operator, per nod
 captured by the real aether-cni), two nodes:
 
     node-a: client-a1 (SA alpha), client-a2 (SA beta); dns-2, w1-0, web-1, the new ServiceAccounts' pods
-    node-b: client-b1 (SA gamma); echo-0, dns-1, w2-0, web-0, floor-0
+    node-b: client-b1 (SA gamma), client-b2 (SA delta); echo-0, dns-1, w2-0, web-0, floor-0, new SAs' pods
+
+node-a's sidecar sends east-west over HTTP/3 twins (class `h3`); node-b's runs `--east-west-quic off`, so its pods
+call `web` over the h2 clusters (class `h2`). Both inbounds serve both. client-b2 runs the h2 class only.
 
 Services: `echo` (UDP echo, rolled), `dns` (dnsmasq on dns-1 and dns-2), `split` (UDPRoute: w1 and w2 by weight),
-`web` (HTTP east-west: HTTP/3 twins, SA web, a MeshAuthorizationPolicy naming its callers), `floor` (raw TCP 18082).
-Traffic classes: bench.soak_traffic; churn events: bench.soak_churn; process watch: bench.soak_watch; the report
-(JSON fields, documented windows, slopes): bench.soak_report. Needs root (netns, nftables).
+`web` (HTTP east-west, SA web, a MeshAuthorizationPolicy naming its callers), `floor` (raw TCP 18082).
+Traffic classes: bench.soak_traffic; churn events: bench.soak_churn; process watch: bench.soak_watch; h3 and h2
+CPU per request: bench.soak_cpu; the report (JSON fields, documented windows, slopes): bench.soak_report. Needs
+root (netns, nftables).
 """
 
 from __future__ import annotations
@@ -25,18 +29,20 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from aether.api.naming import mesh_host
 from aether.e2e.harness import Mesh
 from aether.e2e.lifecycle import add_tcp_floor_service, restart_sidecar
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.testing.controlplane.cluster import free_port
 from aether.testing.udp_clients import dnsmasq_argv
 from bench.soak_churn import POLICY, Churn
+from bench.soak_cpu import CpuProbe, Source, summary
 from bench.soak_report import (
     DOCUMENTED,
     classes,
@@ -51,16 +57,16 @@ from bench.soak_traffic import PROBES, Prober, Recorder
 from bench.soak_watch import Watcher
 
 NS = "soak"
-CLIENTS = {"client-a1": ("node-a", "alpha"), "client-a2": ("node-a", "beta"), "client-b1": ("node-b", "gamma")}
+CLIENTS = {
+    "client-a1": ("node-a", "alpha"),
+    "client-a2": ("node-a", "beta"),
+    "client-b1": ("node-b", "gamma"),
+    "client-b2": ("node-b", "delta"),
+}
+H2_NODE = "node-b"  # its sidecar runs --east-west-quic off
+ONLY_HTTP = {"client-b2"}  # runs its node's HTTP class only
 DNS = {"dns-1": ("node-b", "192.0.2.1"), "dns-2": ("node-a", "192.0.2.2")}
 RESTARTS = ("sidecar_restart", "envoy_restart", "operator_restart")
-NOT_DONE = {
-    "h2": "not run: every meshed source gets its HTTP/3 twin on demand and the sidecar has no switch to send a "
-    "destination over h2 instead (EastWestOptions.quic is not a flag of `aether xds`), so no request of this "
-    "mesh takes the h2 cluster; h3/h2 CPU per request is bench.quic_cpu's figure, not this soak's",
-    "h3_h2_cpu_per_request": "not measured: each Envoy carries every class at once, so its CPU cannot be split "
-    "per class here (bench.quic_cpu measures it alone)",
-}
 
 
 def _progress(msg: str) -> None:
@@ -76,7 +82,7 @@ def soak_mesh(workdir: Path | None) -> Iterator[tuple[Mesh, dict[str, int]]]:
         mesh.start_node_proxies()
         ports = {n: free_port() for n in mesh.nodes}
         for node in (a, b):  # each sidecar with its own metrics endpoint (both run in the harness's netns)
-            mesh.sidecar_args = ("--metrics", f"127.0.0.1:{ports[node.name]}")
+            mesh.sidecar_args = sidecar_args(node.name, ports)
             restart_sidecar(mesh, node)
         for pod, (where, sa) in CLIENTS.items():
             mesh.add_pod(mesh.nodes[where], pod, sa=sa)
@@ -84,6 +90,23 @@ def soak_mesh(workdir: Path | None) -> Iterator[tuple[Mesh, dict[str, int]]]:
         yield mesh, ports
     finally:
         mesh.close()
+
+
+def sidecar_args(node: str, ports: dict[str, int]) -> tuple[str, ...]:
+    """A node's sidecar flags in the soak (every restart keeps them): its metrics port; QUIC off on H2_NODE."""
+    quic = ("--east-west-quic", "off") if node == H2_NODE else ()
+    return ("--metrics", f"127.0.0.1:{ports[node]}", *quic)
+
+
+def http_class(node: str) -> str:
+    return "h2" if node == H2_NODE else "h3"
+
+
+def kinds_of(pod: str, node: str) -> tuple[str, ...]:
+    """The classes a fixed client runs: every UDP/TCP class and its node's HTTP class (ONLY_HTTP: that one)."""
+    if pod in ONLY_HTTP:
+        return (http_class(node),)
+    return tuple(k for k in PROBES if k not in ("h3", "h2") or k == http_class(node))
 
 
 def _backends(mesh: Mesh, a: MeshNodeProxy, b: MeshNodeProxy) -> None:
@@ -134,7 +157,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         swap = threading.Lock()
         probers: list[Prober] = []
 
-        def start(node: str, pod: str, sa: str, kinds: tuple[str, ...] = ("h3",)) -> list[Prober]:
+        def start(node: str, pod: str, sa: str, kinds: tuple[str, ...] = ()) -> list[Prober]:
+            kinds = kinds or (http_class(node),)  # a new ServiceAccount's pod calls web over its node's transport
             started = [Prober(rec, k, mesh.pods[pod], sa, args.interval, rng.randrange(1 << 30)) for k in kinds]
             for p in started:
                 p.start()
@@ -142,7 +166,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return started
 
         def metrics_args(node: MeshNodeProxy) -> tuple[str, ...]:
-            return ("--metrics", f"127.0.0.1:{ports[node.name]}")
+            return sidecar_args(node.name, ports)
 
         callers = [sa for _, sa in CLIENTS.values()]
         churn = Churn(mesh, rec, rng, start, metrics_args, swap, callers)
@@ -152,18 +176,29 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         watcher = Watcher(mesh, rec, swap, metrics_args, lambda: {p.sa for p in probers if p.is_alive()})
         watcher.sample_every = args.sample_every
         for pod, (node, sa) in CLIENTS.items():
-            start(node, pod, sa, tuple(PROBES))
+            start(node, pod, sa, kinds_of(pod, node))
+        cpu = _cpu_probe(mesh, rec, churn, args.cpu_every)
         t0 = time.monotonic()
         watcher.start()
         _progress(f"soak: {args.minutes} min, seed {seed}, {len(probers)} probers, an event every {args.churn_every}s")
-        _churn(churn, t0 + args.minutes * 60, args.churn_every)
+        with cpu.running() if cpu is not None else nullcontext():
+            _churn(churn, t0 + args.minutes * 60, args.churn_every)
         for p in probers:
             p.stop.set()
         for p in probers:
             p.join(timeout=10)
         watcher.finish()
         load["after"] = os.getloadavg()
-        return _report(args, seed, t0, rec, churn, watcher, load)
+        report = _report(args, seed, t0, rec, churn, watcher, load)
+        return report | summary(cpu.cycles if cpu else [], t0, mesh_host(NS, "web"))
+
+
+def _cpu_probe(mesh: Mesh, rec: Recorder, churn: Churn, every: float) -> CpuProbe | None:
+    """The h3 burst from client-a1 (QUIC twins), the h2 one from client-b1 (H2_NODE); None when --cpu-every 0."""
+    if every <= 0:
+        return None
+    sources = [Source(http_class(CLIENTS[p][0]), mesh.pods[p], CLIENTS[p][1]) for p in ("client-a1", "client-b1")]
+    return CpuProbe(mesh, sources, lambda: set(rec.valid["web"]), lambda: list(churn.events), every=every)
 
 
 def _churn(churn: Churn, deadline: float, every: float) -> None:
@@ -207,7 +242,6 @@ def _report(
         "events_failed": [f"{e.kind}:{e.target}: {e.detail}" for e in churn.events if "FAILED" in e.detail],
         "failures_listed": [failure_record(o, churn.events, t0) for o in failures[:200]],
         "failures_per_minute": per_minute(failures, churn.events, t0),
-        "not_done": NOT_DONE,
         "policy": POLICY,
     }
 
@@ -220,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=0.25, help="seconds between one prober's requests")
     p.add_argument("--churn-every", type=float, default=15.0, help="seconds from one event's start to the next's")
     p.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/fd samples")
+    p.add_argument(
+        "--cpu-every", type=float, default=60.0, help="seconds between h3/h2 CPU probe cycles (0: none; bench.soak_cpu)"
+    )
     p.add_argument("--workdir", help="keep the mesh's logs here (default: a temporary directory, removed)")
     args = p.parse_args(argv)
     report = run(args)

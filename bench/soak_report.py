@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 OK = "ok"
-EAST_WEST = ("h3",)  # classes whose destination side runs through the destination node's Envoy
+EAST_WEST = ("h3", "h2")  # classes whose destination side runs through the destination node's Envoy
 ENVOY_RESTART = "envoy_restart"
 DOCUMENTED = {ENVOY_RESTART: "docs/operations.md (Upgrade, step 3): a node's Envoy down, its traffic has no listener"}
 MAX_LISTED = 200  # failures kept in the JSON with their detail (all are counted)
@@ -195,6 +195,10 @@ def table(report: dict[str, Any]) -> str:
         f"{report['inuse_twins_pruned']} (prunes {len(report['prunes'])}); unrequested crashes: {report['crashes']}"
     )
     lines.append(f"RSS slope KiB/min: {report['rss_slope_kib_per_min']}; fd slope /min: {report['fd_slope_per_min']}")
+    if "cpu_per_request_us" in report:
+        lines.append(
+            f"CPU per request (us, both Envoys): {report['cpu_per_request_us']}; h3/h2 {report['h3_over_h2_cpu']}"
+        )
     for key, v in report["slopes"].items():
         rss, fds = v["rss_kib"] or {}, v["fds"] or {}
         lines.append(

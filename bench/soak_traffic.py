@@ -9,11 +9,15 @@ returns (bench.soak_report.Outcome). Classes:
   UDPRoute splits between Services `w1` and `w2`;
 - `h3`: east-west HTTP through the pod's outbound listener to Service `web` (HTTP/3 twins per source identity); the
   app must have received the source's own SPIFFE ID (XFCC) on every 200;
+- `h2`: the same from pods on a node whose sidecar runs `--east-west-quic off`: its Envoy sends every request on the
+  h2 cluster (TCP mTLS HTTP/2 to the destination pod's inbound, the source's own SVID), checked the same way;
 - `tcp_floor`: an HTTP request as raw bytes over the TCP floor (TCP 18082) to Service `floor`.
 
 "timeout": no UDP reply within TIMEOUT; "no answer": no HTTP response (refused, reset or timed out).
-"Wrong backend": a backend that was never one of that Service's (or its route's). A 503 on `h3` is `503 NC` when
-the source node's Envoy counted a request with no cluster (`http.*.no_cluster`) since the last 503 it served.
+"Wrong backend": a backend that was never one of that Service's (or its route's). A 503 on `h3` or `h2` is `503 NC`
+when the source node's Envoy counted a request with no cluster (`http.*.no_cluster`) since the last 503 it served;
+after the source's first 200 on that path (its pair for h3, its h2 cluster for h2) it counts in
+`nc503_after_first_use`.
 """
 
 from __future__ import annotations
@@ -58,8 +62,8 @@ class Recorder:
     mesh: Mesh
     outcomes: list[Outcome] = field(default_factory=list)
     valid: dict[str, set[str]] = field(default_factory=dict)  # service -> backends it ever had (names or IPs)
-    first_use: dict[str, float] = field(default_factory=dict)  # source SA -> its pair's first 200
-    last_ok: dict[str, float] = field(default_factory=dict)  # source SA -> its pair's latest 200
+    first_use: dict[str, float] = field(default_factory=dict)  # source SA (h2: "h2:<sa>") -> its first 200
+    last_ok: dict[str, float] = field(default_factory=dict)  # the same key -> its latest 200
     nc503_after_first_use: int = 0
     metrics_ports: dict[str, int] = field(default_factory=dict)  # node -> its sidecar's --metrics port
     detailed: int = 0
@@ -198,19 +202,21 @@ def _weighted(p: Prober, seq: int) -> tuple[str, str, str | None]:
     return OK, "", backend
 
 
-def _h3(p: Prober, seq: int) -> tuple[str, str, str | None]:
+def _http(p: Prober, seq: int) -> tuple[str, str, str | None]:
+    """`h3` and `h2` alike: the class is the source node's transport (QUIC twins, or `--east-west-quic off`)."""
     mesh = p.rec.mesh
     answer = http_get(p.pod.netns_path, mesh_host(mesh.namespace, "web"), timeout=TIMEOUT)
     dest = p.node_of(answer.backend)
+    user = p.sa if p.cls == "h3" else f"{p.cls}:{p.sa}"  # h3: the pair (the watcher's key); h2: the source's path
     if answer.status == 200:
         if not p.rec.ok_backend("web", answer.backend):
             return "wrong backend", str(answer.backend), dest
         if answer.spiffe_id != spiffe_id(mesh.namespace, p.sa):
             return "wrong identity", f"{answer.spiffe_id} for {p.sa}", dest
-        p.rec.pair_ok(p.sa, time.monotonic())
+        p.rec.pair_ok(user, time.monotonic())
         return OK, "", dest
     if answer.status == 503 and p.rec.no_cluster(p.pod):
-        p.rec.nc_after_first_use(p.sa)
+        p.rec.nc_after_first_use(user)
         return "503 NC", "", dest
     return ("no answer" if answer.status is None else str(answer.status)), "", dest
 
@@ -229,6 +235,7 @@ PROBES: dict[str, Probe] = {
     "udp_echo": _echo,
     "udp_dns": _dns,
     "udp_weighted": _weighted,
-    "h3": _h3,
+    "h3": _http,
+    "h2": _http,
     "tcp_floor": _tcp_floor,
 }

@@ -114,6 +114,11 @@ def http_get(
         status, body = run_in_netns(netns_path, get)
     except OSError:
         return HttpAnswer(None, None, None)
+    return http_answer(status, body)
+
+
+def http_answer(status: int, body: str) -> HttpAnswer:
+    """The echo app's answer read: which backend, and the SPIFFE ID (URI=) of the XFCC it received."""
     try:
         doc = json.loads(body)
     except ValueError:

@@ -29,6 +29,7 @@ def test_an_envoy_restart_covers_its_nodes_sources_and_east_west_destinations_on
     assert report.in_window(_fail("h3", "node-a", 12.0, dest="node-b"), events) == "envoy_restart"
     assert report.in_window(_fail("h3", "node-a", 12.0, dest=None), events) == "envoy_restart"  # either node
     assert report.in_window(_fail("h3", "node-a", 12.0, dest="node-a"), events) is None
+    assert report.in_window(_fail("h2", "node-a", 12.0, dest="node-b"), events) == "envoy_restart"  # h2 alike
     assert report.in_window(_fail("udp_echo", "node-a", 12.0), events) is None  # UDP skips the far Envoy
     assert report.in_window(_fail("udp_echo", "node-b", 15.0), events) is None  # after the window
     assert report.in_window(_fail("udp_dns", "node-a", 22.0), events) is None  # a sidecar restart is no window

@@ -1,7 +1,8 @@
 """The soak under churn in CI: `python -m bench.soak --minutes 3` as a user runs it (a subprocess from the
 repository root), on the two-node mesh with the real control plane. It asserts the zero-count invariants only
 (no 503 NC after a pair's first use, no in-use twin pruned, no process exiting unasked) and that the report has
-the fields docs/performance.md reads; success ratios and slopes are printed, never asserted (no timing in CI).
+the fields docs/performance.md reads (the h2 class and the h3/h2 CPU probe's too); success ratios, slopes and CPU
+figures are printed, never asserted (no timing in CI).
 """
 
 from __future__ import annotations
@@ -28,10 +29,12 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-6000:]}"
     print(proc.stdout)
     report = json.loads(out.read_text())
-    for name in ("udp_echo", "udp_dns", "udp_weighted", "h3", "tcp_floor"):
+    for name in ("udp_echo", "udp_dns", "udp_weighted", "h3", "h2", "tcp_floor"):
         c = report["classes"][name]
         assert c["sent"] > 0 and {"ok", "failed_outside_windows"} <= set(c), c
     assert set(report["rss_slope_kib_per_min"]) == {"sidecar", "operator", "envoy"}
+    assert set(report["cpu_per_request_us"]) == {"h3", "h2"} and "h3_over_h2_cpu" in report
+    assert report["cpu_probe"]["cycles"] >= 1, report["cpu_probe"]
     assert report["nc503_after_first_use"] == 0, report["failures_listed"]
     assert report["inuse_twins_pruned"] == 0, report["prunes"]
     assert report["crashes"] == 0, report["crash_list"]
