@@ -86,6 +86,26 @@ class Rig:
                 out.add(reply.split(b"|")[0].decode())
         return out
 
+    def flow(self, sock: socket.socket) -> tuple[str, int] | None:
+        """The conntrack entry of `sock`'s flow in the client netns: (the backend it was rewritten to, seconds left
+        before it times out), or None when there is none (never made, deleted, or timed out)."""
+        sport = sock.getsockname()[1]
+        family = socket.AF_INET6 if sock.family == socket.AF_INET6 else socket.AF_INET
+
+        def look() -> tuple[str, int] | None:
+            from pyroute2 import Conntrack
+
+            ct = Conntrack(nfgen_family=family)
+            try:
+                for e in ct.dump_entries():
+                    if e.tuple_orig.proto == socket.IPPROTO_UDP and e.tuple_orig.sport == sport:
+                        return str(e.tuple_reply.saddr), int(e.timeout)
+            finally:
+                ct.close()
+            return None
+
+        return call_in_netns(self.client.path, look)
+
     def pinned(self, backend: str) -> socket.socket:
         """A connected socket whose flow picked `backend` (fresh flows until one does)."""
         return pinned_on(self.connected, backend)

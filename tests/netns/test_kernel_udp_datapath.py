@@ -5,17 +5,19 @@ sockets made inside the client netns (`aether.testing.kernel_udp_rig`)."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 
 import pytest
 
 from aether.netns.contract import CaptureMode
-from aether.netns.kernel_udp import build_kernel_udp, replace_commands
+from aether.netns.kernel_udp import build_kernel_udp, replace_commands, service_chain
 from aether.netns.kernel_udp_install import program_kernel_udp
 from aether.netns.kernel_udp_text import to_text
 from aether.netns.rules import DIVERT_CHAIN, REDIRECT_CHAIN
 from aether.testing.kernel_udp_rig import Rig, chain_packets, exchange, make_rig
 from aether.testing.netlab import Lab, sh
+from aether.testing.wait import wait_for
 
 pytestmark = pytest.mark.privileged
 FAMILIES = pytest.mark.parametrize("family", [4, 6], ids=["ipv4", "ipv6"])
@@ -123,3 +125,65 @@ def test_counters_count_every_datagram_per_service_and_backend(rig: Rig) -> None
     others = [k for k in after if k[0] != rig.vip_echo]
     assert len(others) == 8 and all(delta(k) == (0, 0) for k in others), after  # 10 counters: 5 per family
     print(json.dumps({f"{k[0]} {k[1]}": v for k, v in after.items()}))
+
+
+def test_idle_timeout_ends_the_flow_and_the_next_datagram_picks_again(rig: Rig) -> None:
+    """The arm's idle timeout (a `ct timeout` object, 2 s) is the flow's conntrack timeout (the kernel's entry says
+    <= 2 s left, against the kernel's 30/120 s for the Service without one). A flow pinned on b2, with b2 then
+    drained (weight 0: its flows stay, as on the Envoy path), keeps reaching b2 while it is busy; once it idles
+    past 2 s its entry is gone and the same socket's next datagram is a new flow, which can only pick b1."""
+    program_kernel_udp(rig.client.path, rig.arms(idle_timeout_s=1.5), previous=rig.arms())
+    sock = rig.pinned("b2")
+    flow = rig.flow(sock)
+    assert flow is not None and flow[0] == rig.addr(rig.b2) and flow[1] <= 2, flow
+    echo = rig.connected(rig.vip_echo)
+    assert exchange(echo, b"e") == b"e"
+    untimed = rig.flow(echo)
+    assert untimed is not None and untimed[1] > 2, untimed  # the kernel's default for a Service without one
+    drained = rig.arms(w1=1, w2=0, idle_timeout_s=1.5)
+    program_kernel_udp(rig.client.path, drained, previous=rig.arms(idle_timeout_s=1.5))
+    assert (exchange(sock, b"busy") or b"").startswith(b"b2|"), "a drained backend keeps its live flow"
+    wait_for(lambda: rig.flow(sock) is None, timeout=10, interval=0.2, what="the idle flow's conntrack entry to end")
+    assert (exchange(sock, b"again") or b"").startswith(b"b1|")
+
+
+def test_without_an_idle_timeout_the_drained_flow_stays(rig: Rig) -> None:
+    """Negative control for the test above: no idle timeout (the kernel's 30/120 s), the same drain, 3 s idle: the
+    flow is still on b2."""
+    sock = rig.pinned("b2")
+    program_kernel_udp(rig.client.path, rig.arms(w1=1, w2=0), previous=rig.arms())
+    flow = rig.flow(sock)
+    assert flow is not None and flow[0] == rig.addr(rig.b2) and flow[1] > 20, flow  # the kernel's default
+    time.sleep(3.0)  # idling is what is tested: nothing to wait on but time (the test above ends its flow in 2 s)
+    assert (exchange(sock, b"again") or b"").startswith(b"b2|")
+
+
+def test_incremental_update_keeps_the_other_services_counters_and_chains(rig: Rig) -> None:
+    """An endpoint change with `previous` rewrites only that Service: the other Service's counter keeps its count
+    and its chain its handle, and the flows now go only to the endpoint left. Negative control: the same change
+    against tables that are not what `previous` builds (one element deleted by hand) replaces them whole, and
+    that counter starts again at 0."""
+    echo = rig.connected(rig.vip_echo)
+    for _ in range(5):
+        assert exchange(echo, b"c") == b"c"
+
+    def echo_state() -> tuple[int, int]:
+        """The echo Service's counter's packets and its chain's handle."""
+        listed = json.loads(sh("nft", "-j", "list", "table", *table(rig).split(), netns=rig.client.netns))
+        name = service_chain(rig.vip_echo)
+        counter = next(o["counter"] for o in listed["nftables"] if o.get("counter", {}).get("name") == name)
+        chain = next(o["chain"] for o in listed["nftables"] if o.get("chain", {}).get("name") == name)
+        return counter["packets"], chain["handle"]
+
+    packets, handle = echo_state()
+    assert packets >= 5
+    moved = rig.arms(with_b2=False)
+    program_kernel_udp(rig.client.path, moved, previous=rig.arms())
+    assert echo_state() == (packets, handle)
+    assert rig.names(20) == {"b1"}
+    assert exchange(echo, b"c") == b"c"
+    key = f"{rig.vip} . 18082"
+    sh("nft", "delete", "element", *table(rig).split(), "vips", "{", key, "}", netns=rig.client.netns)
+    program_kernel_udp(rig.client.path, rig.arms(), previous=moved)
+    assert echo_state()[0] == 0  # a new table (its handles are numbered afresh: only the count tells)
+    assert rig.names(40) == {"b1", "b2"}
