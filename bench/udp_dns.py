@@ -18,8 +18,9 @@ Goal (issue 11): dnsperf mesh/direct >= 0.7x on 2 cores without losing any size 
 echo backend pod joins, and the client pod's netns is programmed with table `ip aether_udp`
 (`aether.netns.kernel_udp_install.program_kernel_udp`) for two more VIPs, one to each backend (dnsmasq and the
 echo), which Envoy's listener never sees. Each of R rounds runs every measure (ping-pong at 1 and at 32 in flight,
-dnsperf A and TXT) as a triple of direct, kernel and Envoy back to back, the triple's order rotated per round; the
-ratios are taken per triple and their medians printed, with the load average at the start and the end.
+dnsperf A and TXT) as a triple of direct, kernel and Envoy back to back (ping-pong `--pingpong-triples` times: its
+runs are short), the triple's order rotated per round; the ratios are taken per triple and their medians printed,
+with the load average at the start and the end.
 Goal (issue 29): kernel >= 0.9x direct on both ping-pong and dnsperf.
 """
 
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sidecar-arg", action="append", default=[], help="extra `aether xds` flag (repeat)")
     p.add_argument("--kernel", action="store_true", help="direct vs in-kernel vs Envoy: ping-pong and dnsperf")
     p.add_argument("--pingpong-seconds", type=float, default=0.3, help="--kernel: length of one ping-pong run")
+    p.add_argument("--pingpong-triples", type=int, default=3, help="--kernel: ping-pong triples per round")
     p.add_argument(
         "--versus",
         action="append",
@@ -212,14 +214,16 @@ def kernel_run(client: Pod, dns: Service, echo: Service, work: Path, args: argpa
     load0 = os.getloadavg()
     triples: dict[str, list[list[float]]] = {label: [] for label, _, _ in measures}
     for rnd in range(args.rounds):
-        for label, run, dests in measures:
-            order = [(rnd + i) % 3 for i in range(3)]  # rotated: no arm always runs first
-            got = [0.0, 0.0, 0.0]
-            for i in order:
-                got[i] = run(*dests[i])
-            triples[label].append(got)
+        for n, (label, run, dests) in enumerate(measures):
+            for _ in range(args.pingpong_triples if n < 2 else 1):  # ping-pong runs are short: more of them
+                order = [(rnd + i) % 3 for i in range(3)]  # rotated: no arm always runs first
+                got = [0.0, 0.0, 0.0]
+                for i in order:
+                    got[i] = run(*dests[i])
+                triples[label].append(got)
     load1 = os.getloadavg()
-    print(f"bench.udp_dns --kernel: {args.rounds} rounds; ping-pong {pp:g}s runs (64 B, Python client, udp_echo),")
+    head = f"bench.udp_dns --kernel: {args.rounds} rounds; ping-pong {args.pingpong_triples} triples of {pp:g}s runs"
+    print(f"{head} per round (64 B, Python client, udp_echo),")
     print(
         f"  dnsperf {args.seconds:g}s runs (-c {args.clients}, dnsmasq); load average {_load(load0)} -> {_load(load1)}"
     )
