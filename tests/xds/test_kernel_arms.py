@@ -50,3 +50,11 @@ def test_weighted_backend_without_serving_endpoint_drops_its_share() -> None:
     ]
     got = kernel_arm(arm(backends=backends))
     assert got is not None and got.backends == (KernelBackend("10.1.0.1", 53, 1), UNROUTABLE._replace(weight=1))
+
+
+def test_the_services_own_idle_timeout_rides_along_and_none_leaves_the_nodes() -> None:
+    timed = kernel_arm(arm(endpoints=[E1], idle_timeout_seconds=5.0))
+    assert timed is not None and timed.idle_timeout_s == 5.0
+    plain = kernel_arm(arm(endpoints=[E1]))
+    assert plain is not None and plain.idle_timeout_s is None
+    assert kernel_arms([arm(cluster="blackhole", idle_timeout_seconds=2.0)]) == [KernelArm("10.96.0.10", (), 2.0)]

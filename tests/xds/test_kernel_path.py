@@ -28,8 +28,17 @@ class Netns:
     held: dict[str, tuple[KernelArm, ...]] = field(default_factory=dict)
     calls: list[tuple[str, list[str], list[str]]] = field(default_factory=list)
     refuse: set[str] = field(default_factory=set)
+    idle: float | None = None  # the last call's default_idle_timeout_s
 
-    def program(self, netns_path: str, arms: Sequence[KernelArm], *, previous: Sequence[KernelArm] = ()) -> int:
+    def program(
+        self,
+        netns_path: str,
+        arms: Sequence[KernelArm],
+        *,
+        previous: Sequence[KernelArm] = (),
+        default_idle_timeout_s: float | None = None,
+    ) -> int:
+        self.idle = default_idle_timeout_s
         self.calls.append((netns_path, [a.vip for a in arms], [a.vip for a in previous]))
         if netns_path in self.refuse:
             raise KernelUdpError(
@@ -48,28 +57,33 @@ def test_the_plan_takes_the_arms_that_select_kernel_and_the_pods_with_a_record()
     arms = node.status.udp.services
     arms[0] = kernel(arms[0])
     arms[1] = kernel(arms[1], "envoy")
-    arms[2] = kernel(arms[2].model_copy(update={"vip": "fd00:96::a", "cluster": "udp:default/svc-2@ipv6"}))
+    six = "fd00:96:0::000a"  # not compressed: the counters name it fd00:96::a
+    arms[2] = kernel(
+        arms[2].model_copy(update={"vip": six, "cluster": "udp:default/svc-2@ipv6", "idle_timeout_seconds": 5.0})
+    )
     arms[3] = kernel(arms[3].model_copy(update={"cluster": "tcp:default/svc-3"}))
     records = records_for(node)
     del records["u2"]  # no CNI record yet: not programmed
     plan = kernel_plan(node, records, "envoy")
-    assert plan.arms == (KernelArm(arms[0].vip, (KernelBackend(arms[0].endpoints[0].ip, 5353, 1),)),)
-    assert plan.services == {arms[0].vip: "default/svc-0"}
+    first = KernelArm(arms[0].vip, (KernelBackend(arms[0].endpoints[0].ip, 5353, 1),))
+    assert plan.arms == (first, KernelArm(six, (KernelBackend(arms[2].endpoints[0].ip, 5353, 1),), 5.0))
+    assert plan.services == {arms[0].vip: "default/svc-0", "fd00:96::a": "default/svc-2"}  # as counters name it
     assert {uid: t.name for uid, t in plan.pods.items()} == {"u0": "default/client-0", "u1": "default/client-1"}
     assert plan.selected
-    everything = kernel_plan(node, records, "kernel")  # the node's default: every plaintext UDP IPv4 arm but 1's
-    assert [a.vip for a in everything.arms] == [arms[0].vip]
+    everything = kernel_plan(node, records, "kernel")  # the node's default: every plaintext UDP arm but 1's
+    assert [a.vip for a in everything.arms] == [arms[0].vip, six]
     arms[1] = kernel(arms[1], None)
-    assert [a.vip for a in kernel_plan(node, records, "kernel").arms] == [arms[0].vip, arms[1].vip]
+    assert [a.vip for a in kernel_plan(node, records, "kernel").arms] == [arms[0].vip, arms[1].vip, six]
     assert not kernel_plan(node_with(2, 1), records, "envoy").selected
 
 
 def test_each_pod_gets_the_arms_then_only_changes_with_what_it_last_got() -> None:
     ns = Netns()
-    path = KernelUdpPath("kernel", program=ns.program)
+    path = KernelUdpPath("kernel", program=ns.program, idle_timeout_s=60.0)
     node = node_with(2, 2)
     records = records_for(node)
     path.apply(kernel_plan(node, records, path.default))
+    assert ns.idle == 60.0  # the node's --udp-idle-timeout, for arms without their own
     v0, v1 = (a.vip for a in node.status.udp.services)
     assert ns.calls == [("/run/netns/test-client-0", [v0, v1], []), ("/run/netns/test-client-1", [v0, v1], [])]
     path.apply(kernel_plan(node, records, path.default))

@@ -324,7 +324,12 @@ def _listen(args: argparse.Namespace, sidecar: Sidecar, cache: SnapshotCache) ->
         return None
     log.info("delta ADS on %s (port %s) for node %s", args.listen, port, args.node)
     if args.metrics:
+        from aether.metrics import REGISTRY
         from aether.metrics import serve as serve_metrics
+        from aether.xds.sidecar.kernel_metrics import KernelUdpCollector
+
+        if sidecar.kernel is not None:  # the kernel path's counters, read from the pod netns at scrape time
+            REGISTRY.register(KernelUdpCollector(sidecar.kernel.holding))
 
         try:
             serve_metrics(*args.metrics)
@@ -362,7 +367,7 @@ def _serve(argv: list[str]) -> int:
     options = _translate_options(args, areas)
     keeper = _secret_keeper(args, options) if serves_secrets else None
     pair_config = PairConfig(fetch_window_s=args.quic_pair_fetch_window)
-    kernel = KernelUdpPath(args.udp_dataplane)
+    kernel = KernelUdpPath(args.udp_dataplane, idle_timeout_s=args.udp_idle_timeout)
     sidecar = Sidecar(
         args.node, cache, sink, args.records, options, secrets=keeper, pair_config=pair_config, kernel=kernel
     )

@@ -1,6 +1,7 @@
 """The sidecar's plaintext UDP arms (`ServiceArm`) as the in-kernel UDP path's arms (`aether.netns.kernel_udp`):
-pure, the piece that selecting `kernel` for a Service will feed (the selection itself is not built yet).
+pure; `kernel_path.kernel_plan` feeds it the arms that select `kernel`.
 
+- The Service's own idle timeout (`idle_timeout_seconds`) rides along: the arm's `ct timeout` (None: the node's).
 - Only `udp:` arms; a `blackhole` arm (no healthy backend) becomes an arm without backends: it drops, as Envoy's
   blackhole does. TCP arms are not touched (R5).
 - A draining endpoint is left out: no new flow picks it, and the installer deletes its flows' conntrack entries, so
@@ -42,13 +43,14 @@ def _weighted(backends: Sequence[ArmBackend]) -> tuple[KernelBackend, ...]:
 
 def kernel_arm(arm: ServiceArm) -> KernelArm | None:
     """`arm` for table `ip aether_udp`, or None when it is not a plaintext UDP arm."""
+    idle = arm.idle_timeout_seconds  # the Service's own (its annotation); None: the node's default
     if arm.cluster == BLACKHOLE_CLUSTER:  # only UDP is matched, so a TCP blackhole drops UDP too, as Envoy does
-        return KernelArm(arm.vip, ())
+        return KernelArm(arm.vip, (), idle)
     if not arm.cluster.startswith("udp:"):
         return None
     if arm.backends is not None:
-        return KernelArm(arm.vip, _weighted(arm.backends))
-    return KernelArm(arm.vip, tuple(KernelBackend(e.ip, e.port, 1) for e in _serving(arm.endpoints)))
+        return KernelArm(arm.vip, _weighted(arm.backends), idle)
+    return KernelArm(arm.vip, tuple(KernelBackend(e.ip, e.port, 1) for e in _serving(arm.endpoints)), idle)
 
 
 def kernel_arms(arms: Sequence[ServiceArm]) -> list[KernelArm]:

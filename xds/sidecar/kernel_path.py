@@ -2,7 +2,8 @@
 the one worker thread that programs them into every meshed pod's netns.
 
 - `kernel_plan` (pure): a node's served arms whose effective data path (`ServiceArm.dataplane`, else the node's
-  `--udp-dataplane`) is `kernel`, as the kernel path's arms (`kernel_arms`: plaintext UDP only), and the pods to
+  `--udp-dataplane`) is `kernel`, as the kernel path's arms (`kernel_arms`: plaintext UDP only, both families; each
+  with the Service's idle timeout, the node's `--udp-idle-timeout` for the rest), and the pods to
   program: those the MeshNode lists that have a pod record (the netns path), as the Envoy path binds listeners.
 - `KernelUdpPath`: `submit` hands it the latest (node, records) and returns at once (it is called under the
   sidecar's lock, on the thread that reconciled); its worker thread, the only one that programs, applies the plan
@@ -17,6 +18,7 @@ the one worker thread that programs them into every meshed pod's netns.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
 import time
@@ -36,7 +38,14 @@ LOGGED_ARMS = 8  # an apply's log line names this many arms, then counts the res
 
 
 class Program(Protocol):
-    def __call__(self, netns_path: str, arms: Sequence[KernelArm], *, previous: Sequence[KernelArm] = ()) -> int: ...
+    def __call__(
+        self,
+        netns_path: str,
+        arms: Sequence[KernelArm],
+        *,
+        previous: Sequence[KernelArm] = (),
+        default_idle_timeout_s: float | None = None,
+    ) -> int: ...
 
 
 Remove = Callable[[str], None]
@@ -56,6 +65,14 @@ class KernelPlan:
     selected: bool  # the node's default or any arm selects kernel
 
 
+def vip_key(vip: str) -> str:
+    """A VIP as the counters name it (an IPv6 one compressed, RFC 5952)."""
+    try:
+        return str(ipaddress.ip_address(vip))
+    except ValueError:
+        return vip
+
+
 def selects_kernel(arm: ServiceArm, default: UdpDataplane) -> bool:
     return (arm.dataplane or default) == "kernel"
 
@@ -66,9 +83,9 @@ def kernel_plan(node: MeshNode, records: Mapping[str, PodRecord], default: UdpDa
     arms, services = [], {}
     for arm in chosen:
         k = kernel_arm(arm)
-        if k is not None and ":" not in k.vip:  # the kernel path is IPv4 only: IPv6 VIPs stay on Envoy
+        if k is not None:
             arms.append(k)
-            services[k.vip] = arm.service
+            services[vip_key(k.vip)] = arm.service
     pods = {
         p.uid: PodTarget(f"{p.namespace}/{p.name}", records[p.uid].netns) for p in node.status.pods if p.uid in records
     }
@@ -102,8 +119,10 @@ class KernelUdpPath:
         remove: Remove = remove_kernel_udp,
         on_problems: Callable[[tuple[str, ...]], None] | None = None,
         retry_s: float = RETRY_S,
+        idle_timeout_s: float | None = None,
     ) -> None:
         self.default: UdpDataplane = default
+        self.idle_timeout_s = idle_timeout_s  # the node's (--udp-idle-timeout), for arms without their own
         self._program, self._remove = program, remove
         self._adopting = True  # the first plan: what an earlier sidecar left in the pods' netns
         self.on_problems = on_problems
@@ -200,7 +219,9 @@ class KernelUdpPath:
         previous = last.arms if last is not None and last.target == target else ()
         t0 = time.perf_counter()
         try:
-            forgot = self._program(target.netns, plan.arms, previous=previous)
+            forgot = self._program(
+                target.netns, plan.arms, previous=previous, default_idle_timeout_s=self.idle_timeout_s
+            )
         except KernelUdpError as exc:
             why = f"kernel UDP rules not applied in pod {target.name} (its previous rules stay): {exc}"
             if self.failures.get(uid) != why:
