@@ -4,7 +4,8 @@ A real client (socat, a connected UDP socket: it takes replies only from VIP:180
 other node and on its own, while the capture's Envoy never sees the datagram (its udp_proxy session counters stay
 where they were) and the table's named counters count it. A Service annotated `mesh.aether.dev/udp-dataplane:
 envoy` stays on Envoy (the control that the Envoy counters are not vacuous); annotating it `kernel` moves it,
-taking it back shrinks the table. The sidecar exports the counters on /metrics and Programmed is True.
+taking it back shrinks the table. The sidecar exports the counters on /metrics and Programmed is True. The rules
+outlive a stopped sidecar, and the next one adopts them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Set as AbstractSet
 import pytest
 
 from aether.e2e.harness import Mesh, MeshPod
-from aether.e2e.lifecycle import restart_sidecar
+from aether.e2e.lifecycle import STREAMS, restart_sidecar, start_sidecar, stop_sidecar
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.kernel_udp_install import read_kernel_udp_counters
 from aether.operator.reconcile.views import UDP_DATAPLANE_ANNOTATION
@@ -126,3 +127,21 @@ def test_a_service_annotated_envoy_goes_through_envoy_then_moves_to_the_kernel_a
         mesh.kube.annotate_service(mesh.namespace, "svc-env", {UDP_DATAPLANE_ANNOTATION: "envoy"})
     wait_programmed(mesh, {mesh.services["svc-far"]}, {env})  # the table shrank: svc-env is Envoy's again
     assert socat(client, env, "again") == "env|again"
+
+
+def test_the_rules_outlive_the_sidecar_and_a_new_one_adopts_them(mesh: Mesh) -> None:
+    """The kernel path needs no process on the data path: with node-a's sidecar stopped the client still reaches
+    svc-far; the new sidecar replaces the table in one transaction (no gap) and Programmed comes back True."""
+    client, node = mesh.pods["client"], mesh.nodes["node-a"]
+    far = mesh.services["svc-far"]
+    wait_programmed(mesh, {far})
+    streams = node.stat(STREAMS)
+    stop_sidecar(mesh, node)
+    try:
+        assert socat(client, far, "sidecar-down") == "far|sidecar-down"
+        assert far in kernel_vips(client)
+    finally:
+        start_sidecar(mesh, node, streams)
+    wait_for(lambda: "holds" in (node.workdir / "sidecar.log").read_text().rsplit("ADS on", 1)[-1], 30, "an apply")
+    assert far in kernel_vips(client) and socat(client, far, "adopted") == "far|adopted"
+    mesh.programmed(node)

@@ -4,12 +4,14 @@ naming a pod netns whose rules failed, then recovering."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aether.api.meshnode import Condition, ServiceArm
 from aether.netns.kernel_udp import KernelArm, KernelBackend
-from aether.netns.kernel_udp_install import KernelUdpError
+from aether.netns.kernel_udp_install import KernelUdpError, apply_kernel_udp
+from aether.testing.kernel_udp_effects import RecordingKernelUdp
 from aether.testing.samples import node_with, records_for
 from aether.testing.wait import wait_for
 from aether.xds.ads.cache import SnapshotCache
@@ -171,3 +173,37 @@ def test_programmed_names_the_failed_pod_netns_and_recovers() -> None:
     assert sc.condition is not None and sc.condition.reason == "Accepted"
     assert len(ns.held["/run/netns/test-client-1"]) == 2
     path.close()
+
+
+def test_with_the_recording_effects_a_refused_transaction_keeps_the_table_and_is_reported() -> None:
+    """The installer's own logic (apply_kernel_udp) on a recorded netns per pod: nft refuses client-1's update, its
+    table stays what it held, Programmed's input names it with nft's error; the next apply recovers."""
+    fx = {p: RecordingKernelUdp() for p in ("/run/netns/test-client-0", "/run/netns/test-client-1")}
+
+    def program(
+        netns_path: str,
+        arms: Sequence[KernelArm],
+        *,
+        previous: Sequence[KernelArm] = (),
+        default_idle_timeout_s: float | None = None,
+    ) -> int:
+        return apply_kernel_udp(
+            fx[netns_path], netns_path, arms, previous, default_idle_timeout_s=default_idle_timeout_s
+        )
+
+    seen: list[tuple[str, ...]] = []
+    path = KernelUdpPath("kernel", program=program, on_problems=seen.append, idle_timeout_s=60.0)
+    node = node_with(1, 2)
+    records = records_for(node)
+    path.apply(kernel_plan(node, records, path.default))
+    held = copy.deepcopy(fx["/run/netns/test-client-1"].tables)
+    fx["/run/netns/test-client-1"].refuse = True
+    node.status.udp.services.append(node_with(2, 0).status.udp.services[1])
+    path.apply(kernel_plan(node, records, path.default))
+    (problem,) = seen[-1]
+    assert "pod default/client-1" in problem and "Operation not supported" in problem, problem
+    assert fx["/run/netns/test-client-1"].tables == held  # all or nothing: the previous rules stay
+    assert fx["/run/netns/test-client-0"].tables != held  # the other pod took the change
+    fx["/run/netns/test-client-1"].refuse = False
+    path.apply(kernel_plan(node, records, path.default))
+    assert seen[-1] == () and fx["/run/netns/test-client-1"].tables == fx["/run/netns/test-client-0"].tables
