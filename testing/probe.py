@@ -23,12 +23,17 @@ class Answer:
     vip: str
     backend: str | None
     source: tuple[str, int] | None
+    # the send itself failed with EPERM: a rule in the pod's own output path dropped the datagram (the in-kernel
+    # UDP path's drop of a Service without endpoints, or of an invalid backend's share)
+    refused: bool = False
 
     @property
     def from_vip(self) -> bool:
         return self.source == (self.vip, L4_OUTBOUND_PORT)
 
     def show(self) -> str:
+        if self.refused:
+            return "send refused (EPERM: dropped in the pod's own output path)"
         if self.backend is None:
             return "no reply"
         return f"{self.backend} (reply from {self.source[0]}:{self.source[1]})" if self.source else self.backend
@@ -46,7 +51,10 @@ def pod_socket(netns_path: str, timeout: float = 0.5, family: socket.AddressFami
 
 
 def ask(sock: socket.socket, vip: str, payload: bytes, port: int = L4_OUTBOUND_PORT) -> Answer:
-    sock.sendto(payload, (vip, port))
+    try:
+        sock.sendto(payload, (vip, port))
+    except PermissionError:
+        return Answer(vip, None, None, refused=True)
     deadline = time.monotonic() + (sock.gettimeout() or 0.5)
     while True:
         try:

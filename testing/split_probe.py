@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from aether.netns.nsthread import run_in_netns
 
 NO_REPLY = "<no reply>"
+# the send failed with EPERM: the datagram was dropped in the pod's own output path (the in-kernel UDP path drops an
+# invalid backend's share there; Envoy's path drops it in Envoy, which the client sees as NO_REPLY)
+SEND_REFUSED = "<send refused>"
 # Source ports for probes, never reused by this process and below the kernel's ephemeral range (32768-60999 here):
 # udp_proxy keys a session on the client's address and port, so a fresh socket that got the port of an earlier
 # probe or of an earlier test's ordinary socket (whose session is still open in Envoy, idle) would join that
@@ -58,7 +61,7 @@ def _backend(reply: bytes) -> str:
 def probe_split(netns_path: str, host: str, port: int, probes: int, in_flight: int = 10, timeout: float = 1.0) -> Split:
     """`probes` datagrams to host:port (an IPv4 or IPv6 address), each from a fresh socket made in the pod's netns on a source port no
     earlier probe used (a new session each), `in_flight` at a time; a probe unanswered within `timeout` counts as
-    NO_REPLY."""
+    NO_REPLY, one whose send failed with EPERM as SEND_REFUSED."""
     counts: Counter[str] = Counter()
     done = 0
     while done < probes:
@@ -73,7 +76,12 @@ def probe_split(netns_path: str, host: str, port: int, probes: int, in_flight: i
             poller = select.poll()
             for i, s in enumerate(socks):
                 s.setblocking(False)
-                s.sendto(f"probe-{done + i}".encode(), (host, port))
+                try:
+                    s.sendto(f"probe-{done + i}".encode(), (host, port))
+                except PermissionError:
+                    counts[SEND_REFUSED] += 1
+                    del pending[s.fileno()]
+                    continue
                 poller.register(s.fileno(), select.POLLIN)
             left_ms = timeout * 1000
             while pending and left_ms > 0:
@@ -100,7 +108,11 @@ def sticky_backends(sock: socket.socket, host: str, port: int, datagrams: int, t
     seen: Counter[str] = Counter()
     sock.settimeout(timeout)
     for i in range(datagrams):
-        sock.sendto(f"sticky-{i}".encode(), (host, port))
+        try:
+            sock.sendto(f"sticky-{i}".encode(), (host, port))
+        except PermissionError:
+            seen[SEND_REFUSED] += 1
+            continue
         try:
             seen[_backend(sock.recvfrom(65535)[0])] += 1
         except TimeoutError:

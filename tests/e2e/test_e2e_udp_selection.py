@@ -5,6 +5,10 @@ captured by the real aether-cni. Assertions are about traffic: which backend ans
 Topology: client pods on node-a (one with the deployed tproxy capture, one with REDIRECT: the negative
 control), three echo backends on node-b, one Service per backend (three VIPs on one port, 18082); and the other
 way round, a client on node-b and a fourth backend on node-a.
+
+Every test runs on both UDP data paths (`aether.e2e.dataplane`): Envoy's udp_proxy, and the in-kernel path (the
+sidecars started with `--udp-dataplane kernel`), where each test also checks that the datagrams went through the
+pod's nft table and never reached Envoy.
 """
 
 from __future__ import annotations
@@ -15,11 +19,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from aether.e2e.dataplane import UDP_DATAPLANES, PathCounters, on_kernel, wait_kernel_vips
 from aether.e2e.harness import Mesh, MeshPod
 from aether.e2e.kube import udp_arms
 from aether.e2e.lifecycle import route_condition
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
-from aether.testing.probe import who_answers
+from aether.testing.probe import Answer, who_answers
 from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
@@ -27,9 +32,9 @@ pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 BACKENDS = {"svc-a": "echo-a", "svc-b": "echo-b", "svc-c": "echo-c"}
 
 
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[Mesh]:
-    m = Mesh(namespace="e2e")
+@pytest.fixture(scope="module", params=UDP_DATAPLANES)
+def mesh(request: pytest.FixtureRequest) -> Iterator[Mesh]:
+    m = Mesh(namespace="e2e", udp_dataplane=request.param)
     try:
         a, b = m.add_node("node-a"), m.add_node("node-b")
         m.start_node_proxies()
@@ -45,6 +50,7 @@ def mesh() -> Iterator[Mesh]:
         m.wait_arms(a, want)
         m.wait_arms(b, want)
         m.wait_listeners(a, 3)  # one capture listener per pod on node-a
+        wait_kernel_vips(m, [m.pods[p] for p in ("client", "client-redirect", "client-b")], want)
         yield m
     finally:
         m.close()
@@ -72,15 +78,19 @@ def selection_failures(mesh: Mesh, client: MeshPod, expect: dict[str, str], time
 def test_each_vip_reaches_its_own_backend_on_the_other_node(mesh: Mesh) -> None:
     client = mesh.pods["client"]
     assert client.node.name == "node-a" and {mesh.pods[b].node.name for b in BACKENDS.values()} == {"node-b"}
+    counted = PathCounters(client, [mesh.services[s] for s in BACKENDS])
     failures = selection_failures(mesh, client, BACKENDS)
     assert failures == [], "\n".join(failures) + "\n" + mesh.diagnostics()
+    counted.check(mesh)
 
 
 def test_selection_from_the_other_node_reaches_local_and_remote_backends(mesh: Mesh) -> None:
     client = mesh.pods["client-b"]
     expect = {**BACKENDS, "svc-d": "echo-d"}  # echo-a..c beside it on node-b, echo-d on node-a
+    counted = PathCounters(client, [mesh.services[s] for s in expect])
     failures = selection_failures(mesh, client, expect)
     assert failures == [], "\n".join(failures) + "\n" + mesh.diagnostics()
+    counted.check(mesh)
 
 
 def test_redirect_capture_loses_per_service_selection(mesh: Mesh) -> None:
@@ -88,10 +98,20 @@ def test_redirect_capture_loses_per_service_selection(mesh: Mesh) -> None:
     destination to 127.0.0.1, so Envoy's matcher never sees the VIP: every VIP lands on the blackhole.
 
     Seen red: `selection_failures` over this pod (what the test above asserts is []) reported every Service
-    with `got no reply`."""
+    with `got no reply`.
+
+    On the kernel path the control comes out the other way, by design: the table's nat chain runs before the
+    REDIRECT capture's (priority dstnat - 1), so the VIP is rewritten to its backend before REDIRECT could take it:
+    every Service is answered by its own backend, nothing reaches Envoy's blackhole."""
     pod = mesh.pods["client-redirect"]
     node = pod.node
     before = node.stat("cluster.blackhole.upstream_cx_none_healthy")
+    if on_kernel(mesh):
+        counted = PathCounters(pod, [mesh.services[s] for s in BACKENDS])
+        assert selection_failures(mesh, pod, BACKENDS, timeout=0) == []
+        assert node.stat("cluster.blackhole.upstream_cx_none_healthy") == before
+        counted.check(mesh)
+        return
     failures = selection_failures(mesh, pod, BACKENDS, timeout=0)
     assert len(failures) == len(BACKENDS), failures
     assert all("got no reply" in f for f in failures), failures
@@ -125,12 +145,20 @@ def test_a_service_without_ready_endpoints_goes_silent_and_comes_back(mesh: Mesh
     try:
         vip = mesh.services["svc-c"]
         mesh.kube.wait_meshnode("node-a", lambda o: udp_arms(o)[vip]["endpoints"] == [], what="svc-c with no endpoints")
-        wait_for(
-            lambda: who_answers(client.netns_path, vip, tries=1, timeout=0.3).backend is None,
+
+        def unanswered() -> Answer | None:
+            answer = who_answers(client.netns_path, vip, tries=1, timeout=0.3)
+            return answer if answer.backend is None else None
+
+        silent = wait_for(
+            unanswered,
             30,
             "svc-c to go silent with no ready endpoints",
             interval=0,
         )
+        # Envoy's path loses the datagram in Envoy (no endpoint); the kernel path drops it in the pod's own output
+        # path, so the sender's send fails (EPERM)
+        assert silent.refused == on_kernel(mesh), silent.show()
         others = {k: v for k, v in BACKENDS.items() if k != "svc-c"}
         assert selection_failures(mesh, client, others, timeout=0) == []  # the other Services are untouched
     finally:
