@@ -66,6 +66,20 @@ def wait_kernel_vips(mesh: Mesh, pods: Iterable[MeshPod], vips: Iterable[str], t
     )
 
 
+def wait_kernel_backends(mesh: Mesh, pod: MeshPod, vip: str, backends: Iterable[str], timeout: float = 60.0) -> None:
+    """On the kernel path: until the pod's table rewrites vip:18082 to exactly `backends` (`ip:port`, the valid
+    backends' counters; a draining or removed endpoint has none). A no-op on the Envoy path."""
+    if not on_kernel(mesh):
+        return
+    want = set(backends)
+    wait_for(
+        lambda: set(kernel_backend_packets(pod, vip)) == want,
+        timeout,
+        f"{pod.name}'s table rewriting {vip} to {sorted(want)}",
+        diagnose=mesh.diagnostics,
+    )
+
+
 class PathCounters:
     """Envoy's capture sessions and the kernel counters of one pod's VIPs, read before traffic; `moved()` says
     what each counted since. A test asserts on the path's own: the kernel path's datagrams never reach Envoy."""

@@ -9,6 +9,12 @@ sidecars, real Envoy per node, pods captured by the real aether-cni):
   terminating while it still serves, then gone (none lost).
 
 The crash and replacement figures are printed (`pytest -s`) and recorded in docs/performance.md.
+
+Every test runs on both UDP data paths (`aether.e2e.dataplane`): Envoy's udp_proxy and the in-kernel path, each
+checking that its own path carried the traffic. What differs is asserted per path: the kernel path forgets a
+draining or removed endpoint's flows at once (conntrack entries deleted), so a reply still on its way from it
+arrives un-NATed, from the backend pod's own address (a connected socket discards it), where Envoy keeps a
+draining endpoint's session until the client's next datagram and drops a removed one's reply.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from pathlib import Path
 
 import pytest
 
+from aether.e2e.dataplane import UDP_DATAPLANES, PathCounters, on_kernel, wait_kernel_backends, wait_kernel_vips
 from aether.e2e.harness import BACKEND_PORT, Mesh, MeshPod
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.nsthread import run_in_netns
@@ -61,9 +68,10 @@ def _dnsmasq_app(ip: str, port: int, answer: str, workdir: Path) -> list[str]:
     return dnsmasq_argv(ip, port, answer, workdir)
 
 
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[Mesh]:
-    m = Mesh(namespace="e2e", inbound="permissive")  # the sweep compares with the direct path STRICT closes
+@pytest.fixture(scope="module", params=UDP_DATAPLANES)
+def mesh(request: pytest.FixtureRequest) -> Iterator[Mesh]:
+    # permissive: the sweep compares with the direct path STRICT closes
+    m = Mesh(namespace="e2e", inbound="permissive", udp_dataplane=request.param)
     try:
         a, b = m.add_node("node-a"), m.add_node("node-b")
         m.start_node_proxies()
@@ -79,6 +87,7 @@ def mesh() -> Iterator[Mesh]:
         m.add_service("dns-r", ["r1", "r2"])
         m.wait_arms(a, {vip: f"udp:e2e/{svc}" for svc, vip in m.services.items()})
         m.wait_listeners(a, 1)
+        wait_kernel_vips(m, [m.pods["client"]], m.services.values())
         a.wait_hosts({f"udp:e2e/{svc}": {m.pods[svc].ip} for svc in ("echo", "count", "dns-remote", "dns-local")})
         client = m.pods["client"]
         for svc in ("dns-remote", "dns-local", "dns-r"):
@@ -101,6 +110,7 @@ def _exchange(client: MeshPod, host: str, port: int, payload: bytes) -> bytes | 
 def test_size_sweep_across_nodes_matches_direct(mesh: Mesh) -> None:
     client = mesh.pods["client"]
     assert client.node.name == "node-a" and mesh.pods["echo"].node.name == "node-b"
+    counted = PathCounters(client, [mesh.services["echo"], mesh.services["count"]])
     for size in SIZES:
         payload = os.urandom(size)
         for backend in ("echo", "count"):
@@ -109,24 +119,29 @@ def test_size_sweep_across_nodes_matches_direct(mesh: Mesh) -> None:
             want = payload if backend == "echo" else f"{size}\n".encode()
             assert direct == want, f"direct {backend} {size} B"
             assert through == want, f"{backend} {size} B through the mesh across nodes\n{mesh.diagnostics()}"
+    counted.check(mesh, len(SIZES))
 
 
 def test_dig_across_nodes(mesh: Mesh) -> None:
     client = mesh.pods["client"]
+    counted = PathCounters(client, [mesh.services["dns-remote"], mesh.services["dns-local"]])
     big = dig(client.net.netns, mesh.services["dns-remote"], L4_OUTBOUND_PORT, BIG_TXT_NAME, "TXT", bufsize=4096)
     assert big.status == "NOERROR" and "tc" not in big.flags and big.size > 1500, big.output
     assert txt_strings(big.answers) == list(BIG_TXT)
     for svc in ("dns-remote", "dns-local"):  # one Service's backend on each node, one port
         answer = dig(client.net.netns, mesh.services[svc], L4_OUTBOUND_PORT, WHO_NAME)
         assert [line.split()[-1] for line in answer.answers] == [ANSWERS[svc]], answer.output
+    counted.check(mesh)
 
 
 def test_five_thousand_fresh_sockets_across_nodes(mesh: Mesh) -> None:
     client = mesh.pods["client"]
+    counted = PathCounters(client, [mesh.services["dns-remote"]])
     start = time.monotonic()
     storm = fresh_socket_lookups(client.netns_path, mesh.services["dns-remote"], L4_OUTBOUND_PORT, 5000, batch=100)
     took = time.monotonic() - start
     assert storm.answered == 5000 and took < 10, (storm, took)
+    counted.check(mesh, 5000)
 
 
 @dataclass
@@ -272,7 +287,11 @@ def test_a_reply_on_its_way_survives_a_drain_not_a_removal(mesh: Mesh) -> None:
     """Why terminating endpoints are kept DRAINING: the backend holds its reply (a slow answer) while the mesh
     changes. Removed from the slice at once, the endpoint leaves Envoy and takes its udp_proxy session along, so the
     reply on its way is dropped (the negative control: the old behaviour). Marked terminating instead, the session
-    stays, the reply arrives, and the socket's next datagram moves to the ready endpoint."""
+    stays, the reply arrives, and the socket's next datagram moves to the ready endpoint.
+
+    On the kernel path both a removal and a drain delete the flow's conntrack entry at once (the flow moves at its
+    next datagram either way): the held reply then arrives with no NAT state to undo, from h1's own address, not
+    from VIP:18082, so a connected socket would discard it. The next datagram reaches h2, from the VIP."""
     assert mesh.workdir is not None
     node_a, hold = mesh.nodes["node-a"], mesh.workdir / "held-release"
     hits = {n: mesh.workdir / f"{n}.hits" for n in ("h1", "h2")}
@@ -282,8 +301,14 @@ def test_a_reply_on_its_way_survives_a_drain_not_a_removal(mesh: Mesh) -> None:
         wait_for(partial(_listening, mesh.nodes["node-b"].workdir / f"{n}.log"), what=f"{n} listening")
     vip, cluster = mesh.add_service("held", ["h1"]), "udp:e2e/held"
     ip = {n: mesh.pods[n].ip for n in ("h1", "h2")}
-    node_a.wait_hosts({cluster: {ip["h1"]}})
     client = mesh.pods["client"]
+
+    def on(name: str) -> None:
+        """Envoy and, on the kernel path, the client's table have `name` as the only serving endpoint."""
+        node_a.wait_hosts({cluster: {ip[name]}})
+        wait_kernel_backends(mesh, client, vip, [f"{ip[name]}:{BACKEND_PORT}"])
+
+    on("h1")
 
     def held(name: str) -> int:
         return len(hits[name].read_text().splitlines()) if hits[name].exists() else 0
@@ -297,31 +322,39 @@ def test_a_reply_on_its_way_survives_a_drain_not_a_removal(mesh: Mesh) -> None:
         wait_for(lambda: held("h1") > before, what="h1 holds the query")
         return sock
 
-    def reply(sock: socket.socket) -> bytes | None:
+    def reply(sock: socket.socket) -> tuple[bytes, tuple[str, int]] | None:
         try:
-            return sock.recv(65535)
+            data, src = sock.recvfrom(65535)
         except TimeoutError:
             return None
+        return data, (src[0], src[1])
 
+    from_vip, from_h1 = (vip, L4_OUTBOUND_PORT), (ip["h1"], BACKEND_PORT)
     removed = held_query(b"q1")
     mesh.set_endpoints("held", ["h2"])
-    node_a.wait_hosts({cluster: {ip["h2"]}})
+    on("h2")
     hold.touch()
     try:
-        assert reply(removed) is None, "a removed endpoint's session should be gone (negative control)"
+        got = reply(removed)
+        if on_kernel(mesh):
+            assert got == (b"h1|q1", from_h1), f"the removed endpoint's reply, un-NATed: {got}"
+        else:
+            assert got is None, "a removed endpoint's session should be gone (negative control)"
     finally:
         removed.close()
         hold.unlink()
 
     mesh.set_endpoints("held", ["h1"])
-    node_a.wait_hosts({cluster: {ip["h1"]}})
+    on("h1")
     drained = held_query(b"q2")
     try:
         mesh.set_endpoints("held", ["h2"], terminating=["h1"])
         wait_for(lambda: _draining(mesh, cluster) == {ip["h1"]}, what="h1 draining in Envoy")
+        wait_kernel_backends(mesh, client, vip, [f"{ip['h2']}:{BACKEND_PORT}"])
         hold.touch()
-        assert reply(drained) == b"h1|q2", "the reply on its way from a draining endpoint was lost"
+        want = from_h1 if on_kernel(mesh) else from_vip
+        assert reply(drained) == (b"h1|q2", want), "the reply on its way from a draining endpoint"
         drained.sendto(b"q3", (vip, L4_OUTBOUND_PORT))
-        assert reply(drained) == b"h2|q3", "the session did not move off the draining endpoint"
+        assert reply(drained) == (b"h2|q3", from_vip), "the session did not move off the draining endpoint"
     finally:
         drained.close()
