@@ -129,6 +129,7 @@ class RecordingKernelUdp:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # counter name -> (packets, bytes)
     refuse: bool = False
     closed: bool = False
+    gen: int = 0  # the nft generation: one more per transaction that applied (tests move it to play another writer)
 
     def _listing(self, family: str, what: str) -> NftResult:
         t = self.tables.get(family)
@@ -182,7 +183,12 @@ class RecordingKernelUdp:
             self.tables = self._transaction(items)
         except Refused as exc:
             return NftResult(1, "", f"Error: {exc}\n")
+        self.gen += 1
         return NftResult(0, "", "")
+
+    def generation(self) -> int:
+        self.calls.append(("generation",))
+        return self.gen
 
     def forget_flows(self, vip: str, vip_port: int, backend_ip: str, backend_port: int) -> int:
         self.calls.append(("forget_flows", vip, backend_ip, backend_port))

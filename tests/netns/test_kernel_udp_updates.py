@@ -17,7 +17,7 @@ from aether.netns.kernel_udp import (
     service_chain,
 )
 from aether.netns.kernel_udp_diff import canonical, update_commands
-from aether.netns.kernel_udp_install import apply_kernel_udp, counters, departed
+from aether.netns.kernel_udp_install import Verified, apply_kernel_udp, counters, departed
 from aether.netns.kernel_udp_text import to_text
 from aether.testing.kernel_udp_effects import ARMS, B1, B4, RecordingKernelUdp
 
@@ -212,3 +212,23 @@ def test_departed_ipv6_backends() -> None:
     before = (KernelArm("fd00:96::1", (KernelBackend("fd00:29::1", 53, 1), KernelBackend("fd00:29:0::2", 53, 1))),)
     after = (KernelArm("fd00:96:0::1", (KernelBackend("fd00:29::1", 53, 1),)),)
     assert departed(before, after) == [("fd00:96::1", "fd00:29::2", 53)]  # compared in nft's (RFC 5952) form
+
+
+def test_an_unmoved_generation_skips_the_read_back() -> None:
+    """With a `Verified` record, a netns whose nft generation moved only by our own transactions is not listed
+    again before the next update; another commit in between (the generation moved once more) makes the next
+    apply read back, and a table changed by it is then replaced whole."""
+    fx, seen = RecordingKernelUdp(), Verified()
+    apply_kernel_udp(fx, "ns", ARMS[:1], verified=seen)  # first: listed, replaced, read back
+    fx.calls.clear()
+    apply_kernel_udp(fx, "ns", ARMS, previous=ARMS[:1], verified=seen)
+    assert [c[1] for c in fx.calls if c[0] == "nft"] == ["update"]
+    fx.tables["ip"]["sets"]["vips"]["elem"].pop()  # another writer changes the table: one more commit
+    fx.gen += 1
+    fx.calls.clear()
+    apply_kernel_udp(fx, "ns", ARMS[1:], previous=ARMS, verified=seen)
+    assert [c[1] for c in fx.calls if c[0] == "nft"] == ["list", "replace", "list", "list"]
+    assert fx.tables["ip"] == canonical(build_kernel_udp(ARMS[1:]))
+    fx.calls.clear()
+    apply_kernel_udp(fx, "ns", ARMS[1:], previous=ARMS[1:], verified=seen)  # nothing to do: nothing sent or listed
+    assert [c for c in fx.calls if c[0] == "nft"] == []
