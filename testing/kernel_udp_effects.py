@@ -43,7 +43,7 @@ class Refused(Exception):
 
 
 def _key(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
+    return repr(value)  # the order and identity `aether.netns.kernel_udp_diff.canonical` gives set elements
 
 
 def _names_in(value: Any, kind: str) -> set[str]:

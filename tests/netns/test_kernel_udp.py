@@ -70,10 +70,10 @@ def test_drain_and_invalid_backend() -> None:
     assert canonical(rs)["rules"]["svc_10_96_0_11"] == [[{"drop": None}]]
 
 
-def _matches(rs: dict[str, Any]) -> list[Any]:
+def _matches(rs: dict[str, Any], family: Family) -> list[Any]:
     """Every left side matched or looked up anywhere in the ruleset, and every literal value it is compared with."""
     out: list[Any] = []
-    for rule in (r for rules in canonical(rs)["rules"].values() for r in rules):
+    for rule in (r for rules in canonical(rs, family)["rules"].values() for r in rules):
         for stmt in rule:
             if "match" in stmt:
                 out.append((stmt["match"]["left"], stmt["match"]["right"]))
@@ -86,22 +86,25 @@ def _matches(rs: dict[str, Any]) -> list[Any]:
     return out
 
 
-def test_only_plaintext_udp_to_18082_is_touched() -> None:
+@pytest.mark.parametrize("family", ["ip", "ip6"])
+def test_only_plaintext_udp_to_18082_is_touched(family: Family) -> None:
     """R5: the only traffic matched is UDP to a listed VIP on the plaintext port 18082 (the sets' keys); no TCP
-    match, no other port, nothing about the QUIC class; the chains sit after the divert and at dstnat."""
-    rs = build_kernel_udp(ARMS)
-    c = canonical(rs)
+    match, no other port, nothing about the QUIC class; the chains sit after the divert and at dstnat. Both
+    tables alike."""
+    six = KernelArm("fd00:96::10", (KernelBackend("fd00:29::2", 53, 1),))
+    rs = build_kernel_udp((*ARMS, six))
+    c = canonical(rs, family)
     keys = {(e["concat"][0], e["concat"][1]) for e in c["sets"]["vips"]["elem"]}
-    assert {port for _, port in keys} == {L4_OUTBOUND_PORT}
+    assert keys and {port for _, port in keys} == {L4_OUTBOUND_PORT}
     daddr_dport = {
         "concat": [
-            {"payload": {"protocol": "ip", "field": "daddr"}},
+            {"payload": {"protocol": family, "field": "daddr"}},
             {"payload": {"protocol": "udp", "field": "dport"}},
         ]
     }
     l4udp = {"meta": {"key": "l4proto"}}
-    backend = {"concat": [{"ct": {"key": "ip daddr", "dir": "original"}}, *daddr_dport["concat"]]}
-    for left, right in _matches(rs):
+    backend = {"concat": [{"ct": {"key": f"{family} daddr", "dir": "original"}}, *daddr_dport["concat"]]}
+    for left, right in _matches(rs, family):
         assert left in (
             daddr_dport,
             backend,
