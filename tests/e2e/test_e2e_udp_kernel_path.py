@@ -102,12 +102,17 @@ def test_kernel_services_are_answered_with_no_datagram_through_envoy(mesh: Mesh)
         assert socat(client, near, f"hi-{i}") == f"near|hi-{i}", mesh.diagnostics()
     assert node.stat(SESSIONS) == sessions, "a kernel Service's datagram reached the capture's Envoy"
     assert {v: service_packets(client, v) - counted[v] for v in (far, near)} == {far: 5, near: 5}
-    got = scrape(f"http://127.0.0.1:{METRICS_PORT}/metrics")
-    assert value(got, "aether_kernel_udp_service_packets_total", service="e2e/svc-far") >= 5
     backend = f"{mesh.pods['far'].ip}:5353"
-    assert value(got, "aether_kernel_udp_backend_packets_total", service="e2e/svc-far", backend=backend) >= 5, {
-        k: v for k, v in got.items() if "kernel" in k[0]
-    }
+
+    def counted_on_metrics() -> bool:  # the collector's next sweep (every 15 s) carries them
+        got = scrape(f"http://127.0.0.1:{METRICS_PORT}/metrics")
+        far_labels = {"service": "e2e/svc-far", "backend": backend}
+        return (
+            value(got, "aether_kernel_udp_service_packets_total", service="e2e/svc-far") >= 5
+            and value(got, "aether_kernel_udp_backend_packets_total", **far_labels) >= 5
+        )
+
+    wait_for(counted_on_metrics, 45, "aether_kernel_udp_* counting svc-far on the sidecar's /metrics")
     mesh.programmed(node)  # waits for Programmed=True: no pod netns failed
 
 

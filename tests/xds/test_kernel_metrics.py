@@ -1,6 +1,6 @@
 """The in-kernel UDP path's counters on the sidecar's /metrics: per Service and per backend, summed over the node's
-pod netns, monotonic across a netns's table replacement or departure, label sets bounded by what is live, the
-netns read at most once per `max_age_s` (recorded counters in place of the kernel; a real HTTP scrape)."""
+pod netns, monotonic across a netns's table replacement or departure, label sets bounded by what is live, a scrape reading no
+netns and a sweep pacing itself (recorded counters in place of the kernel; a real HTTP scrape)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from aether.metrics import REGISTRY
 from aether.metrics import serve as serve_metrics
 from aether.netns.kernel_udp import KernelArm, KernelUdpCounter
 from aether.netns.kernel_udp_install import KernelUdpError
-from aether.testing.promtext import named, scrape, value
+from aether.testing.promtext import Samples, named, scrape, value
+from aether.testing.wait import wait_for
 from aether.xds.sidecar.kernel_metrics import CounterTotals, KernelUdpCollector, reading
 from aether.xds.sidecar.kernel_path import Applied, PodTarget
 
@@ -42,36 +43,50 @@ def test_totals_stay_monotonic_when_a_netns_restarts_or_leaves_and_drop_what_is_
     assert ("app/echo", None) not in left  # no netns holds app/echo any more: its series goes
 
 
-def test_the_collector_reads_each_netns_at_most_once_per_max_age() -> None:
+def test_a_scrape_reads_nothing_and_a_sweep_paces_itself_to_its_duty() -> None:
     reads: list[str] = []
     now = [0.0]
+    paused: list[float] = []
     held = [Applied(PodTarget("app/client-0", "/ns/1"), (KernelArm(VIP_A, ()),), SERVICES)]
 
     def read(netns: str) -> list[KernelUdpCounter]:
         reads.append(netns)
+        now[0] += 0.2  # each read takes 200 ms
         if netns == "/ns/broken":
             raise KernelUdpError("setns: no such netns")
         return counters(len(reads), 1)
 
-    c = KernelUdpCollector(lambda: held, read, max_age_s=5.0, clock=lambda: now[0])
-    assert c.totals()[("app/dns", None)] == (1, 100)
-    now[0] = 4.9
-    assert c.totals()[("app/dns", None)] == (1, 100) and reads == ["/ns/1"]
-    now[0] = 5.0
+    c = KernelUdpCollector(lambda: held, read, duty=0.05, clock=lambda: now[0])
+    assert all(m.samples == [] for m in c.collect()) and reads == []  # nothing swept yet: a scrape reads no netns
+    c.sweep(paused.append)
+    assert c.current[("app/dns", None)] == (1, 100) and reads == ["/ns/1"]
+    assert paused == [pytest.approx(0.2 * 19)]  # 200 ms of reading, 3.8 s of pause: 5 % of one CPU
+    list(c.collect())
+    assert reads == ["/ns/1"]
     held.append(Applied(PodTarget("app/client-1", "/ns/broken"), (), SERVICES))
-    assert c.totals()[("app/dns", None)] == (2, 200) and reads == ["/ns/1", "/ns/1", "/ns/broken"]
+    c.sweep()  # the broken netns keeps what it had (nothing): no false reset, the sweep goes on
+    assert c.current[("app/dns", None)] == (2, 200) and reads == ["/ns/1", "/ns/1", "/ns/broken"]
 
 
 @pytest.fixture
 def registered() -> Iterator[list[Applied]]:
     held: list[Applied] = []
     live = {"/ns/1": counters(7, 4, 2), "/ns/2": counters(3, 3)}
-    collector = KernelUdpCollector(lambda: list(held), lambda n: live[n], max_age_s=0)
+    collector = KernelUdpCollector(lambda: list(held), lambda n: live[n], interval_s=0.01, duty=1.0)
     REGISTRY.register(collector)
+    collector.start()
     try:
         yield held
     finally:
+        collector.stop()
         REGISTRY.unregister(collector)
+
+
+def _kernel(got: Samples, dns: int, echo: bool = True) -> Samples | None:
+    """`got` once app/dns's packets are `dns` and app/echo's series is there (or not)."""
+    name = "aether_kernel_udp_service_packets_total"
+    has_echo = (name, (("service", "app/echo"),)) in got
+    return got if value(got, name, service="app/dns") == dns and has_echo == echo else None
 
 
 def test_a_real_scrape_shows_the_sums_per_service_and_backend(registered: list[Applied]) -> None:
@@ -80,7 +95,7 @@ def test_a_real_scrape_shows_the_sums_per_service_and_backend(registered: list[A
     try:
         assert named(scrape(url), "aether_kernel_udp_service_packets_total") == {}  # nothing programmed yet
         registered += [Applied(PodTarget(f"app/client-{i}", f"/ns/{i}"), (), SERVICES) for i in (1, 2)]
-        got = scrape(url)
+        got = wait_for(lambda: _kernel(scrape(url), 10), 10, "the sweep's sums on /metrics")
         assert value(got, "aether_kernel_udp_service_packets_total", service="app/dns") == 10
         assert value(got, "aether_kernel_udp_service_bytes_total", service="app/dns") == 1000
         assert value(got, "aether_kernel_udp_service_packets_total", service="app/echo") == 2
@@ -88,7 +103,7 @@ def test_a_real_scrape_shows_the_sums_per_service_and_backend(registered: list[A
         assert value(got, "aether_kernel_udp_backend_packets_total", **backend) == 7
         assert value(got, "aether_kernel_udp_backend_bytes_total", **backend) == 700
         registered[:] = registered[1:]  # client-1 left: app/echo is in no netns any more
-        gone = scrape(url)
+        gone = wait_for(lambda: _kernel(scrape(url), 10, echo=False), 10, "app/echo's series gone")
         assert set(named(gone, "aether_kernel_udp_service_packets_total")) == {
             ("aether_kernel_udp_service_packets_total", (("service", "app/dns"),))
         }

@@ -328,8 +328,10 @@ def _listen(args: argparse.Namespace, sidecar: Sidecar, cache: SnapshotCache) ->
         from aether.metrics import serve as serve_metrics
         from aether.xds.sidecar.kernel_metrics import KernelUdpCollector
 
-        if sidecar.kernel is not None:  # the kernel path's counters, read from the pod netns at scrape time
-            REGISTRY.register(KernelUdpCollector(sidecar.kernel.holding))
+        if sidecar.kernel is not None:  # the kernel path's counters, swept from the pod netns by their own thread
+            collector = KernelUdpCollector(sidecar.kernel.holding)
+            REGISTRY.register(collector)
+            collector.start()
 
         try:
             serve_metrics(*args.metrics)
