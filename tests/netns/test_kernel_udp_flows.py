@@ -32,6 +32,7 @@ from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode, InboundMode, In
 from aether.netns.install import install_capture
 from aether.netns.kernel_udp import KernelArm, KernelBackend
 from aether.netns.kernel_udp_install import program_kernel_udp
+from aether.testing import conntrack
 from aether.testing.netlab import GATEWAY_LL, Lab, Pod, sh
 from aether.testing.probe import ask, pod_socket
 from aether.testing.wait import wait_for
@@ -53,21 +54,16 @@ def _sysctl(netns: str, key: str) -> int:
 
 
 def _conntrack_picks(client: Pod, backends: tuple[Pod, ...]) -> Counter[str]:
-    """The client netns's conntrack entries of UDP flows to VIP:18082 (read from its /proc/net/nf_conntrack), by
-    the backend pod that answers them (the reply direction's source); "unreplied" for those without an answer yet,
-    "snat" for any whose reply is not addressed to the flow's own source (the backend sees the client unchanged)."""
+    """The client netns's conntrack entries of UDP flows to VIP:18082, by the backend pod that answers them (the
+    reply direction's source); "unreplied" for those without an answer yet, "snat" for any whose reply is not
+    addressed to the flow's own source (the backend sees the client unchanged)."""
     out: Counter[str] = Counter()
     names = {pod.ip: pod.name for pod in backends}
-    for line in sh("cat", "/proc/net/nf_conntrack", netns=client.netns).splitlines():
-        fields = line.split()
-        if "udp" not in fields:
+    for e in conntrack.entries(client.netns):
+        if (e.dst, e.dport) != (VIP, L4_OUTBOUND_PORT):
             continue
-        kv = [f.split("=", 1) for f in fields if "=" in f]
-        src, dst, sport, dport, r_src, r_dst, _, r_dport = (v for _, v in kv[:8])
-        if (dst, dport) != (VIP, str(L4_OUTBOUND_PORT)):
-            continue
-        out["unreplied" if "[UNREPLIED]" in fields else names.get(r_src, r_src)] += 1
-        out["snat"] += (r_dst, r_dport) != (src, sport)
+        out[names.get(e.reply_src, e.reply_src) if e.replied else "unreplied"] += 1
+        out["snat"] += (e.reply_dst, e.reply_dport) != (e.src, e.sport)
     return out
 
 
