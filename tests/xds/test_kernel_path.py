@@ -207,3 +207,13 @@ def test_with_the_recording_effects_a_refused_transaction_keeps_the_table_and_is
     fx["/run/netns/test-client-1"].refuse = False
     path.apply(kernel_plan(node, records, path.default))
     assert seen[-1] == () and fx["/run/netns/test-client-1"].tables == fx["/run/netns/test-client-0"].tables
+
+
+def test_programmed_names_a_few_failed_pods_and_counts_the_rest() -> None:
+    ns = Netns(refuse={f"/run/netns/test-client-{i}" for i in range(8)})
+    seen: list[tuple[str, ...]] = []
+    path = KernelUdpPath("kernel", program=ns.program, on_problems=seen.append)
+    node = node_with(1, 8)
+    path.apply(kernel_plan(node, records_for(node), path.default))
+    assert len(seen[-1]) == 6 and all("kernel UDP rules not applied in pod" in p for p in seen[-1][:5])
+    assert seen[-1][5] == "and 3 more pod netns (the sidecar's log names each)"

@@ -35,6 +35,7 @@ from aether.xds.sidecar.kernel_arms import kernel_arm
 log = logging.getLogger("aether.xds.sidecar.kernel")
 RETRY_S = 5.0  # a pod netns whose rules failed is tried again this often (and on every change)
 LOGGED_ARMS = 8  # an apply's log line names this many arms, then counts the rest
+REPORTED = 5  # Programmed's message names this many failed pod netns, then counts the rest (the MeshNode's size)
 
 
 class Program(Protocol):
@@ -90,6 +91,15 @@ def kernel_plan(node: MeshNode, records: Mapping[str, PodRecord], default: UdpDa
         p.uid: PodTarget(f"{p.namespace}/{p.name}", records[p.uid].netns) for p in node.status.pods if p.uid in records
     }
     return KernelPlan(tuple(arms), services, pods, default == "kernel" or bool(chosen))
+
+
+def reported(failures: Mapping[str, str]) -> tuple[str, ...]:
+    """What Programmed's message carries: the first REPORTED failures (by pod uid), then how many more."""
+    listed = [failures[u] for u in sorted(failures)]
+    more = len(listed) - REPORTED
+    return tuple(listed[:REPORTED]) + (
+        (f"and {more} more pod netns (the sidecar's log names each)",) if more > 0 else ()
+    )
 
 
 @dataclass(frozen=True)
@@ -200,7 +210,7 @@ class KernelUdpPath:
             if _changed(plan, uid, last, uid in self.failures):
                 self._apply_one(uid, target, plan, last)
         if self.failures != before and self.on_problems is not None:
-            self.on_problems(tuple(self.failures[u] for u in sorted(self.failures)))
+            self.on_problems(reported(self.failures))
 
     def _clear_leftovers(self, plan: KernelPlan) -> None:
         """Nothing selects kernel at this sidecar's start: a table an earlier sidecar loaded (its Services have left
