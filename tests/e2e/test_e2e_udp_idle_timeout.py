@@ -6,6 +6,11 @@ per node, pods captured by the real aether-cni), same node and across nodes:
   (Envoy's `idle_timeout` counter on that listener), for a backend on the client's node and one on another node;
 - a third Service on the same pod and port keeps the default (60 s): its session stays open meanwhile;
 - a bad value is refused alone: an `InvalidIdleTimeout` shape on the MeshNode, the arm served with the default.
+
+Both UDP data paths (`aether.e2e.dataplane`). On the kernel path the Service's timeout is a conntrack timeout
+(`ct timeout` object, 1 s) in the client pod's netns: the short Services' flows leave the conntrack table after 1 s
+idle while the default Service's flow stays (the node's 60 s), Envoy's per-VIP listeners count no session, and the
+same socket's next datagram is a new flow, answered from the VIP and counted by the table.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from functools import partial
 
 import pytest
 
+from aether.e2e.dataplane import UDP_DATAPLANES, kernel_packets, on_kernel, wait_kernel_vips
 from aether.e2e.harness import Mesh
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.operator.reconcile.views import UDP_IDLE_TIMEOUT_ANNOTATION
+from aether.testing import conntrack
 from aether.testing.nodebed import ask, udp_socket_in, wait_reply
 from aether.testing.wait import wait_for
 
@@ -28,9 +35,9 @@ pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 SHORT = ("short-near", "short-far")  # backends on node-a (the client's) and node-b
 
 
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[Mesh]:
-    m = Mesh(namespace="e2e")
+@pytest.fixture(scope="module", params=UDP_DATAPLANES)
+def mesh(request: pytest.FixtureRequest) -> Iterator[Mesh]:
+    m = Mesh(namespace="e2e", udp_dataplane=request.param)
     try:
         a, b = m.add_node("node-a"), m.add_node("node-b")
         m.start_node_proxies()
@@ -53,6 +60,7 @@ def mesh() -> Iterator[Mesh]:
             what="idleTimeoutSeconds on the short arms",
         )
         m.wait_listeners(a, 3)  # the client's wildcard listener and one per short VIP
+        wait_kernel_vips(m, [m.pods["client"]], m.services.values())
         yield m
     finally:
         m.close()
@@ -74,6 +82,9 @@ def test_short_services_expire_same_node_and_across_nodes_while_the_default_hold
         backend = {"short-near": b"near", "short-far": b"far", "keep": b"keep-be"}
         for svc, sock in socks.items():
             wait_reply(sock, mesh.services[svc], backend[svc], timeout=60)
+        if on_kernel(mesh):
+            _kernel_expiry(mesh, socks, backend)
+            return
         stats = node.running_envoy().stats("udp.")
         totals = {s: stats[f"{_prefix(mesh, s)}.downstream_sess_total"] for s in SHORT}
         assert all(t >= 1 for t in totals.values()), stats
@@ -94,6 +105,35 @@ def test_short_services_expire_same_node_and_across_nodes_while_the_default_hold
     finally:
         for sock in socks.values():
             sock.close()
+
+
+def _flow(mesh: Mesh, sock: socket.socket, svc: str) -> conntrack.CtEntry | None:
+    """The client netns's conntrack entry of the flow from `sock` to the Service's VIP:18082."""
+    port, vip = sock.getsockname()[1], mesh.services[svc]
+    got = [e for e in conntrack.entries(mesh.pods["client"].net.netns) if (e.sport, e.dst) == (port, vip)]
+    return got[0] if got else None
+
+
+def _gone(mesh: Mesh, sock: socket.socket, svc: str) -> bool:
+    return _flow(mesh, sock, svc) is None
+
+
+def _kernel_expiry(mesh: Mesh, socks: dict[str, socket.socket], backend: dict[str, bytes]) -> None:
+    client, node = mesh.pods["client"], mesh.nodes["node-a"]
+    assert all(_flow(mesh, sock, svc) is not None for svc, sock in socks.items())
+    for svc in SHORT:
+        gone = partial(_gone, mesh, socks[svc], svc)
+        wait_for(gone, 15, f"{svc}'s flow to idle out of conntrack")
+    keep = _flow(mesh, socks["keep"], "keep")
+    assert keep is not None and keep.timeout > 5, keep  # the node's default (60 s) holds it
+    stats = node.running_envoy().stats("udp.")
+    assert all(stats.get(f"{_prefix(mesh, s)}.downstream_sess_total", 0) == 0 for s in SHORT), stats
+    for svc in SHORT:  # the same socket again: a new flow, answered from the VIP, counted by the table
+        before = kernel_packets(client, mesh.services[svc])
+        got = ask(socks[svc], mesh.services[svc])
+        assert got is not None and got[0].startswith(backend[svc]), svc
+        assert got[1] == (mesh.services[svc], L4_OUTBOUND_PORT)
+        assert _flow(mesh, socks[svc], svc) is not None and kernel_packets(client, mesh.services[svc]) == before + 1
 
 
 def test_a_bad_value_is_refused_alone_and_the_service_keeps_the_default(mesh: Mesh) -> None:
