@@ -42,7 +42,7 @@ from aether.e2e.node_proxy import MeshNodeProxy
 from aether.testing.controlplane.cluster import free_port
 from aether.testing.udp_clients import dnsmasq_argv
 from bench.soak_churn import POLICY, Churn
-from bench.soak_cpu import CpuProbe, Source, summary
+from bench.soak_cpu import CpuProbe, Source, paced, summary
 from bench.soak_report import (
     DOCUMENTED,
     classes,
@@ -190,7 +190,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         watcher.finish()
         load["after"] = os.getloadavg()
         report = _report(args, seed, t0, rec, churn, watcher, load)
-        return report | summary(cpu.cycles if cpu else [], t0, mesh_host(NS, "web"))
+        cycles = cpu.cycles if cpu else []
+        out = report | summary(cycles, t0, mesh_host(NS, "web"))
+        out["cpu_probe"]["paced_latency"] = paced(rec.outcomes, cycles)
+        return out
 
 
 def _cpu_probe(mesh: Mesh, rec: Recorder, churn: Churn, every: float) -> CpuProbe | None:

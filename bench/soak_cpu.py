@@ -13,9 +13,10 @@ every window's edges: a request crosses its source's Envoy and its destination's
 
 with the baseline rate the mean of the two baselines beside it. The source Envoy's counter of the cluster the class
 must take (the source's twin for h3, the h2 cluster for h2) is read around each burst: it must have moved by at least
-the requests answered (the transport is checked, not assumed). A cycle is kept only when no Envoy was replaced,
-no sidecar or Envoy restart overlapped it, every burst request was answered right and the counters moved; the
-report gives the median over kept cycles per class and the median of the cycles' h3/h2 ratios.
+the requests answered (the transport is checked, not assumed). A burst is kept only when, from its first baseline's
+start to its second's end, no Envoy was replaced and no sidecar or Envoy restart overlapped, every request was
+answered right and the counter moved; the report gives per class the median over its kept bursts, and the median of
+the h3/h2 ratios of the cycles that kept both.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import http.client
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ from aether.e2e.harness import Mesh, MeshPod
 from aether.netns.contract import HTTP_OUTBOUND_PORT
 from aether.netns.nsthread import run_in_netns
 from aether.testing.probe import http_answer
-from bench.soak_report import Event
+from bench.soak_report import Event, Outcome
 
 BURST = 300  # requests per burst
 RATE = 100.0  # at most this many per second (a burst lasts about 3 s)
@@ -134,7 +135,8 @@ class CpuProbe:
             try:
                 self.cycles.append(self._cycle())
             except Exception as exc:  # a cycle that could not run (an Envoy down) is recorded, the probe goes on
-                self.cycles.append({"t": time.monotonic(), "kept": False, "why": repr(exc)[:300]})
+                why = {"kept": False, "why": repr(exc)[:300]}
+                self.cycles.append({"t": time.monotonic(), "windows": [], **{cls: why for cls in CLASSES}})
 
     def _cpu(self) -> tuple[float, tuple[int, ...]]:
         envoys = [n.running_envoy() for n in sorted(self.mesh.nodes.values(), key=lambda n: n.name)]
@@ -153,7 +155,8 @@ class CpuProbe:
             got = burst(source.pod, mesh_host(ns, "web"), spiffe_id(ns, source.sa), self.valid())
         t1 = time.monotonic()
         cpu1, pids1 = self._cpu()
-        out: dict[str, Any] = {"s": round(t1 - t0, 3), "cpu_s": round(cpu1 - cpu0, 3), "pids": pids0 == pids1}
+        out: dict[str, Any] = {"t0": t0, "t1": t1, "s": round(t1 - t0, 3), "cpu_s": round(cpu1 - cpu0, 3)}
+        out |= {"pids0": pids0, "pids1": pids1}
         if source is not None and got is not None:
             moved = source.pod.node.stat(source.cluster_stat(ns)) - before
             out |= {"cls": source.cls, "ok": got.ok, "failed": len(got.failed), "failures": got.failed[:5]}
@@ -162,30 +165,27 @@ class CpuProbe:
         return out
 
     def _cycle(self) -> dict[str, Any]:
-        start = time.monotonic()
         h3, h2 = self.sources
         w = [self._window(None), self._window(h3), self._window(None), self._window(h2), self._window(None)]
-        end = time.monotonic()
+        out: dict[str, Any] = {"t": w[0]["t0"], "windows": w}
         if self.stop.is_set():  # the run ended inside the cycle: its last baseline was cut short
-            return {"t": start, "windows": w, "kept": False, "why": "the run ended inside the cycle"}
-        rate = [b["cpu_s"] / b["s"] for b in (w[0], w[2], w[4])]
-        out: dict[str, Any] = {"t": start, "windows": w}
-        for cls, b, base in (("h3", w[1], (rate[0] + rate[1]) / 2), ("h2", w[3], (rate[1] + rate[2]) / 2)):
-            extra = b["cpu_s"] - base * b["s"]
-            out[f"{cls}_us_per_request"] = round(1e6 * extra / b["ok"], 1) if b["ok"] else None
+            return out | {cls: {"kept": False, "why": "the run ended inside the cycle"} for cls in CLASSES}
+        out["h3"], out["h2"] = self._judge(*w[0:3]), self._judge(*w[2:5])
+        return out
+
+    def _judge(self, before: dict[str, Any], b: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+        """One class's burst between its two baselines: its marginal CPU per request, and whether it is kept."""
+        base = (before["cpu_s"] / before["s"] + after["cpu_s"] / after["s"]) / 2
+        us = round(1e6 * (b["cpu_s"] - base * b["s"]) / b["ok"], 1) if b["ok"] else None
+        start, end = before["t0"], after["t1"]
         spoilers = [f"{e.kind}:{e.target}" for e in self.events() if e.kind in SPOILERS and e.overlaps(start, end)]
         why = [
-            *(["an Envoy was replaced"] if not all(x["pids"] for x in w) else []),
+            *(["an Envoy was replaced"] if before["pids0"] != after["pids1"] else []),
             *([f"events {spoilers}"] if spoilers else []),
-            *(f"{b['cls']}: {b['failed']} failed" for b in (w[1], w[3]) if b["failed"]),
-            *(
-                f"{b['cls']}: {b['counter']} moved {b['counter_moved']}"
-                for b in (w[1], w[3])
-                if b["counter_moved"] < b["ok"]
-            ),
+            *([f"{b['failed']} failed"] if b["failed"] else []),
+            *([f"{b['counter']} moved {b['counter_moved']}"] if b["counter_moved"] < b["ok"] else []),
         ]
-        out["kept"], out["why"] = not why, "; ".join(why)
-        return out
+        return {"us_per_request": us, "kept": not why, "why": "; ".join(why)}
 
 
 def _median(values: Sequence[float], digits: int = 1) -> float | None:
@@ -196,29 +196,52 @@ def _span(values: Sequence[float], digits: int = 1) -> list[float] | None:
     return [round(min(values), digits), round(max(values), digits)] if values else None
 
 
+def _relative(cycle: dict[str, Any], t0: float) -> dict[str, Any]:
+    """A cycle as the JSON lists it: times from the run's start."""
+    windows = [w | {"t0": round(w["t0"] - t0, 2), "t1": round(w["t1"] - t0, 2)} for w in cycle["windows"]]
+    return cycle | {"t": round(cycle["t"] - t0, 1), "windows": windows}
+
+
+def _latency(took: list[float]) -> dict[str, Any]:
+    took.sort()
+    pick = (lambda q: round(1e3 * took[min(len(took) - 1, int(q * len(took)))], 1)) if took else (lambda q: None)
+    return {"requests": len(took), "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
+
+
+def paced(outcomes: Iterable[Outcome], cycles: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the bursts disturbed the paced probers: per class, the latency of requests that started inside a
+    burst window and of those that did not."""
+    bursts = [(w["t0"], w["t1"]) for c in cycles for w in c["windows"] if w.get("cls")]
+    split: dict[str, tuple[list[float], list[float]]] = {}
+    for o in outcomes:
+        inside, outside = split.setdefault(o.cls, ([], []))
+        (inside if any(a <= o.start <= b for a, b in bursts) else outside).append(o.end - o.start)
+    return {cls: {"in_bursts": _latency(i), "outside": _latency(x)} for cls, (i, x) in sorted(split.items())}
+
+
 def summary(cycles: Sequence[dict[str, Any]], t0: float, host: str) -> dict[str, Any]:
-    """The report's figures: per class the median marginal CPU per request over kept cycles, the median h3/h2."""
-    kept = [c for c in cycles if c["kept"]]
-    per = {cls: [c[f"{cls}_us_per_request"] for c in kept if c[f"{cls}_us_per_request"] is not None] for cls in CLASSES}
+    """The report's figures: per class the median marginal CPU per request over its kept bursts, the median of the
+    h3/h2 ratios of the cycles that kept both."""
+    kept = {cls: [c[cls]["us_per_request"] for c in cycles if c.get(cls, {}).get("kept")] for cls in CLASSES}
+    both = [c for c in cycles if all(c.get(cls, {}).get("kept") for cls in CLASSES)]
     ratios = [
-        c["h3_us_per_request"] / c["h2_us_per_request"]
-        for c in kept
-        if c["h3_us_per_request"] is not None and (c["h2_us_per_request"] or 0) > 0
+        c["h3"]["us_per_request"] / c["h2"]["us_per_request"] for c in both if (c["h2"]["us_per_request"] or 0) > 0
     ]
-    sizes = [w["response_bytes"] for c in kept for w in c["windows"] if w.get("response_bytes")]
+    sizes = [w["response_bytes"] for c in cycles for w in c["windows"] if w.get("response_bytes")]
     return {
-        "cpu_per_request_us": {cls: _median(v) for cls, v in per.items()},
+        "cpu_per_request_us": {cls: _median(v) for cls, v in kept.items()},
         "h3_over_h2_cpu": _median(ratios, 3),
         "cpu_probe": {
             "cycles": len(cycles),
-            "kept": len(kept),
+            "kept": {cls: len(v) for cls, v in kept.items()},
+            "cycles_with_both": len(both),
             "burst_requests": BURST,
             "burst_rate_per_s": RATE,
             "baseline_s": BASE_S,
             "request_bytes": request_bytes(host),
             "response_bytes_median": _median(sizes, 0),
-            "us_per_request_range": {cls: _span(v) for cls, v in per.items()},
+            "us_per_request_range": {cls: _span(v) for cls, v in kept.items()},
             "ratio_range": _span(ratios, 3),
-            "list": [c | {"t": round(c["t"] - t0, 1)} for c in cycles],
+            "list": [_relative(c, t0) for c in cycles],
         },
     }
