@@ -217,3 +217,22 @@ def test_programmed_names_a_few_failed_pods_and_counts_the_rest() -> None:
     path.apply(kernel_plan(node, records_for(node), path.default))
     assert len(seen[-1]) == 6 and all("kernel UDP rules not applied in pod" in p for p in seen[-1][:5])
     assert seen[-1][5] == "and 3 more pod netns (the sidecar's log names each)"
+
+
+def test_an_ipv6_arm_is_programmed_and_a_failed_pod_settles_when_kernel_is_no_longer_selected() -> None:
+    ns = Netns(refuse={"/run/netns/test-client-0"})
+    seen: list[tuple[str, ...]] = []
+    path = KernelUdpPath("envoy", program=ns.program, remove=lambda _: None, on_problems=seen.append)
+    node = node_with(1, 1)
+    six = "fd00:96:0::000a"  # not compressed: the log line and the metrics look it up as fd00:96::a
+    node.status.udp.services[0] = kernel(node.status.udp.services[0].model_copy(update={"vip": six}))
+    records = records_for(node)
+    path.apply(kernel_plan(node, records, path.default))
+    assert len(seen[-1]) == 1  # refused
+    ns.refuse.clear()
+    node.status.udp.services[0] = kernel(node.status.udp.services[0], None)  # back to the node's default: envoy
+    path.apply(kernel_plan(node, records, path.default))
+    assert seen[-1] == () and ns.calls[-1] == ("/run/netns/test-client-0", [], [])  # settled with an empty table
+    node.status.udp.services[0] = kernel(node.status.udp.services[0])
+    path.apply(kernel_plan(node, records, path.default))
+    assert ns.calls[-1] == ("/run/netns/test-client-0", [six], [])

@@ -113,8 +113,8 @@ class Applied:
 
 def _changed(plan: KernelPlan, uid: str, last: Applied | None, failed: bool) -> bool:
     target = plan.pods[uid]
-    if last is None:
-        return plan.selected
+    if last is None:  # never programmed here: only once kernel is selected (or to settle a failed first try)
+        return plan.selected or failed
     return failed or last.arms != plan.arms or last.target != target
 
 
@@ -241,7 +241,7 @@ class KernelUdpPath:
         with self._lock:
             self.applied[uid] = Applied(target, plan.arms, plan.services)
         self.failures.pop(uid, None)
-        vips = ", ".join(f"{plan.services[a.vip]} {a.vip}" for a in plan.arms[:LOGGED_ARMS]) or "none"
+        vips = ", ".join(f"{plan.services[vip_key(a.vip)]} {a.vip}" for a in plan.arms[:LOGGED_ARMS]) or "none"
         vips += f", and {len(plan.arms) - LOGGED_ARMS} more" if len(plan.arms) > LOGGED_ARMS else ""
         log.info(
             "kernel UDP: pod %s (netns %s) holds %d arms (%s)%s, %.1f ms",
