@@ -4,7 +4,9 @@ Found with the soak's RSS slope (bench/soak.py: the sidecar grew 250-410 KiB/min
 the sidecar's reconcile driven over states that churn like the soak's (a pod roll every step, a new ServiceAccount
 every few, the destinations' endpoints moving), each pair used on the way. The pairs' wire form was memoized by an
 LRU of 16,384 entries keyed by the whole record, evidence time included, so every use of a pair added one
-(QuicPair, PairEvidence and the machine's records with it) while only 9 pairs were ever live."""
+(QuicPair, PairEvidence and the machine's records with it) while only 9 pairs were ever live. The translation's
+memos were LRUs of a fixed size too (capture listeners per pod, load assignments per endpoint set, the east-west
+key converter per data key): each pod roll or endpoint move added entries until the cap."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from aether.api.naming import quic_twin
 from aether.netns.records import PodRecord
 from aether.testing.eastwest_sample import SampleDestination, SamplePod, sample_node
 from aether.testing.samples import udp_arm
+from aether.xds import translate
 from aether.xds.ads import cache as ads_cache
 from aether.xds.ads.cache import SnapshotCache
 from aether.xds.resources import CLUSTER, TranslateOptions
@@ -93,27 +96,42 @@ def test_pair_records_held_are_bounded_by_the_live_pairs_not_by_churn() -> None:
     assert after <= 4 * live + 8, f"{after} QuicPair objects alive for {live} live pairs (was {before} before)"
 
 
-def test_snapshot_versioning_keeps_nothing_per_resource_name() -> None:
-    """The snapshot's per-type mix hashed each resource name through an LRU of 131,072 names, so every rolled pod's
-    listener, cluster and route names stayed after the pod had gone: what `aether.xds.ads.cache` holds after the
-    churn must not grow with it."""
+def grown_while_churning(pattern: str, warm: int, trace_warmup: bool) -> int:
+    """Bytes that files matching `pattern` hold more after STEPS // 2 churn steps than after `warm` of them
+    (`trace_warmup`: tracemalloc from the first step, so what is live at the start is counted on both sides)."""
     logging.disable(logging.WARNING)
-    cache = SnapshotCache()
-    sidecar = Sidecar("node-a", cache, None, options=TranslateOptions(), path_exists=lambda _: True)
-    for step in range(5):
-        drive(sidecar, step)
-    gc.collect()
-    tracemalloc.start(1)
+    sidecar = Sidecar("node-a", SnapshotCache(), None, options=TranslateOptions(), path_exists=lambda _: True)
+    if trace_warmup:
+        tracemalloc.start(1)
     try:
+        for step in range(warm):
+            drive(sidecar, step)
+        gc.collect()
+        if not trace_warmup:
+            tracemalloc.start(1)
         before = tracemalloc.take_snapshot()
-        for step in range(5, 5 + STEPS // 2):
+        for step in range(warm, warm + STEPS // 2):
             drive(sidecar, step)
         gc.collect()
         after = tracemalloc.take_snapshot()
     finally:
         tracemalloc.stop()
         logging.disable(logging.NOTSET)
-    only = [tracemalloc.Filter(True, ads_cache.__file__)]
-    grown = sum(s.size_diff for s in after.filter_traces(only).compare_to(before.filter_traces(only), "filename"))
+    only = [tracemalloc.Filter(True, pattern)]
+    return sum(s.size_diff for s in after.filter_traces(only).compare_to(before.filter_traces(only), "filename"))
+
+
+def test_snapshot_versioning_keeps_nothing_per_resource_name() -> None:
+    """The snapshot's per-type mix hashed each resource name through an LRU of 131,072 names, so every rolled pod's
+    listener, cluster and route names stayed after the pod had gone: what `aether.xds.ads.cache` holds after the
+    churn must not grow with it."""
+    grown = grown_while_churning(ads_cache.__file__, 5, trace_warmup=False)
     # the current and fallback snapshots' own dicts (versions, encodings) change size a little between steps
     assert grown < 32 << 10, f"aether.xds.ads.cache kept {grown // 1024} KiB more after {STEPS // 2} churn steps"
+
+
+def test_the_translation_keeps_what_the_last_one_served_not_what_churn_made() -> None:
+    """What aether.xds.translate holds after 40 churn steps: about what it held after 10. Red with the LRUs of a fixed
+    size (capture listeners, load assignments, the east-west key converter): 548 KiB more, 297 KiB of it in l4."""
+    grown = grown_while_churning(f"{translate.__path__[0]}/*", 10, trace_warmup=True)
+    assert grown < 32 << 10, f"aether.xds.translate kept {grown // 1024} KiB more after {STEPS // 2} churn steps"

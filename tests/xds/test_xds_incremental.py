@@ -84,8 +84,13 @@ def test_an_endpoint_change_touches_one_assignment_and_nothing_else() -> None:
         ]
         == 20007
     )
-    back = translate(node, records_for(node), L4)  # the same objects again: the snapshot skips them all
-    assert all(back[t][n] is base[t][n] for t in base for n in base[t]) and list(back) == list(base)
+    # back again: every other resource is still the same object; svc-7's old endpoint set is not kept (only what the
+    # last translation served is, issue 28), so its assignment is a new one with the old content
+    back = translate(node, records_for(node), L4)
+    assert {(t, n) for t in back for n in back[t] if back[t][n] is not new[t].get(n)} == {
+        (ENDPOINT, "udp:default/svc-7")
+    }
+    assert back[ENDPOINT]["udp:default/svc-7"] == base[ENDPOINT]["udp:default/svc-7"] and list(back) == list(base)
 
 
 def test_options_changes_are_not_served_from_the_memo() -> None:

@@ -35,18 +35,20 @@ def test_every_memoized_function_in_xds_is_registered() -> None:
         for name, value in vars(module).items()
         if isinstance(value, functools._lru_cache_wrapper) and value.__module__ == module.__name__
     ]
-    assert len(found) >= 10, found  # not vacuous: the L4, split and east-west memos
+    assert len(found) >= 4, found  # not vacuous: the L4 and split memos
     assert [(m, n) for m, n, fn in found if fn.cache_clear not in registered] == []
 
 
 def test_clear_memo_empties_what_a_translation_filled() -> None:
     split.split_cluster("udp:ns/a", ClusterShape(1.0))
     split.split_assignment("udp:ns/a", ((split.DROP_LOCALITY, 1, False, (split.DROP_ENDPOINT,)),))
-    eastwest._camel_key("stat_prefix")
+    eastwest.camel({"stat_prefix": "x"})
+    udp.LISTENERS.keep("n", None, {("k",): {}})
     core.clusters_named_by({"name": "l"})
     fastfill._shared[(0, "x")] = (None, b"")
-    assert split.split_cluster.cache_info().currsize and eastwest._camel_key.cache_info().currsize
+    assert split.split_cluster.cache_info().currsize and eastwest._FIELDS and udp.LISTENERS.entries("n")
     clear_memo()
-    for fn in (split.split_cluster, split.split_assignment, eastwest._camel_key, udp.matcher):
+    for fn in (split.split_cluster, udp.blackhole_cluster):
         assert fn.cache_info().currsize == 0, fn
     assert core._walked == {} and fastfill._shared == {} and udp.MEMO._last == {}
+    assert eastwest._FIELDS == {} and udp.LISTENERS.entries("n") == 0

@@ -23,7 +23,7 @@ from aether.netns.records import PodRecord
 from aether.xds.codec import extra_protos  # noqa: F401  (registers the selector and mapper messages for the codec)
 from aether.xds.identity.sds import secrets
 from aether.xds.identity.svid import CertificateSource, bundle_secret_name
-from aether.xds.memo import lru
+from aether.xds.memo import register
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, Resources, TranslateOptions
 from aether.xds.translate.eastwest import inbound, outbound, rbac
 from aether.xds.translate.eastwest.plan import (
@@ -43,22 +43,33 @@ __all__ = ["EastWestOptions", "build", "camel", "required_secrets", "secrets_for
 _SNAKE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)+$")
 
 
-@lru(maxsize=4096)
-def _camel_key(key: str) -> str:
+# proto field names (snake_case) -> lowerCamelCase: bounded by the protos' fields. Data keys (SPIFFE IDs, names,
+# "@type") are not kept here: they come and go with pods and ServiceAccounts (an LRU of 4,096 kept them: issue 28)
+_FIELDS: dict[str, str] = register({})
+
+
+def _camel_key(key: str, keys: dict[str, str]) -> str:
+    """`key` in lowerCamelCase if it is a snake_case field name, else as it is; remembered in `keys` (one call's)."""
     if not _SNAKE.match(key):
-        return key  # data keys (SPIFFE IDs, extension names, "@type") stay as they are
+        keys[key] = key  # data keys stay as they are
+        return key
     head, *rest = key.split("_")
-    return head + "".join(p.capitalize() for p in rest)
+    out = keys[key] = _FIELDS[key] = head + "".join(p.capitalize() for p in rest)
+    return out
+
+
+def _camel(obj: Any, keys: dict[str, str]) -> Any:
+    if isinstance(obj, dict):
+        return {(keys.get(k) or _camel_key(k, keys)): _camel(v, keys) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_camel(v, keys) for v in obj]
+    return obj
 
 
 def camel(obj: Any) -> Any:
     """The builders write proto field names; resources are served in proto3-JSON's lowerCamelCase (the form the
-    other builders and the gates read)."""
-    if isinstance(obj, dict):
-        return {_camel_key(k): camel(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [camel(v) for v in obj]
-    return obj
+    other builders and the gates read). Data keys seen are remembered for this call only."""
+    return _camel(obj, dict(_FIELDS))
 
 
 def _eastwest(options: TranslateOptions, ew: EastWestOptions | None) -> EastWestOptions:

@@ -1,8 +1,9 @@
 """Pieces the L4 builders (UDP and the raw TCP floor) share: local pods, EDS clusters, load assignments.
 
-Builders memoize their resource dicts on the inputs that shape them (`aether.xds.memo.lru`), so an unchanged
-resource is the *same object* from one translation to the next and the snapshot skips re-versioning and
-re-encoding it (bench/xds_translate.py). Resource dicts are therefore shared: treat them as immutable
+Builders reuse their resource dicts for the inputs that shape them (`aether.xds.memo.lru` for inputs from a small
+set, such as a cluster name; the last translation's own resources for what churns: endpoint sets, pods' listeners),
+so an unchanged resource is the *same object* from one translation to the next and the snapshot skips
+re-versioning and re-encoding it (bench/xds_translate.py). Resource dicts are therefore shared: treat them as immutable
 (copy.deepcopy before editing one, as tests that build bad inputs do).
 """
 
@@ -77,8 +78,9 @@ def lb_endpoints(endpoints: EndpointKey) -> list[ResourceDict]:
     return out
 
 
-@lru(maxsize=1 << 16)
 def load_assignment(name: str, endpoints: EndpointKey) -> ResourceDict:
+    """Not memoized here: an endpoint set churns (every pod roll makes a new one), so its callers reuse the last
+    translation's assignment instead (`aether.xds.translate.l4.memo`, the TCP builder's `LiveMemo`)."""
     cla: ResourceDict = {"clusterName": name}
     if endpoints:
         cla["endpoints"] = [{"lbEndpoints": lb_endpoints(endpoints)}]

@@ -7,20 +7,22 @@ after it is proportional to what changed, or a C-level comparison/copy:
 - `ids` (vip, service, cluster) per arm, in input order, is compared with the last digest's as one list. Equal
   ids (the common case: endpoints moved) keep the matcher key, the listeners, the clusters and the order of
   every resource; only the clusters whose arms' endpoints differ get a new load assignment.
-- Different ids (a service added, removed, renamed) rebuild the digest from the arms; the resource dicts still
-  come from the memoized constructors (`eds_cluster_for`, `load_assignment`), so unchanged ones are the same
-  objects as before and the snapshot neither re-hashes nor re-encodes them.
+- Different ids (a service added, removed, renamed) rebuild the digest from the arms; a cluster whose endpoints
+  did not change keeps the last digest's load assignment (and `eds_cluster_for` is memoized on its name), so
+  unchanged ones are the same objects as before and the snapshot neither re-hashes nor re-encodes them.
+
+A node's memory here is its last digest: what that translation served, nothing from the ones before (no
+listener or endpoint-set cache that grows with pod rolls; the capture listeners are the UDP builder's `LiveMemo`).
 
 The result is exactly what a cold translation gives (same dicts, same order): `tests/xds/test_xds_incremental.py`
 checks warm against cold translations over random sequences of changes. A digest is never mutated once built (a
-new one is made per change; only its listener cache grows, with deterministic values), so concurrent translations
-at worst miss the memo.
+new one is made per change), so concurrent translations at worst miss the memo.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from itertools import compress
 from operator import attrgetter, ne
 from typing import Final
@@ -31,9 +33,7 @@ from aether.xds.translate.l4.common import Arms, ClusterShape, EndpointKey, eds_
 
 ArmId = tuple[str, str, str]  # (vip, service, cluster)
 ArmEndpoints = tuple[str, int, bool] | EndpointKey  # (ip, port, draining) for the common one-endpoint arm
-ListenerKey = tuple[str, str, str, Hashable]  # (name, netns, stat prefix, the builder's options)
 _MAX_NODES: Final = 64
-_MAX_LISTENERS: Final = 4096
 
 
 _ids = attrgetter("vip", "service", "cluster")
@@ -75,19 +75,14 @@ class ArmsDigest:
     members: dict[str, tuple[int, ...]]  # cluster -> its arms' indices, clusters in first-arm order
     clusters: dict[str, ResourceDict]  # EDS clusters in `members` order
     assignments: dict[str, ResourceDict]
-    # listeners built for this key: shared by the digests of one key (deterministic values, so sharing is safe)
-    listeners: dict[ListenerKey, ResourceDict] = field(default_factory=dict, compare=False)
-
-    def remember(self, key: ListenerKey, listener: ResourceDict) -> ResourceDict:
-        """Keep a listener built from this digest's key (the next digests of the same key reuse it)."""
-        if len(self.listeners) >= _MAX_LISTENERS:
-            self.listeners.clear()
-        self.listeners[key] = listener
-        return listener
+    unions: dict[str, EndpointKey]  # cluster -> the endpoints its assignment carries
 
 
-def digest(ids: list[ArmId], eps: list[ArmEndpoints], skip: str, shape: ClusterShape) -> ArmsDigest:
-    """A digest from scratch (what the cold path and a structural change do)."""
+def digest(
+    ids: list[ArmId], eps: list[ArmEndpoints], skip: str, shape: ClusterShape, prev: ArmsDigest | None = None
+) -> ArmsDigest:
+    """A digest from scratch (what the cold path and a structural change do); `prev`'s load assignment of a
+    cluster whose endpoints are the same is kept (the same object)."""
     members_l: dict[str, list[int]] = {}
     for i, (_, _, cluster) in enumerate(ids):
         if cluster != skip:
@@ -99,25 +94,32 @@ def digest(ids: list[ArmId], eps: list[ArmEndpoints], skip: str, shape: ClusterS
     members = {c: tuple(idx) for c, idx in members_l.items()}
     key = tuple((vip, cluster) for vip, _, cluster in sorted(ids))
     clusters = {c: eds_cluster_for(c, shape) for c in members}
-    assignments = {c: load_assignment(c, _union(eps, idx)) for c, idx in members.items()}
-    return ArmsDigest(skip, shape, ids, eps, key, members, clusters, assignments)
+    unions = {c: _union(eps, idx) for c, idx in members.items()}
+    if prev is None:
+        assignments = {c: load_assignment(c, u) for c, u in unions.items()}
+    else:
+        last, last_unions = prev.assignments, prev.unions
+        assignments = {c: last[c] if last_unions.get(c) == u else load_assignment(c, u) for c, u in unions.items()}
+    return ArmsDigest(skip, shape, ids, eps, key, members, clusters, assignments, unions)
 
 
 def update(prev: ArmsDigest, ids: list[ArmId], eps: list[ArmEndpoints], skip: str, shape: ClusterShape) -> ArmsDigest:
     """The digest of (ids, eps), reusing `prev` for everything that did not change."""
     if prev.skip != skip or prev.shape != shape or prev.ids != ids:
-        fresh = digest(ids, eps, skip, shape)
+        fresh = digest(ids, eps, skip, shape, prev)
         if fresh.key == prev.key and prev.skip == skip and prev.shape == shape:
-            return replace(fresh, key=prev.key, listeners=prev.listeners)
+            return replace(fresh, key=prev.key)  # the same matcher: the capture listeners stay (the UDP builder)
         return fresh
     changed = list(compress(range(len(eps)), map(ne, eps, prev.eps)))
     if not changed:
         return prev
     assignments = dict(prev.assignments)
+    unions = dict(prev.unions)
     for cluster in {ids[i][2] for i in changed}:
         if cluster != skip:
-            assignments[cluster] = load_assignment(cluster, _union(eps, prev.members[cluster]))
-    return replace(prev, eps=eps, assignments=assignments)
+            union = unions[cluster] = _union(eps, prev.members[cluster])
+            assignments[cluster] = load_assignment(cluster, union)
+    return replace(prev, eps=eps, assignments=assignments, unions=unions)
 
 
 class DigestMemo:

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from aether.api.meshnode import ServiceArm
-from aether.xds.memo import lru
+from aether.xds.memo import LiveMemo, lru, register
 from aether.xds.resources import ResourceDict
 from aether.xds.translate.l4.common import ClusterShape, EndpointKey, eds_cluster_for, lb_endpoints
 
@@ -67,7 +67,10 @@ def split_cluster(name: str, shape: ClusterShape) -> ResourceDict:
     return cluster
 
 
-@lru(maxsize=1 << 14)
+# per node, the weighted load assignments its last translation served (a split's endpoints churn like any other)
+_ASSIGNMENTS: LiveMemo[tuple[str, SplitKey], ResourceDict] = register(LiveMemo())
+
+
 def split_assignment(name: str, key: SplitKey) -> ResourceDict:
     localities: list[ResourceDict] = []
     seen: set[str] = set()
@@ -87,13 +90,15 @@ def split_assignment(name: str, key: SplitKey) -> ResourceDict:
 
 
 def split_resources(
-    arms: Iterable[ServiceArm], shape: ClusterShape
+    arms: Iterable[ServiceArm], shape: ClusterShape, node: str
 ) -> tuple[dict[str, ResourceDict], dict[str, ResourceDict]]:
-    """The weighted arms' clusters and load assignments, by cluster name."""
+    """The weighted arms' clusters and load assignments, by cluster name (`node`: whose last ones are reused)."""
     clusters: dict[str, ResourceDict] = {}
     assignments: dict[str, ResourceDict] = {}
-    for arm in arms:
-        if arm.backends and arm.cluster not in clusters:
-            clusters[arm.cluster] = split_cluster(arm.cluster, shape)
-            assignments[arm.cluster] = split_assignment(arm.cluster, split_key(arm))
+    with _ASSIGNMENTS.build(node) as built:
+        for arm in arms:
+            if arm.backends and arm.cluster not in clusters:
+                clusters[arm.cluster] = split_cluster(arm.cluster, shape)
+                key = split_key(arm)
+                assignments[arm.cluster] = built.get((arm.cluster, key), split_assignment, arm.cluster, key)
     return clusters, assignments

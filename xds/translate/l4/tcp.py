@@ -17,7 +17,7 @@ from aether.api.meshnode import MeshNode
 from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
-from aether.xds.memo import lru
+from aether.xds.memo import LiveMemo, register
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, TranslateOptions
 from aether.xds.translate.l4.common import (
     Arms,
@@ -53,7 +53,10 @@ def _chain(vip: str, cluster: str, stat_prefix: str) -> ResourceDict:
     }
 
 
-@lru(maxsize=4096)
+# this node's listeners and load assignments that its last translation served, keyed by everything that shapes them
+_MEMO: LiveMemo[tuple[object, ...], ResourceDict] = register(LiveMemo())
+
+
 def capture_listener(name: str, netns: str, arms: Arms, stat_prefix: str, address: str = "0.0.0.0") -> ResourceDict:
     return {
         "name": name,
@@ -66,24 +69,27 @@ def capture_listener(name: str, netns: str, arms: Arms, stat_prefix: str, addres
 
 
 def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
-    """The TCP-floor builder (contract in aether.xds.resources)."""
+    """The TCP-floor builder (contract in aether.xds.resources). What the node's last translation built for the same
+    inputs is reused as the same object (the snapshot keeps its bytes), and only that is kept (`LiveMemo`)."""
     arms = node.status.tcp.services
     listeners: dict[str, ResourceDict] = {}
-    if arms:
-        key = arms_key(arms)
-        by_family = (
-            (False, "0.0.0.0", tuple(a for a in key if not is_ipv6(a[0]))),
-            (True, "::", tuple(a for a in key if is_ipv6(a[0]))),
-        )
-        for pod, record in local_pods(node, records):
-            for v6, address, family_arms in by_family:
-                if family_arms:  # Envoy refuses a listener without filter chains
-                    name = listener_name(pod.namespace, pod.name, v6)
-                    stat = stat_name(f"tcp_capture{'6' if v6 else ''}_{pod.namespace}_{pod.name}")
-                    listeners[name] = capture_listener(name, record.netns, family_arms, stat, address)
     clusters: dict[str, ResourceDict] = {}
     assignments: dict[str, ResourceDict] = {}
-    for cluster, endpoints in sorted(endpoints_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):
-        clusters[cluster] = eds_cluster(cluster, options)
-        assignments[cluster] = load_assignment(cluster, endpoints)
+    with _MEMO.build(node.metadata.name) as built:
+        if arms:
+            key = arms_key(arms)
+            by_family = (
+                (False, "0.0.0.0", tuple(a for a in key if not is_ipv6(a[0]))),
+                (True, "::", tuple(a for a in key if is_ipv6(a[0]))),
+            )
+            for pod, record in local_pods(node, records):
+                for v6, address, family_arms in by_family:
+                    if family_arms:  # Envoy refuses a listener without filter chains
+                        name = listener_name(pod.namespace, pod.name, v6)
+                        stat = stat_name(f"tcp_capture{'6' if v6 else ''}_{pod.namespace}_{pod.name}")
+                        args = (name, record.netns, family_arms, stat, address)
+                        listeners[name] = built.get(args, capture_listener, *args)
+        for cluster, endpoints in sorted(endpoints_by_cluster(arms, skip=BLACKHOLE_CLUSTER).items()):
+            clusters[cluster] = eds_cluster(cluster, options)
+            assignments[cluster] = built.get((cluster, endpoints), load_assignment, cluster, endpoints)
     return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: assignments}

@@ -28,7 +28,7 @@ from aether.api.meshnode import MeshNode
 from aether.api.naming import BLACKHOLE_CLUSTER
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.records import PodRecord
-from aether.xds.memo import lru, register
+from aether.xds.memo import LiveBuild, LiveMemo, lru, register
 from aether.xds.resources import CLUSTER, ENDPOINT, LISTENER, ResourceDict, Resources, Shared, TranslateOptions, seconds
 from aether.xds.translate.l4.common import Arms, ClusterShape, families, local_pods, match_key, stat_name
 from aether.xds.translate.l4.memo import DigestMemo
@@ -67,7 +67,6 @@ def _route(cluster: str) -> ResourceDict:
     return Shared(action={"name": "route", "typedConfig": {"@type": UDP_ROUTE, "cluster": cluster}})
 
 
-@lru(maxsize=1024)
 def matcher(arms: Arms) -> ResourceDict:
     """VIP -> cluster, exact on the datagram's destination IP; everything else to the blackhole."""
     out: ResourceDict = Shared(onNoMatch=_route(BLACKHOLE_CLUSTER))
@@ -87,18 +86,17 @@ def vip_listener_name(namespace: str, pod: str, vip: str) -> str:
     return f"{LISTENER_PREFIX}{namespace}/{pod}@{vip}"
 
 
-@lru(maxsize=4096)
 def capture_listener(
     name: str,
     netns: str,
-    arms: Arms,
+    match: ResourceDict,
     options: TranslateOptions,
     stat_prefix: str,
     address: str = "0.0.0.0",
     idle_s: float | None = None,
 ) -> ResourceDict:
-    """A capture listener: the pod's wildcard one (every arm), or one bound to a single VIP (`address`) for a
-    Service with its own session idle timeout (`idle_s`; None: the node's default)."""
+    """A capture listener with the `matcher` of its arms: the pod's wildcard one (every arm), or one bound to a
+    single VIP (`address`) for a Service with its own session idle timeout (`idle_s`; None: the node's default)."""
     listener: ResourceDict = {
         "name": name,
         "statPrefix": stat_prefix,  # listener.<pod>.* rather than one listener.0.0.0.0_18082.* for every pod
@@ -118,7 +116,7 @@ def capture_listener(
                     "@type": UDP_PROXY_CONFIG,
                     "statPrefix": stat_prefix,
                     "idleTimeout": seconds(options.udp_session_idle_s if idle_s is None else idle_s),
-                    "matcher": matcher(arms),
+                    "matcher": match,
                 },
             }
         ],
@@ -155,6 +153,46 @@ def blackhole_cluster(options: TranslateOptions) -> ResourceDict:
 
 
 MEMO = register(DigestMemo())
+# per node, the matchers and capture listeners its last translation served, for the digest's matcher key (the tag:
+# every listener carries the whole matcher, so a new key is new listeners); keyed by what else shapes them
+LISTENERS: LiveMemo[tuple[object, ...], ResourceDict] = register(LiveMemo())
+
+
+def _listeners(
+    built: LiveBuild[tuple[object, ...], ResourceDict],
+    node: MeshNode,
+    records: Mapping[str, PodRecord],
+    options: TranslateOptions,
+    key: Arms,
+    timed: list[tuple[str, str, float]],
+) -> dict[str, ResourceDict]:
+    """Each local pod's capture listeners: the wildcard one, its IPv6 twin when a VIP is IPv6, one per timed VIP."""
+    listeners: dict[str, ResourceDict] = {}
+    has_ipv6 = families(key)[1]
+    match = built.get(("matcher",), matcher, key)  # one object for every pod: encoded once (codec.fastfill)
+    for pod, record in local_pods(node, records):
+        name = listener_name(pod.namespace, pod.name)
+        stat = stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
+        listeners[name] = built.get(
+            (name, record.netns, stat, options), capture_listener, name, record.netns, match, options, stat
+        )
+        if has_ipv6:
+            # IPv6 VIPs: the same matcher on an IPv6-only socket on [::]:18082 (two sockets, not one dual-stack
+            # one: the IPv4 listener stays exactly as it was, and each socket reads its own family's PKTINFO)
+            name6 = listener6_name(pod.namespace, pod.name)
+            stat6 = stat_name(f"udp_capture6_{pod.namespace}_{pod.name}")
+            args6 = (name6, record.netns, match, options, stat6, "::")
+            listeners[name6] = built.get((name6, record.netns, stat6, options), capture_listener, *args6)
+        for vip, cluster, idle in timed:
+            # the Service's own idle timeout: a listener bound to its VIP in the same pod netns. The kernel
+            # delivers a datagram to the most specific bound socket, so this VIP's flows land here and every
+            # other VIP's on the wildcard listener (docs/operations.md)
+            vname = vip_listener_name(pod.namespace, pod.name, vip)
+            vstat = stat_name(f"udp_capture_{pod.namespace}_{pod.name}_{vip}")
+            vmatch = built.get(("matcher", vip, cluster), matcher, ((vip, cluster),))
+            vargs = (vname, record.netns, vmatch, options, vstat, vip, idle)
+            listeners[vname] = built.get((vname, record.netns, vstat, options, cluster, idle), capture_listener, *vargs)
+    return listeners
 
 
 def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOptions) -> Resources:
@@ -166,38 +204,13 @@ def build(node: MeshNode, records: Mapping[str, PodRecord], options: TranslateOp
     # the few arms that need more than the digest: a weighted split or a Service's own idle timeout (one pass)
     special = [a for a in node.status.udp.services if a.backends or a.idle_timeout_seconds is not None]
     timed = sorted({(a.vip, a.cluster, a.idle_timeout_seconds or 0.0) for a in special if a.idle_timeout_seconds})
-    listeners: dict[str, ResourceDict] = {}
-    has_ipv6 = families(key)[1]
-    for pod, record in local_pods(node, records):
-        name = listener_name(pod.namespace, pod.name)
-        stat = stat_name(f"udp_capture_{pod.namespace}_{pod.name}")
-        memo_key = (name, record.netns, stat, options)
-        listener = dig.listeners.get(memo_key)
-        if listener is None:
-            listener = dig.remember(memo_key, capture_listener(name, record.netns, key, options, stat))
-        listeners[name] = listener
-        if has_ipv6:
-            # IPv6 VIPs: the same matcher on an IPv6-only socket on [::]:18082 (two sockets, not one dual-stack
-            # one: the IPv4 listener stays exactly as it was, and each socket reads its own family's PKTINFO)
-            name6 = listener6_name(pod.namespace, pod.name)
-            stat6 = stat_name(f"udp_capture6_{pod.namespace}_{pod.name}")
-            memo6 = (name6, record.netns, stat6, options)
-            listener6 = dig.listeners.get(memo6)
-            if listener6 is None:
-                listener6 = dig.remember(memo6, capture_listener(name6, record.netns, key, options, stat6, "::"))
-            listeners[name6] = listener6
-        for vip, cluster, idle in timed:
-            # the Service's own idle timeout: a listener bound to its VIP in the same pod netns. The kernel
-            # delivers a datagram to the most specific bound socket, so this VIP's flows land here and every
-            # other VIP's on the wildcard listener (docs/operations.md)
-            vname = vip_listener_name(pod.namespace, pod.name, vip)
-            vstat = stat_name(f"udp_capture_{pod.namespace}_{pod.name}_{vip}")
-            listeners[vname] = capture_listener(vname, record.netns, ((vip, cluster),), options, vstat, vip, idle)
+    with LISTENERS.build(node.metadata.name, tag=key) as built:
+        listeners = _listeners(built, node, records, options, key, timed)
     clusters: dict[str, ResourceDict] = {BLACKHOLE_CLUSTER: blackhole_cluster(options)}
     clusters.update(dig.clusters)  # arm order: deterministic for one input
     assignments = dict(dig.assignments)
     if special:
-        split_clusters, split_assignments = split_resources(special, shape)
+        split_clusters, split_assignments = split_resources(special, shape, node.metadata.name)
         clusters.update(split_clusters)  # the weighted arms' own clusters replace the plain EDS shape
         assignments.update(split_assignments)
     return {LISTENER: listeners, CLUSTER: clusters, ENDPOINT: assignments}
