@@ -10,11 +10,14 @@ the table's named counters count it (`aether.netns.kernel_udp_install.read_kerne
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 
 from aether.e2e.harness import Mesh, MeshPod
+from aether.netns.kernel_udp import KERNEL_UDP_TABLE, counter_of, service_chain
 from aether.netns.kernel_udp_install import read_kernel_udp_counters
+from aether.testing.netlab import sh
 from aether.testing.wait import wait_for
 from aether.xds.translate.l4.common import stat_name
 
@@ -42,6 +45,24 @@ def kernel_backend_packets(pod: MeshPod, vip: str) -> dict[str, int]:
         for c in read_kernel_udp_counters(pod.netns_path)
         if c.vip == vip and c.backend_ip is not None
     }
+
+
+def kernel_shares(pod: MeshPod, vip: str) -> dict[str, int]:
+    """How the pod's table splits new flows to vip:18082: `<backend ip>:<port>` (or "drop": an invalid backend's
+    share) -> its buckets of `numgen random mod 100`; {} when the table has no such Service."""
+    family = "ip6" if ":" in vip else "ip"
+    chain = service_chain(vip)
+    listed = sh("nft", "-j", "list", "chain", family, KERNEL_UDP_TABLE, chain, netns=pod.net.netns, check=False)
+    out: dict[str, int] = {}
+    for item in json.loads(listed or '{"nftables": []}')["nftables"]:
+        for stmt in item.get("rule", {}).get("expr", []):
+            data = stmt.get("vmap", {}).get("data")  # the numgen map: an inline set of [span, verdict]
+            for span, verdict in data.get("set", []) if isinstance(data, dict) else []:
+                low, high = span["range"] if isinstance(span, dict) else (span, span)
+                target = counter_of(verdict["goto"]["target"], 0, 0) if "goto" in verdict else None
+                key = f"{target.backend_ip}:{target.backend_port}" if target else "drop"
+                out[key] = out.get(key, 0) + high - low + 1
+    return out
 
 
 def capture_sessions(pod: MeshPod) -> int:

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from aether.e2e.dataplane import UDP_DATAPLANES, PathCounters, on_kernel, wait_kernel_vips
+from aether.e2e.dataplane import UDP_DATAPLANES, PathCounters, kernel_shares, kernel_vips, on_kernel, wait_kernel_vips
 from aether.e2e.harness import Mesh, MeshPod
 from aether.e2e.kube import udp_arms
-from aether.e2e.lifecycle import route_condition
+from aether.e2e.lifecycle import STREAMS, route_condition, start_sidecar, stop_sidecar
 from aether.netns.contract import L4_OUTBOUND_PORT, CaptureMode
 from aether.testing.probe import Answer, who_answers
 from aether.testing.wait import wait_for
@@ -174,3 +174,42 @@ def test_kubectl_sees_both_meshnodes(mesh: Mesh) -> None:
     else:
         names = {n for n in mesh.nodes if mesh.kube.meshnode(n) is not None}
     assert names == {"node-a", "node-b"}
+
+
+def test_udp_with_the_nodes_envoy_down(mesh: Mesh) -> None:
+    """The kernel path needs no Envoy: with node-a's Envoy stopped, every VIP is still answered by its own backend,
+    from VIP:18082. On Envoy's path the same datagrams are diverted to a capture listener that is gone: no reply
+    (the control). Envoy started again, both answer."""
+    node, client = mesh.nodes["node-a"], mesh.pods["client"]
+    node.running_envoy().stop()
+    try:
+        failures = selection_failures(mesh, client, BACKENDS, timeout=0)
+        if on_kernel(mesh):
+            shares = {s: kernel_shares(client, mesh.services[s]) for s in BACKENDS}
+            assert failures == [], "\n".join(failures) + f"\nthe client's table: {shares}"
+        else:
+            assert len(failures) == len(BACKENDS) and all("got no reply" in f for f in failures), failures
+    finally:
+        mesh.restart_envoy(node)
+    assert selection_failures(mesh, client, BACKENDS) == []
+
+
+def test_udp_across_a_sidecar_restart(mesh: Mesh) -> None:
+    """With node-a's sidecar stopped, Envoy keeps what it was served and each pod's netns keeps its table: both
+    paths answer. The new sidecar programs the same table again (same VIPs) and traffic keeps its path."""
+    node, client = mesh.nodes["node-a"], mesh.pods["client"]
+    vips = [mesh.services[s] for s in BACKENDS]
+    held = kernel_vips(client)
+    assert held >= set(vips) if on_kernel(mesh) else held == set(), held
+    streams = node.stat(STREAMS)
+    stop_sidecar(mesh, node)
+    try:
+        assert selection_failures(mesh, client, BACKENDS, timeout=0) == []
+        assert kernel_vips(client) == held, "the table changed with no sidecar running"
+    finally:
+        start_sidecar(mesh, node, streams)
+    mesh.programmed(node)
+    assert kernel_vips(client) == held
+    counted = PathCounters(client, vips)
+    assert selection_failures(mesh, client, BACKENDS) == []
+    counted.check(mesh)
