@@ -193,7 +193,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cycles = cpu.cycles if cpu else []
         out = report | summary(cycles, t0, mesh_host(NS, "web"))
         out["cpu_probe"]["paced_latency"] = paced(rec.outcomes, cycles)
+        out["h2_node_twin_requests"] = _twin_requests(mesh.nodes[H2_NODE])
         return out
+
+
+def _twin_requests(node: MeshNodeProxy) -> int | None:
+    """Requests H2_NODE's Envoy sent on QUIC twins (since it last started): 0 unless its h2 class went HTTP/3."""
+    try:
+        return node.running_envoy().stat_sum(r"^cluster\.quic_.*\.upstream_rq_total$")
+    except (OSError, RuntimeError):
+        return None
 
 
 def _cpu_probe(mesh: Mesh, rec: Recorder, churn: Churn, every: float) -> CpuProbe | None:

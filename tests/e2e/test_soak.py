@@ -33,8 +33,13 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
         c = report["classes"][name]
         assert c["sent"] > 0 and {"ok", "failed_outside_windows"} <= set(c), c
     assert set(report["rss_slope_kib_per_min"]) == {"sidecar", "operator", "envoy"}
+    envoys = {k: v for k, v in report["slopes"].items() if k.startswith("envoy/")}
+    assert envoys and all(
+        set(v["heap_kib"]) == {"allocated_kib", "heap_size_kib", "physical_kib"} for v in envoys.values()
+    )
     assert set(report["cpu_per_request_us"]) == {"h3", "h2"} and "h3_over_h2_cpu" in report
     assert report["cpu_probe"]["cycles"] >= 1, report["cpu_probe"]
+    assert report["h2_node_twin_requests"] == 0  # the h2 class's node sent nothing over HTTP/3
     assert report["nc503_after_first_use"] == 0, report["failures_listed"]
     assert report["inuse_twins_pruned"] == 0, report["prunes"]
     assert report["crashes"] == 0, report["crash_list"]
