@@ -8,6 +8,8 @@ comes from the client pod's own address (docs/limits.md)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,10 @@ SESSIONS = "udp.udp_capture_e2e_client.downstream_sess_total"
 ANSWERS = {"dns-kernel": "192.0.2.10", "dns-envoy": "192.0.2.20"}  # what each Service's dnsmasq answers
 
 
+def dnsmasq_app(answer: str, work: Path, ip: str, port: int) -> list[str]:
+    return dnsmasq_argv(ip, port, answer, work)
+
+
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     work = tmp_path_factory.mktemp("dns")
@@ -34,7 +40,7 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         m.start_node_proxies()
         m.add_pod(a, "client")
         for svc, answer in ANSWERS.items():
-            m.add_backend(b, f"{svc}-be", lambda ip, port, answer=answer: dnsmasq_argv(ip, port, answer, work))
+            m.add_backend(b, f"{svc}-be", partial(dnsmasq_app, answer, work))
             m.add_service(svc, [f"{svc}-be"])
         m.kube.annotate_service(m.namespace, "dns-kernel", {UDP_DATAPLANE_ANNOTATION: "kernel"})
         yield m
