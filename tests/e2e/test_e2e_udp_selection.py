@@ -186,7 +186,9 @@ def test_udp_with_the_nodes_envoy_down(mesh: Mesh) -> None:
         failures = selection_failures(mesh, client, BACKENDS, timeout=0)
         if on_kernel(mesh):
             shares = {s: kernel_shares(client, mesh.services[s]) for s in BACKENDS}
-            assert failures == [], "\n".join(failures) + f"\nthe client's table: {shares}"
+            arms = udp_arms(mesh.kube.meshnode("node-a") or {})
+            served = {s: arms.get(mesh.services[s]) for s in BACKENDS}
+            assert failures == [], "\n".join(failures) + f"\nthe client's table: {shares}\nnode-a's arms: {served}"
         else:
             assert len(failures) == len(BACKENDS) and all("got no reply" in f for f in failures), failures
     finally:
