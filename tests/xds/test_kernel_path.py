@@ -7,8 +7,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from aether.api.meshnode import Condition, ServiceArm
+from aether.api.meshnode import Condition, ServiceArm, UdpDataplane
 from aether.netns.kernel_udp import KernelArm, KernelBackend
 from aether.netns.kernel_udp_install import KernelUdpError, apply_kernel_udp
 from aether.testing.kernel_udp_effects import RecordingKernelUdp
@@ -50,6 +51,11 @@ class Netns:
         return 0
 
 
+def kpath(default: UdpDataplane, **kw: Any) -> KernelUdpPath:
+    """A KernelUdpPath whose netns paths all exist (the recorded ones are not files)."""
+    return KernelUdpPath(default, **({"path_exists": lambda _: True} | kw))
+
+
 def kernel(arm: ServiceArm, plane: str | None = "kernel") -> ServiceArm:
     return arm.model_copy(update={"dataplane": plane})
 
@@ -81,7 +87,7 @@ def test_the_plan_takes_the_arms_that_select_kernel_and_the_pods_with_a_record()
 
 def test_each_pod_gets_the_arms_then_only_changes_with_what_it_last_got() -> None:
     ns = Netns()
-    path = KernelUdpPath("kernel", program=ns.program, idle_timeout_s=60.0)
+    path = kpath("kernel", program=ns.program, idle_timeout_s=60.0)
     node = node_with(2, 2)
     records = records_for(node)
     path.apply(kernel_plan(node, records, path.default))
@@ -109,7 +115,7 @@ def test_a_node_that_never_selected_kernel_only_clears_leftovers_once_at_start()
         if netns.endswith("client-1"):
             raise KernelUdpError("setns: Operation not permitted")  # a sidecar without the privileges
 
-    path = KernelUdpPath("envoy", program=ns.program, remove=remove)
+    path = kpath("envoy", program=ns.program, remove=remove)
     node = node_with(3, 2)
     records = records_for(node)
     path.apply(kernel_plan(node, records, path.default))
@@ -123,7 +129,7 @@ def test_a_node_that_never_selected_kernel_only_clears_leftovers_once_at_start()
 def test_a_refused_netns_is_reported_keeps_its_rules_and_recovers() -> None:
     ns = Netns()
     seen: list[tuple[str, ...]] = []
-    path = KernelUdpPath("kernel", program=ns.program, on_problems=seen.append)
+    path = kpath("kernel", program=ns.program, on_problems=seen.append)
     node = node_with(1, 2)
     records = records_for(node)
     path.apply(kernel_plan(node, records, path.default))
@@ -156,7 +162,7 @@ class Sink:
 
 def test_programmed_names_the_failed_pod_netns_and_recovers() -> None:
     ns = Netns(refuse={"/run/netns/test-client-1"})
-    path = KernelUdpPath("kernel", program=ns.program, retry_s=0.05)
+    path = kpath("kernel", program=ns.program, retry_s=0.05)
     sc = Sidecar("node-a", SnapshotCache(), Sink(), options=L4, path_exists=lambda _: True, kernel=path)
     node = node_with(2, 2)
     sc.on_records(records_for(node))
@@ -192,7 +198,7 @@ def test_with_the_recording_effects_a_refused_transaction_keeps_the_table_and_is
         )
 
     seen: list[tuple[str, ...]] = []
-    path = KernelUdpPath("kernel", program=program, on_problems=seen.append, idle_timeout_s=60.0)
+    path = kpath("kernel", program=program, on_problems=seen.append, idle_timeout_s=60.0)
     node = node_with(1, 2)
     records = records_for(node)
     path.apply(kernel_plan(node, records, path.default))
@@ -212,7 +218,7 @@ def test_with_the_recording_effects_a_refused_transaction_keeps_the_table_and_is
 def test_programmed_names_a_few_failed_pods_and_counts_the_rest() -> None:
     ns = Netns(refuse={f"/run/netns/test-client-{i}" for i in range(8)})
     seen: list[tuple[str, ...]] = []
-    path = KernelUdpPath("kernel", program=ns.program, on_problems=seen.append)
+    path = kpath("kernel", program=ns.program, on_problems=seen.append)
     node = node_with(1, 8)
     path.apply(kernel_plan(node, records_for(node), path.default))
     assert len(seen[-1]) == 6 and all("kernel UDP rules not applied in pod" in p for p in seen[-1][:5])
@@ -222,7 +228,7 @@ def test_programmed_names_a_few_failed_pods_and_counts_the_rest() -> None:
 def test_an_ipv6_arm_is_programmed_and_a_failed_pod_settles_when_kernel_is_no_longer_selected() -> None:
     ns = Netns(refuse={"/run/netns/test-client-0"})
     seen: list[tuple[str, ...]] = []
-    path = KernelUdpPath("envoy", program=ns.program, remove=lambda _: None, on_problems=seen.append)
+    path = kpath("envoy", program=ns.program, remove=lambda _: None, on_problems=seen.append)
     node = node_with(1, 1)
     six = "fd00:96:0::000a"  # not compressed: the log line and the metrics look it up as fd00:96::a
     node.status.udp.services[0] = kernel(node.status.udp.services[0].model_copy(update={"vip": six}))
@@ -236,3 +242,17 @@ def test_an_ipv6_arm_is_programmed_and_a_failed_pod_settles_when_kernel_is_no_lo
     node.status.udp.services[0] = kernel(node.status.udp.services[0])
     path.apply(kernel_plan(node, records, path.default))
     assert ns.calls[-1] == ("/run/netns/test-client-0", [six], [])
+
+
+def test_a_pod_whose_netns_is_gone_is_not_a_failure() -> None:
+    """A pod being deleted: its netns went before its record and the MeshNode's entry; Programmed must not flap."""
+    ns = Netns(refuse={"/run/netns/test-client-1"})
+    seen: list[tuple[str, ...]] = []
+    gone = {"/run/netns/test-client-1"}
+    path = kpath("kernel", program=ns.program, on_problems=seen.append, path_exists=lambda p: p not in gone)
+    node = node_with(1, 2)
+    path.apply(kernel_plan(node, records_for(node), path.default))
+    assert seen == [] and path.failures == {} and set(path.applied) == {"u0"}
+    gone.clear()  # a netns that exists and refuses is a failure
+    path.apply(kernel_plan(node, records_for(node), path.default))
+    assert len(seen) == 1 and "pod default/client-1" in seen[0][0]

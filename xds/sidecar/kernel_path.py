@@ -13,13 +13,15 @@ the one worker thread that programs them into every meshed pod's netns.
   kernel touches no netns but once: at its start it deletes any table an earlier sidecar left (its Services left
   kernel while it was down). After a sidecar restart the first apply to each pod is a full replace of what is there
   (one nft transaction: the working rules stay until the new ones load). What failed goes to `on_problems`, one
-  entry per pod netns (the Programmed condition's message); the netns keeps its previous rules.
+  entry per pod netns (the Programmed condition's message); the netns keeps its previous rules. A pod whose netns
+  file is gone (its CNI DEL ran before its record went) is not a failure: nothing is left to program.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -130,10 +132,11 @@ class KernelUdpPath:
         on_problems: Callable[[tuple[str, ...]], None] | None = None,
         retry_s: float = RETRY_S,
         idle_timeout_s: float | None = None,
+        path_exists: Callable[[str], bool] = os.path.exists,
     ) -> None:
         self.default: UdpDataplane = default
         self.idle_timeout_s = idle_timeout_s  # the node's (--udp-idle-timeout), for arms without their own
-        self._program, self._remove = program, remove
+        self._program, self._remove, self._exists = program, remove, path_exists
         self._adopting = True  # the first plan: what an earlier sidecar left in the pods' netns
         self.on_problems = on_problems
         self._retry_s = retry_s
@@ -233,6 +236,10 @@ class KernelUdpPath:
                 target.netns, plan.arms, previous=previous, default_idle_timeout_s=self.idle_timeout_s
             )
         except KernelUdpError as exc:
+            if not self._exists(target.netns):  # the pod is going (CNI DEL removed its netns before its record)
+                log.info("kernel UDP: pod %s has no netns %s any more: not programmed", target.name, target.netns)
+                self.failures.pop(uid, None)
+                return
             why = f"kernel UDP rules not applied in pod {target.name} (its previous rules stay): {exc}"
             if self.failures.get(uid) != why:
                 log.warning("%s", why)
