@@ -256,3 +256,20 @@ def test_a_pod_whose_netns_is_gone_is_not_a_failure() -> None:
     gone.clear()  # a netns that exists and refuses is a failure
     path.apply(kernel_plan(node, records_for(node), path.default))
     assert len(seen) == 1 and "pod default/client-1" in seen[0][0]
+
+
+def test_a_kernel_failure_joins_a_slices_incomplete_message_at_once() -> None:
+    from aether.xds.sidecar.programmed import Programmed
+
+    p = Programmed("node-a", None)
+    p.new_state(("MeshServiceSlice default.1 is missing",))
+    p.serving("v1", {})
+    p.acked("v1")
+    assert p.condition is not None and p.condition.reason == "SlicesIncomplete"
+    p.kernel_rules(("kernel UDP rules not applied in pod default/client-0 (its previous rules stay): nft said no",))
+    assert p.condition is not None and "pod default/client-0" in p.condition.message
+    p.new_state(())
+    p.serving("v1", {})
+    assert p.condition is not None and (p.condition.status, p.condition.reason) == ("False", "KernelRulesFailed")
+    p.kernel_rules(())
+    assert p.condition is not None and (p.condition.status, p.condition.reason) == ("True", "Accepted")

@@ -108,7 +108,7 @@ class Programmed:
         if problems == self.kernel_problems:
             return
         self.kernel_problems = problems
-        accepted = self.condition is not None and self.condition.reason in (*ACCEPTED_REASONS, KERNEL_RULES_FAILED)
+        accepted = self.condition is not None and self.condition.reason in (*ACCEPTED_REASONS, *PARTIAL_REASONS)
         if accepted and self.served_version is not None and self.served_version == self.acked_version:
             self._accepted(self.served_version)
         else:
