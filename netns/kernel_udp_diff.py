@@ -141,23 +141,57 @@ def diff_family(family: Family, old: Json, new: Json) -> list[Json]:
 
 class Plan(NamedTuple):
     """What programming a netns from `previous` to `arms` needs: the canonical tables `previous` builds (what the
-    netns should hold), the ruleset `arms` builds and its canonical tables, and the incremental transaction."""
+    netns should hold), the canonical tables `arms` build, the incremental transaction, and the endpoints whose
+    flows are to be forgotten."""
 
     previous: dict[Family, Json]
-    ruleset: Json
     wanted: dict[Family, Json]
     update: Json
-    departed: tuple[tuple[str, str, int], ...]  # (VIP, backend ip, port) whose flows are to be forgotten
+    departed: tuple[tuple[str, str, int], ...]  # (VIP, backend ip, port)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)
+def tables(arms: tuple[KernelArm, ...], default: float | None) -> dict[Family, Json]:
+    """The canonical tables `arms` build, by family (kept for the last 2 arm sets: a change's new arms are the next
+    change's previous ones; about 8 MiB each at 1,000 Services, tracemalloc). Shared: read them, never change them."""
+    ruleset = build_kernel_udp(arms, default_idle_timeout_s=default)
+    return {f: canonical(ruleset, f) for f in FAMILIES}
+
+
+@functools.lru_cache(maxsize=1)  # a plan holds its two tables: more plans would keep older tables alive
 def _plan(previous: tuple[KernelArm, ...], arms: tuple[KernelArm, ...], default: float | None) -> Plan:
-    old_rs = build_kernel_udp(previous, default_idle_timeout_s=default)
-    new_rs = build_kernel_udp(arms, default_idle_timeout_s=default)
-    old = {f: canonical(old_rs, f) for f in FAMILIES}
-    new = {f: canonical(new_rs, f) for f in FAMILIES}
+    old, new = tables(previous, default), tables(arms, default)
     update = {"nftables": [c for f in FAMILIES for c in diff_family(f, old[f], new[f])]}
-    return Plan(old, new_rs, new, update, _departed(previous, arms))
+    return Plan(old, new, update, _departed(previous, arms))
+
+
+def replace_commands(wanted: dict[Family, Json]) -> Json:
+    """One transaction that makes both tables exactly the canonical `wanted` (add so delete cannot fail, delete,
+    re-create: the sets and maps, then what `diff_family` adds to an empty table); all or nothing."""
+    commands: list[Json] = []
+    for family in FAMILIES:
+        ref = {"family": family, "name": KERNEL_UDP_TABLE}
+        commands += [{"add": {"table": dict(ref)}}, {"delete": {"table": dict(ref)}}]
+    for family in FAMILIES:
+        commands.append({"add": {"table": {"family": family, "name": KERNEL_UDP_TABLE}}})
+        for name, entry in wanted[family]["sets"].items():
+            spec = {k: entry[k] for k in ("type", "map") if k in entry}
+            commands.append({"add": _ref(family, "map" if "map" in entry else "set", name, **spec)})
+        commands += sorted(diff_family(family, empty(), wanted[family]), key=_by_service)
+    return {"nftables": commands}
+
+
+def _by_service(command: Json) -> tuple[int, str]:
+    """Objects first, then each Service's counters, chains and rules together, then the hooked chains, then the
+    elements (a stable sort keeps the diff's order inside each). nft loads this order of the same commands faster:
+    412 ms against 488 ms for grouped by kind, 1,000 Services (medians of 6, one netns)."""
+    ((kind, body),) = next(iter(command.values())).items()
+    if kind == "element":
+        return (3, "")
+    name = body.get("chain") if kind == "rule" else body.get("name", "")
+    if kind in ("counter", "chain", "rule") and str(name).startswith("svc_"):
+        return (1, str(name).split("__")[0])
+    return (2, "") if kind in ("chain", "rule") else (0, "")
 
 
 def _endpoints(arms: Sequence[KernelArm]) -> dict[str, set[tuple[str, int]]]:
@@ -174,9 +208,9 @@ def _departed(old: Sequence[KernelArm], new: Sequence[KernelArm]) -> tuple[tuple
 def plan(
     previous: Sequence[KernelArm], arms: Sequence[KernelArm], *, default_idle_timeout_s: float | None = None
 ) -> Plan:
-    """The `Plan` from `previous` to `arms` (pure; the last few are kept, since a node programs the same change
-    into every pod netns and building and diffing 1,000 Services is most of a change's cost otherwise). The result
-    is shared: read it, never change it."""
+    """The `Plan` from `previous` to `arms` (pure; the last one is kept, since a node programs the same change into
+    every pod netns and building and diffing 1,000 Services is most of a change's cost otherwise). The result is
+    shared: read it, never change it."""
     return _plan(tuple(previous), tuple(arms), default_idle_timeout_s)
 
 

@@ -198,7 +198,7 @@ def apply_kernel_udp(
             sent = 1
     else:
         log.info("kernel UDP rules in %s are not what the previous arms build: replacing them whole", where)
-        _send(fx, where, kernel_udp.replace_commands(plan.ruleset))
+        _send(fx, where, kernel_udp_diff.replace_commands(plan.wanted))
         sent = 1
         if not _listed_equals(fx, plan.wanted):
             raise KernelUdpError(f"the kernel UDP rules loaded in {where} differ from what was asked")

@@ -66,8 +66,9 @@ def _stmt(s: Json) -> str:
         right = m["right"]
         return f"{_expr(m['left'])} {right:#x}" if isinstance(right, int) else f"{_expr(m['left'])} {right}"
     if "counter" in s:
-        c = s["counter"]
-        return f"counter name {_expr(c['map']['key'])} map {c['map']['data']}" if "map" in c else "counter"
+        c = s["counter"]  # anonymous: {"packets", "bytes"}, or None in the canonical form
+        named = isinstance(c, dict) and "map" in c
+        return f"counter name {_expr(c['map']['key'])} map {c['map']['data']}" if named else "counter"
     if "mangle" in s:
         return f"{_expr(s['mangle']['key'])} set {s['mangle']['value']:#x}"
     if "vmap" in s:
