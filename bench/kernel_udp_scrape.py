@@ -26,7 +26,7 @@ from aether.xds.sidecar.kernel_path import Applied, PodTarget, vip_key
 from bench.kernel_udp_program import arms
 
 
-def _pct(values: Sequence[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
@@ -68,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         scrape = time.perf_counter() - t0
     sweep = statistics.median(sweeps)
     print(f"{args.netns} netns x {args.services} Services (2 backends each), {args.sweeps} sweeps, {series} series")
-    print(f"one sweep (all netns, unpaced): p50 {sweep:.2f} s, p99 {_pct(sweeps, 0.99):.2f} s")
-    print(f"one netns read: p50 {statistics.median(reads) * 1000:.1f} ms, p99 {_pct(reads, 0.99) * 1000:.1f} ms")
+    print(f"one sweep (all netns, unpaced): p50 {sweep:.2f} s, p99 {pct(sweeps, 0.99):.2f} s")
+    print(f"one netns read: p50 {statistics.median(reads) * 1000:.1f} ms, p99 {pct(reads, 0.99) * 1000:.1f} ms")
     print(f"paced at {DUTY:.0%} of a CPU a sweep takes about {sweep / DUTY:.0f} s; a scrape {scrape * 1000:.1f} ms")
     return 0
 
