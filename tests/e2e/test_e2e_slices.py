@@ -1,6 +1,10 @@
 """MeshServiceSlices through the whole mesh: the API test bed, the real operator, cluster-mode sidecars on two nodes
 and their real Envoys. 130 UDP Services in one namespace (over 2 x 64: split into 4 slices); the client on node-a,
 three echo backends on node-b. Assertions are about traffic and about what was written (the test bed's audit log).
+
+Both UDP data paths (`aether.e2e.dataplane`): on the kernel path the client's table holds all 130 VIPs, each
+test's traffic is checked to go through it (no udp_proxy session), an endpoint change reaches the table, and a
+sidecar restart keeps its VIPs (the new sidecar's first apply replaces the table whole: the same VIPs).
 """
 
 from __future__ import annotations
@@ -15,7 +19,16 @@ import pytest
 
 from aether.api.client import OPERATOR_USER_AGENT
 from aether.api.slices import slice_index, slice_name
-from aether.e2e.harness import Mesh
+from aether.e2e.dataplane import (
+    UDP_DATAPLANES,
+    PathCounters,
+    kernel_packets,
+    kernel_vips,
+    on_kernel,
+    wait_kernel_backends,
+    wait_kernel_vips,
+)
+from aether.e2e.harness import BACKEND_PORT, Mesh
 from aether.e2e.lifecycle import restart_sidecar
 from aether.e2e.node_proxy import connected
 from aether.testing.probe import who_answers
@@ -39,9 +52,9 @@ def backend_of(i: int) -> str:
     return BACKENDS[i % len(BACKENDS)]
 
 
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[Mesh]:
-    m = Mesh(namespace=NS)
+@pytest.fixture(scope="module", params=UDP_DATAPLANES)
+def mesh(request: pytest.FixtureRequest) -> Iterator[Mesh]:
+    m = Mesh(namespace=NS, udp_dataplane=request.param)
     try:
         a, b = m.add_node("node-a"), m.add_node("node-b")
         m.start_node_proxies()
@@ -58,6 +71,7 @@ def mesh() -> Iterator[Mesh]:
 
         m.kube.wait_meshnode("node-a", complete, what=f"{N} arms in {COUNT} slices")
         m.programmed(a, timeout=60)
+        wait_kernel_vips(m, [m.pods["client"]], m.services.values())
         yield m
     finally:
         m.close()
@@ -98,10 +112,12 @@ def test_selection_across_slices(mesh: Mesh) -> None:
     assert len(picks) >= 3, picks
     slices = mesh.kube.slices()
     assert sorted(slices) == [slice_name(NS, k) for k in range(COUNT)]
+    counted = PathCounters(mesh.pods["client"], [mesh.services[svc(i)] for i in picks.values()])
     for k, i in picks.items():
         arms = slices[slice_name(NS, k)]["spec"]["udp"]["services"]
         assert f"{NS}/{svc(i)}" in [a["service"] for a in arms]
         assert answered_by(mesh, i, backend_of(i)), mesh.diagnostics()
+    counted.check(mesh)
 
 
 def test_an_endpoint_change_reaches_envoy_writing_only_its_slice(mesh: Mesh) -> None:
@@ -110,7 +126,11 @@ def test_an_endpoint_change_reaches_envoy_writing_only_its_slice(mesh: Mesh) -> 
     moved = BACKENDS[(i + 1) % len(BACKENDS)]
     since = len(mesh.api.audit)
     mesh.set_endpoints(svc(i), [moved])
+    client = mesh.pods["client"]
+    wait_kernel_backends(mesh, client, mesh.services[svc(i)], [f"{mesh.pods[moved].ip}:{BACKEND_PORT}"])
+    counted = PathCounters(client, [mesh.services[svc(i)]])
     assert answered_by(mesh, i, moved), mesh.diagnostics()
+    counted.check(mesh)
     writes = operator_writes(mesh, since)
     assert writes and set(writes) == {("patch", "meshserviceslices", slice_name(NS, slice_index(svc(i), COUNT)))}, (
         writes
@@ -143,6 +163,11 @@ def test_a_sidecar_restart_resends_nothing_unchanged(mesh: Mesh) -> None:
     stream names the versions it holds, so nothing is pushed again and Envoy changes nothing."""
     node = mesh.nodes["node-a"]
     mesh.programmed(node)
+    client, vip0 = mesh.pods["client"], mesh.services[svc(0)]
+    held = kernel_vips(client)
+    assert len(held) == (N if on_kernel(mesh) else 0), len(held)
+    assert answered_by(mesh, 0, backend_of(0))
+    counted_before = kernel_packets(client, vip0)  # > 0 on the kernel path: that datagram at least
     programmed = next(
         c for c in (mesh.kube.stored_meshnode(node.name) or {})["status"]["conditions"] if c["type"] == "Programmed"
     )
@@ -171,7 +196,12 @@ def test_a_sidecar_restart_resends_nothing_unchanged(mesh: Mesh) -> None:
     pushed = named(metrics, "aether_xds_pushed_resources_total")
     assert sum(pushed.values()) == 0, pushed
     assert {s: node.stat(s) for s in envoy_before} == envoy_before
+    if on_kernel(mesh):  # the new sidecar's first apply replaces the table whole, which restarts its counters
+        wait_for(lambda: kernel_packets(client, vip0) < counted_before, 60, "the table replaced by the new sidecar")
+    assert kernel_vips(client) == held  # on the kernel path: the same 130 VIPs, programmed again
+    counted = PathCounters(client, [vip0])
     assert answered_by(mesh, 0, backend_of(0))
+    counted.check(mesh)
     # the control: this sidecar's counter does count what it sends (a change after the restart is pushed)
     mesh.set_endpoints(svc(0), [BACKENDS[1]])
     assert answered_by(mesh, 0, BACKENDS[1])
