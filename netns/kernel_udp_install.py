@@ -1,12 +1,15 @@
 """Program the in-kernel UDP data path (`aether.netns.kernel_udp`) into a pod's netns, and forget the flows of
 backends that left.
 
-The effects go through `KernelUdpEffects` (run a libnftables JSON command; delete the conntrack entries of the flows
-from a VIP to a backend), opened on a thread inside the netns like the capture's (`aether.netns.install`):
-`KernelUdpKernel` is the real one (libnftables, and ctnetlink through pyroute2), and `aether.testing.kernel_udp_effects`
-records the calls, so the order is tested without privileges.
+The effects go through `KernelUdpEffects` (run an nft command given as JSON; delete the conntrack entries of the flows
+from a VIP to a backend; read the netns's nft generation), opened on a thread inside the netns like the capture's
+(`aether.netns.install`): `KernelUdpKernel` is the real one (libnftables, fed nft text for changes; ctnetlink and
+nfnetlink through pyroute2), and `aether.testing.kernel_udp_effects` models the tables and records the calls, so the
+order is tested without privileges.
 
-`apply_kernel_udp` first reads the netns's tables back. When they are exactly what `previous` builds, it sends only
+`apply_kernel_udp` first makes sure what the netns holds: with a `Verified` record whose nft generation has not moved
+since our last transaction there, it knows; otherwise it reads the tables back. When they are exactly what
+`previous` builds, it sends only
 the difference (`aether.netns.kernel_udp_diff.update_commands`: the changed Services' chains, elements and objects;
 nothing when nothing changed); otherwise (first programming, a restarted sidecar, a table someone changed) it
 replaces both tables whole and reads them back. Either way it is one nft transaction, all or nothing: when nft
