@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aether.api.meshnode import ArmBackend, Endpoint, ServiceArm
 from aether.netns.kernel_udp import KernelArm, KernelBackend, share_ranges
+from aether.netns.kernel_udp_install import departed
 from aether.xds.sidecar.kernel_arms import UNROUTABLE, kernel_arm, kernel_arms
 
 E1, E2, E3 = Endpoint(ip="10.1.0.1", port=53), Endpoint(ip="10.1.0.2", port=53), Endpoint(ip="10.1.0.3", port=5353)
@@ -58,3 +59,25 @@ def test_the_services_own_idle_timeout_rides_along_and_none_leaves_the_nodes() -
     plain = kernel_arm(arm(endpoints=[E1]))
     assert plain is not None and plain.idle_timeout_s is None
     assert kernel_arms([arm(cluster="blackhole", idle_timeout_seconds=2.0)]) == [KernelArm("10.96.0.10", (), 2.0)]
+
+
+def test_a_udproute_split_arm_is_a_kernel_arm() -> None:
+    backends = [ArmBackend(backend="default/a", weight=7, share=70, endpoints=[E1])]
+    backends.append(ArmBackend(backend="default/b", weight=3, share=30, endpoints=[E3]))
+    got = kernel_arm(arm(cluster="udp-split:default/dns", backends=backends))
+    assert got == KernelArm("10.96.0.10", (KernelBackend("10.1.0.1", 53, 7), KernelBackend("10.1.0.3", 5353, 3)))
+    six = kernel_arm(arm(vip="fd00::a", cluster="udp-split:default/dns@ipv6", backends=backends))
+    assert six is not None and len(six.backends) == 2
+
+
+def test_a_drained_backends_endpoints_stay_valid_with_no_share_so_their_flows_finish() -> None:
+    live = ArmBackend(backend="default/a", weight=1, share=100, endpoints=[E1])
+    before = kernel_arm(arm(backends=[live, ArmBackend(backend="default/b", weight=1, share=50, endpoints=[E3])]))
+    drained = ArmBackend(backend="default/b", weight=0, share=0, endpoints=[E3], reason="Drained")
+    after = kernel_arm(arm(backends=[live, drained]))
+    assert after is not None and before is not None
+    assert after.backends == (KernelBackend("10.1.0.1", 53, 1), KernelBackend("10.1.0.3", 5353, 0))
+    assert [r.backend for r in share_ranges([b.weight for b in after.backends])] == [0]  # no new flow for b
+    assert departed([before], [after]) == []  # the installer forgets none of b's open flows
+    removed = kernel_arm(arm(backends=[live]))
+    assert removed is not None and departed([after], [removed]) == [("10.96.0.10", "10.1.0.3", 5353)]

@@ -17,7 +17,7 @@ from aether.testing.samples import node_with, records_for
 from aether.testing.wait import wait_for
 from aether.xds.ads.cache import SnapshotCache
 from aether.xds.resources import TranslateOptions
-from aether.xds.sidecar.kernel_path import KernelUdpPath, kernel_plan
+from aether.xds.sidecar.kernel_path import KernelUdpPath, changes, kernel_plan
 from aether.xds.sidecar.loop import Sidecar
 
 L4 = TranslateOptions(areas=("udp", "tcp-floor"))
@@ -273,3 +273,14 @@ def test_a_kernel_failure_joins_a_slices_incomplete_message_at_once() -> None:
     assert p.condition is not None and (p.condition.status, p.condition.reason) == ("False", "KernelRulesFailed")
     p.kernel_rules(())
     assert p.condition is not None and (p.condition.status, p.condition.reason) == ("True", "Accepted")
+
+
+def test_the_log_line_names_what_changed() -> None:
+    a = KernelArm("10.96.0.10", (KernelBackend("10.1.0.1", 53, 1),))
+    b = KernelArm("10.96.0.11", (KernelBackend("10.1.0.2", 53, 70), KernelBackend("0.0.0.0", 1, 30, valid=False)))
+    names = {"10.96.0.10": "app/a", "10.96.0.11": "app/b"}
+    assert changes((), [a, b], names) == (
+        "changed: app/a 10.96.0.10 [10.1.0.1:53], app/b 10.96.0.11 [10.1.0.2:53 w70, 1 dropped]"
+    )
+    assert changes([a, b], [a._replace(backends=())], names) == "changed: app/a 10.96.0.10 []; removed: 10.96.0.11"
+    assert changes([a], [a], names) == "nothing changed"

@@ -95,6 +95,23 @@ def kernel_plan(node: MeshNode, records: Mapping[str, PodRecord], default: UdpDa
     return KernelPlan(tuple(arms), services, pods, default == "kernel" or bool(chosen))
 
 
+def _show(arm: KernelArm) -> str:
+    live = [f"{b.ip}:{b.port}" + (f" w{b.weight}" if b.weight != 1 else "") for b in arm.backends if b.valid]
+    dropped = sum(not b.valid for b in arm.backends)
+    return f"[{', '.join(live)}" + (f", {dropped} dropped" if dropped else "") + "]"
+
+
+def changes(previous: Sequence[KernelArm], arms: Sequence[KernelArm], services: Mapping[str, str]) -> str:
+    """The arms an apply changed, for its log line: `<service> <VIP> [backends]` (LOGGED_ARMS of them), removed VIPs."""
+    before = {a.vip: a for a in previous}
+    changed = [a for a in arms if before.get(a.vip) != a]
+    removed = sorted(set(before) - {a.vip for a in arms})
+    shown = [f"{services.get(vip_key(a.vip), '?')} {a.vip} {_show(a)}" for a in changed[:LOGGED_ARMS]]
+    more = f", and {len(changed) - LOGGED_ARMS} more" if len(changed) > LOGGED_ARMS else ""
+    text = f"changed: {', '.join(shown)}{more}" if changed else "nothing changed"
+    return text + (f"; removed: {', '.join(removed)}" if removed else "")
+
+
 def reported(failures: Mapping[str, str]) -> tuple[str, ...]:
     """What Programmed's message carries: the first REPORTED failures (by pod uid), then how many more."""
     listed = [failures[u] for u in sorted(failures)]
@@ -248,14 +265,12 @@ class KernelUdpPath:
         with self._lock:
             self.applied[uid] = Applied(target, plan.arms, plan.services)
         self.failures.pop(uid, None)
-        vips = ", ".join(f"{plan.services[vip_key(a.vip)]} {a.vip}" for a in plan.arms[:LOGGED_ARMS]) or "none"
-        vips += f", and {len(plan.arms) - LOGGED_ARMS} more" if len(plan.arms) > LOGGED_ARMS else ""
         log.info(
-            "kernel UDP: pod %s (netns %s) holds %d arms (%s)%s, %.1f ms",
+            "kernel UDP: pod %s (netns %s) holds %d arms; %s%s, %.1f ms",
             target.name,
             target.netns,
             len(plan.arms),
-            vips,
+            changes(previous, plan.arms, plan.services),
             f", {forgot} flows of departed backends forgotten" if forgot else "",
             (time.perf_counter() - t0) * 1000,
         )
