@@ -14,6 +14,10 @@ RSS and fd slopes: per process, over the second half of the run, the least-squar
 the churn asked for starts a new process). "Within noise": the slope's 95 % interval (2 standard errors) contains 0,
 or the drift it makes over the half (slope x minutes) is at most twice the spread of the samples around the fitted
 line (their standard deviation): a steady leak drifts far beyond its own scatter, noise does not.
+
+Envoy's own heap figures (admin /stats: `server.memory_allocated`, `server.memory_heap_size`,
+`server.memory_physical_size`, sampled with its RSS) get the same slopes: RSS stays the gate, they tell a leak
+(allocated grows) from the allocator keeping pages (tcmalloc: allocated flat while heap size and RSS step up).
 """
 
 from __future__ import annotations
@@ -65,6 +69,10 @@ class Sample:
     pid: int
     rss_kib: int
     fds: int
+    heap_kib: tuple[int, int, int] | None = None  # Envoy: (memory_allocated, memory_heap_size, memory_physical_size)
+
+
+HEAP_FIGURES = ("allocated_kib", "heap_size_kib", "physical_kib")
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,15 @@ def slopes(samples: Sequence[Sample], t_mid: float) -> dict[str, dict[str, Any]]
             "rss_kib_first_last": [run[0].rss_kib, run[-1].rss_kib],
             "fds_first_last": [run[0].fds, run[-1].fds],
         }
+        heap = [s for s in run if s.heap_kib is not None]
+        if heap:
+            out[f"{role}/{node}" if node else role]["heap_kib"] = {
+                name: {
+                    "slope": slope([((s.t - t_mid) / 60, (s.heap_kib or (0, 0, 0))[i]) for s in heap]),
+                    "first_last": [(heap[0].heap_kib or (0, 0, 0))[i], (heap[-1].heap_kib or (0, 0, 0))[i]],
+                }
+                for i, name in enumerate(HEAP_FIGURES)
+            }
     return out
 
 
@@ -205,6 +222,12 @@ def table(report: dict[str, Any]) -> str:
             f"  {key:<16} rss {rss.get('per_min')} +- {rss.get('stderr')} KiB/min (noise: {rss.get('within_noise')}),"
             f" fds {fds.get('per_min')} +- {fds.get('stderr')} /min (noise: {fds.get('within_noise')})"
         )
+        for name, got in (v.get("heap_kib") or {}).items():
+            fit = got["slope"] or {}
+            lines.append(
+                f"    {name:<14} {fit.get('per_min')} +- {fit.get('stderr')} KiB/min (noise: {fit.get('within_noise')}),"
+                f" {got['first_last'][0]} -> {got['first_last'][1]} KiB"
+            )
     return "\n".join(lines)
 
 

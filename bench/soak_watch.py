@@ -1,7 +1,8 @@
 """The soak's watcher: once a second, under the churn's swap lock (so a restart the churn asked for is never taken
 for a crash), it checks that the operator, every sidecar and every Envoy still run (one that exited unasked is a
 crash: recorded with its exit code and log tail, then started again so the soak goes on); every `sample_every`
-seconds it samples their RSS and open fds from /proc; and it reads the sidecars' logs for QUIC pair prunes, each
+seconds it samples their RSS and open fds from /proc (and each Envoy's own heap figures from its admin /stats:
+allocated, heap size, physical size, which tell a leak from tcmalloc keeping freed pages); and it reads the sidecars' logs for QUIC pair prunes, each
 judged in use when its source ServiceAccount still had a caller and a 200 on that pair in the last IN_USE_S.
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 from aether.e2e.harness import Mesh
 from aether.e2e.lifecycle import restart_envoy, restart_sidecar
 from aether.e2e.node_proxy import MeshNodeProxy
+from aether.testing.envoy import ADMIN_ERRORS
 from bench.soak_report import Prune, Sample
 from bench.soak_traffic import Recorder
 
@@ -28,6 +30,17 @@ IN_USE_S = 60.0
 PRUNED = re.compile(
     r"QUIC pair pruned \((?P<cause>[^)]*)\): (?P<src>\S+) -> (?P<dst>\S+), twin (?P<twin>\S+) withdrawn"
 )
+
+
+ENVOY_HEAP = ("server.memory_allocated", "server.memory_heap_size", "server.memory_physical_size")
+
+
+def envoy_heap(stats: dict[str, int]) -> tuple[int, int, int] | None:
+    """(allocated, heap size, physical size) in KiB from an Envoy's admin stats (bytes); None if one is missing."""
+    if not all(name in stats for name in ENVOY_HEAP):
+        return None
+    allocated, heap, physical = (stats[name] // 1024 for name in ENVOY_HEAP)
+    return allocated, heap, physical
 
 
 def proc_sample(pid: int) -> tuple[int, int] | None:
@@ -118,7 +131,16 @@ class Watcher:
         for role, name, proc in self._processes():
             got = proc_sample(proc.pid) if proc is not None and proc.poll() is None else None
             if got is not None:
-                self.samples.append(Sample(now, role, name, proc.pid if proc else 0, got[0], got[1]))
+                heap = self._envoy_heap(name) if role == "envoy" else None
+                self.samples.append(Sample(now, role, name, proc.pid if proc else 0, got[0], got[1], heap))
+
+    def _envoy_heap(self, name: str) -> tuple[int, int, int] | None:
+        envoy = self.mesh.nodes[name].envoy
+        if envoy is None:
+            return None
+        with contextlib.suppress(*ADMIN_ERRORS, ValueError):
+            return envoy_heap(envoy.stats(r"^server\.memory_"))
+        return None
 
     def _prunes(self) -> None:
         for node in self.mesh.nodes.values():

@@ -63,6 +63,32 @@ def test_slopes_take_the_longest_lived_process_of_the_second_half() -> None:
     assert report.worst({"envoy/node-a": got}, "rss_kib") == {"sidecar": None, "operator": None, "envoy": 60.0}
 
 
+def test_envoy_heap_figures_get_their_own_slopes_beside_rss() -> None:
+    """Allocated flat while the heap and RSS step up (tcmalloc keeping freed pages): the report tells them apart."""
+    samples = [
+        Sample(float(t), "envoy", "node-a", 1, 60_000 + t, 30, (30_000, 40_000 + t, 50_000 + t))
+        for t in range(0, 600, 10)
+    ]
+    samples.append(Sample(600.0, "sidecar", "node-a", 2, 90_000, 14))  # no heap figures: none reported
+    got = report.slopes(samples, 300.0)
+    heap = got["envoy/node-a"]["heap_kib"]
+    assert heap["allocated_kib"]["slope"]["per_min"] == 0.0 and heap["allocated_kib"]["slope"]["within_noise"]
+    assert heap["heap_size_kib"]["slope"]["per_min"] == 60.0 and heap["physical_kib"]["first_last"] == [50_300, 50_590]
+    assert "heap_kib" not in got["sidecar/node-a"]
+    assert "allocated_kib  0.0 +- 0.0 KiB/min" in report.table(
+        {
+            "classes": {},
+            "nc503_after_first_use": 0,
+            "inuse_twins_pruned": 0,
+            "prunes": [],
+            "crashes": 0,
+            "rss_slope_kib_per_min": {},
+            "fd_slope_per_min": {},
+            "slopes": got,
+        }
+    )
+
+
 def test_failures_per_minute_split_by_window() -> None:
     events = [Event("envoy_restart", "node-b", 10.0, 14.0)]
     failures = [_fail("udp_dns", "node-b", 11.0), _fail("udp_dns", "node-a", 12.0), _fail("h3", "node-a", 70.0)]

@@ -33,6 +33,10 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
         c = report["classes"][name]
         assert c["sent"] > 0 and {"ok", "failed_outside_windows"} <= set(c), c
     assert set(report["rss_slope_kib_per_min"]) == {"sidecar", "operator", "envoy"}
+    envoys = {k: v for k, v in report["slopes"].items() if k.startswith("envoy/")}
+    assert envoys and all(
+        set(v["heap_kib"]) == {"allocated_kib", "heap_size_kib", "physical_kib"} for v in envoys.values()
+    )
     assert set(report["cpu_per_request_us"]) == {"h3", "h2"} and "h3_over_h2_cpu" in report
     assert report["cpu_probe"]["cycles"] >= 1, report["cpu_probe"]
     assert report["h2_node_twin_requests"] == 0  # the h2 class's node sent nothing over HTTP/3
