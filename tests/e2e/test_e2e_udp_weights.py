@@ -9,34 +9,49 @@ the route applied as `v1` on the standard-channel CRD and as `v1alpha2` on the e
   route says why (ResolvedRefs=False, BackendNotFound).
 
 The backends are on both nodes (w1 beside the client, w2 and w3 on the other node). Shares are printed (`pytest -s`).
+
+Both UDP data paths (`aether.e2e.dataplane`): Envoy (both API versions) and the in-kernel path (`v1` only: the
+route's version is the operator's business, the same arm reaches either path). What differs is asserted per path:
+Envoy's split is a deterministic schedule (within 5 points), the kernel's `numgen random` is a binomial draw per
+new flow (within 5 sigma); an invalid backend's share is lost in Envoy (no reply) and dropped in the pod's own
+output path on the kernel path (the send fails with EPERM).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from aether.e2e.dataplane import kernel_shares, on_kernel, wait_kernel_vips
 from aether.e2e.harness import Mesh
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.operator.routestatus import CONTROLLER_NAME
 from aether.testing.nodebed import udp_socket_in
-from aether.testing.split_probe import NO_REPLY, Split, locality_weights, probe_split, sticky_backends
+from aether.testing.split_probe import (
+    NO_REPLY,
+    SEND_REFUSED,
+    Split,
+    locality_weights,
+    probe_split,
+    sticky_backends,
+)
 from aether.testing.wait import wait_for
 
 pytestmark = [pytest.mark.privileged, pytest.mark.envoy, pytest.mark.slow]
 
 NS = "e2e"
 CLUSTER = f"udp-split:{NS}/front"
-VERSIONS = [("standard", "v1"), ("experimental", "v1alpha2")]
+VERSIONS = [("standard", "v1", "envoy"), ("experimental", "v1alpha2", "envoy"), ("standard", "v1", "kernel")]
 
 
-@pytest.fixture(scope="module", params=VERSIONS, ids=[f"{c}-{v}" for c, v in VERSIONS])
+@pytest.fixture(scope="module", params=VERSIONS, ids=["-".join(v) for v in VERSIONS])
 def mesh(request: pytest.FixtureRequest) -> Iterator[tuple[Mesh, str]]:
-    channel, version = request.param
-    m = Mesh(namespace=NS, channel=channel)
+    channel, version, dataplane = request.param
+    m = Mesh(namespace=NS, channel=channel, udp_dataplane=dataplane)
     try:
         a, b = m.add_node("node-a"), m.add_node("node-b")
         m.start_node_proxies()
@@ -48,6 +63,7 @@ def mesh(request: pytest.FixtureRequest) -> Iterator[tuple[Mesh, str]]:
         for name in ("w1", "w2", "w3"):
             m.add_service(name, [name])
         m.wait_listeners(a, 1)
+        wait_kernel_vips(m, [m.pods["client"]], m.services.values())
         yield m, version
     finally:
         m.close()
@@ -69,8 +85,30 @@ def _apply(mesh: Mesh, version: str, weights: dict[str, int]) -> dict[str, Any]:
         timeout=30,
         what=f"Envoy EDS weights {want}",
     )
+    if on_kernel(mesh):  # the client's table: each backend's buckets of 100 (every weight set here sums to 100)
+        ips = {f"{NS}/{b}": f"{mesh.pods[b].ip}:5353" if b in mesh.pods else "drop" for b in weights}
+        shares = {ips[b]: w for b, w in want.items() if w}
+        wait_for(
+            lambda: kernel_shares(mesh.pods["client"], mesh.services["front"]) == shares,
+            timeout=30,
+            what=f"the client's table splitting {shares}",
+        )
     found: dict[str, Any] = {a["vip"]: a for a in obj["status"]["udp"]["services"]}[mesh.services["front"]]
     return found
+
+
+def _within(mesh: Mesh, split: Split, backend: str, percent: float) -> bool:
+    """Envoy's locality schedule is deterministic: within 5 points. The kernel's `numgen random` draws per new
+    flow: within 5 sigma of binomial(probes, percent)."""
+    if not on_kernel(mesh):
+        return abs(split.share(backend) - percent) <= 5
+    p = percent / 100
+    return abs(split.share(backend) - percent) <= 5 * 100 * math.sqrt(p * (1 - p) / split.probes)
+
+
+def _dropped(mesh: Mesh) -> str:
+    """How a probe of an invalid backend's share ends: no reply through Envoy, a refused send on the kernel path."""
+    return SEND_REFUSED if on_kernel(mesh) else NO_REPLY
 
 
 def _probe(mesh: Mesh, n: int, timeout: float = 1.0) -> Split:
@@ -98,8 +136,9 @@ def test_seventy_thirty_zero_over_500_fresh_sessions_and_one_socket_sticks(mesh:
             assert line in shown, shown
     split = _probe(m, 500)
     print(f"\n{version}: 70/30/0, 500 fresh sessions, 10 in flight\n{split.table()}")
-    assert abs(split.share("w1") - 70) <= 5 and abs(split.share("w2") - 30) <= 5, split.table()
+    assert _within(m, split, "w1", 70) and _within(m, split, "w2", 30), split.table()
     assert split.by_backend["w3"] == 0 and split.by_backend[NO_REPLY] == 0, split.table()
+    assert split.by_backend[SEND_REFUSED] == 0, split.table()
     sock = udp_socket_in(m.pods["client"].netns_path)
     try:
         seen = sticky_backends(sock, m.services["front"], L4_OUTBOUND_PORT, 30)
@@ -129,7 +168,7 @@ def test_changing_weights_moves_new_sessions_only(mesh: tuple[Mesh, str]) -> Non
         split = _probe(m, 300)
         print(f"\n{version}: after 0/20/80, 300 fresh sessions\n{split.table()}")
         assert split.by_backend["w1"] == 0 and split.by_backend[NO_REPLY] == 0, split.table()
-        assert abs(split.share("w3") - 80) <= 5 and abs(split.share("w2") - 20) <= 5, split.table()
+        assert _within(m, split, "w3", 80) and _within(m, split, "w2", 20), split.table()
     finally:
         for s in socks:
             s.close()
@@ -137,18 +176,11 @@ def test_changing_weights_moves_new_sessions_only(mesh: tuple[Mesh, str]) -> Non
 
 def test_an_invalid_backends_share_is_dropped_and_the_route_says_why(mesh: tuple[Mesh, str]) -> None:
     m, version = mesh
-    m.weighted_route("split", "front", {"missing": 80, "w2": 20}, version)
-    want = {f"{NS}/missing": 80, f"{NS}/w2": 20}
-    node = m.nodes["node-a"]
-    wait_for(
-        lambda: locality_weights(json.loads(node.running_envoy().admin("/config_dump?include_eds")), CLUSTER) == want,
-        timeout=60,
-        what=f"Envoy EDS weights {want}",
-    )
+    _apply(m, version, {"missing": 80, "w2": 20})
     split = _probe(m, 200, timeout=0.5)
     print(f"\n{version}: 80 (missing Service) / 20, 200 fresh sessions\n{split.table()}")
-    assert abs(split.share(NO_REPLY) - 80) <= 5 and abs(split.share("w2") - 20) <= 5, split.table()
-    assert set(split.by_backend) == {NO_REPLY, "w2"}, split.table()
+    assert _within(m, split, _dropped(m), 80) and _within(m, split, "w2", 20), split.table()
+    assert set(split.by_backend) == {_dropped(m), "w2"}, split.table()
 
     def resolved_false() -> dict[str, dict[str, Any]] | None:
         _, conds = _ours(m, version)
