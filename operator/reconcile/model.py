@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aether.api.meshnode import EffectiveStatus
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
@@ -147,6 +147,18 @@ class _Reader:
         return min(claims, key=lambda s: s.order, default=None)
 
 
+K = TypeVar("K")
+
+
+def _unindex(index: dict[K, set[str]], key: K, name: str) -> None:
+    """`name` out of an index, and a key left empty too (pods roll with labels of their own: kept, they grew)."""
+    names = index.get(key)
+    if names is not None:
+        names.discard(name)
+        if not names:
+            del index[key]
+
+
 class ClusterModel:
     def __init__(self, trust_domain: str = DEFAULT_TRUST_DOMAIN) -> None:
         self.trust_domain = trust_domain
@@ -195,7 +207,7 @@ class ClusterModel:
         elif kind == "pod":
             old_pod = self.pods.pop(key, None)
             for k, v in old_pod.labels if old_pod is not None else ():
-                self.pods_by_label[(ns, k, v)].discard(name)
+                _unindex(self.pods_by_label, (ns, k, v), name)
             if old_pod is not None and old_pod.node:
                 self.pods_by_node[old_pod.node].discard(key)
                 self.dirty_nodes.add(old_pod.node)
@@ -211,7 +223,7 @@ class ClusterModel:
         elif kind == "slice":
             old_slice = self.slices[ns].pop(name, None)
             if old_slice is not None and old_slice.service:
-                self.slices_by_service[(ns, old_slice.service)].discard(name)
+                _unindex(self.slices_by_service, (ns, old_slice.service), name)
             if isinstance(view, SliceView):
                 self.slices[ns][name] = view
                 if view.service:
