@@ -73,9 +73,12 @@ class KernelUdpKernel:
         return self._nft.run(kernel_udp_text.to_text(command))
 
     def forget_flows(self, vip: str, vip_port: int, backend_ip: str, backend_port: int) -> int:
-        """IPv4: the kernel filters the dump by the original tuple. IPv6: the kernel's dump filter matched nothing
-        here (kernel 6.18, pyroute2 0.9.7: 0 of 44 entries that match), so the IPv6 table is dumped whole and
-        filtered here."""
+        """IPv4: one filtered flush (a CTA_FILTER'd delete, kernel >= 6.3) deletes every match in the kernel, and the
+        netns's `nf_conntrack_count` before and after says how many (flows made or ended meanwhile move it too).
+        Measured here: 3.8 ms for 97 flows, where one delete per entry took 285 ms for 88, and merely listing the
+        matches through pyroute2 415 ms for 109 (the worker waits on it). IPv6: the kernel's filter matched none of
+        the entries that match (kernel 6.18, pyroute2 0.9.7; dump and flush alike), so the IPv6 table is dumped
+        whole, filtered here and deleted entry by entry."""
         from pyroute2 import Conntrack
         from pyroute2.netlink.nfnetlink.nfctsocket import NFCTAttrTuple
 
@@ -86,15 +89,18 @@ class KernelUdpKernel:
         reply = NFCTAttrTuple(family=family, proto=udp, saddr=backend_ip, sport=backend_port)
         ct = Conntrack(nfgen_family=family)
         try:
-            if v6:
-                entries = [e for e in ct.dump_entries() if _same_flow(e, orig, reply)]
-            else:
-                entries = list(ct.dump_entries(tuple_orig=orig, tuple_reply=reply))
+            if not v6:
+                before = _conntrack_count()
+                orig.attrs(), reply.attrs()  # they set the filter's flags
+                flags = [["CTA_FILTER_ORIG_FLAGS", orig.flags], ["CTA_FILTER_REPLY_FLAGS", reply.flags]]
+                ct.entry("del", tuple_orig=orig, tuple_reply=reply, cta_filter={"attrs": flags})
+                return max(0, before - _conntrack_count())
+            entries = [e for e in ct.dump_entries() if _same_flow(e, orig, reply)]
             for entry in entries:
                 ct.delete(entry)
+            return len(entries)
         finally:
             ct.close()
-        return len(entries)
 
     def generation(self) -> int:
         from pyroute2.netlink import NLM_F_REQUEST
@@ -109,6 +115,12 @@ class KernelUdpKernel:
 
     def close(self) -> None:
         self._nft.close()
+
+
+def _conntrack_count() -> int:
+    """The calling thread's netns's conntrack entries (/proc/sys/net is the opener's netns)."""
+    with open("/proc/sys/net/netfilter/nf_conntrack_count") as fh:
+        return int(fh.read())
 
 
 def _same_flow(entry: Any, orig: Any, reply: Any) -> bool:
