@@ -5,6 +5,7 @@ naming a pod netns whose rules failed, then recovering."""
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,3 +285,38 @@ def test_the_log_line_names_what_changed() -> None:
     )
     assert changes([a, b], [a._replace(backends=())], names) == "changed: app/a 10.96.0.10 []; removed: 10.96.0.11"
     assert changes([a], [a], names) == "nothing changed"
+
+
+def test_programmed_waits_for_the_kernel_worker_before_turning_true() -> None:
+    """An ACK of the served version leaves Programmed Pending while the worker has not applied that state to the
+    pod netns; it turns True when the worker reports the latest submission applied (a stale report changes
+    nothing). A node that never used the kernel path is not held back."""
+    release = threading.Event()
+    ns = Netns()
+
+    def slow(netns_path: str, arms: Sequence[KernelArm], **kw: Any) -> int:
+        release.wait(10)
+        return ns.program(netns_path, arms, **kw)
+
+    path = kpath("kernel", program=slow)
+    sc = Sidecar("node-a", SnapshotCache(), Sink(), options=L4, path_exists=lambda _: True, kernel=path)
+    node = node_with(2, 1)
+    sc.on_records(records_for(node))
+    sc.on_state(node)
+    assert sc.served_version is not None
+    sc.on_ack("node-a", "type.googleapis.com/envoy.config.listener.v3.Listener", sc.served_version)
+    cond = sc.condition
+    assert cond is not None and (cond.status, cond.reason) == ("Unknown", "Pending"), cond
+    assert "kernel UDP rules are still being applied" in cond.message
+    sc._kernel_idle(path.submitted - 1)  # a report about an older submission
+    assert sc.condition is not None and sc.condition.status == "Unknown"
+    release.set()
+    wait_for(lambda: sc.condition is not None and sc.condition.status == "True", 10, "Programmed True once applied")
+    assert len(ns.held["/run/netns/test-client-0"]) == 2
+    path.close()
+    plain = Sidecar("node-a", SnapshotCache(), Sink(), options=L4, path_exists=lambda _: True, kernel=kpath("envoy"))
+    plain.on_records(records_for(node))
+    plain.on_state(node)
+    assert plain.served_version is not None
+    plain.on_ack("node-a", "type.googleapis.com/envoy.config.listener.v3.Listener", plain.served_version)
+    assert plain.condition is not None and plain.condition.status == "True"  # no kernel: True at the ACK

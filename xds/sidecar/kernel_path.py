@@ -80,6 +80,11 @@ def selects_kernel(arm: ServiceArm, default: UdpDataplane) -> bool:
     return (arm.dataplane or default) == "kernel"
 
 
+def kernel_selected(node: MeshNode, default: UdpDataplane) -> bool:
+    """Whether any of `node`'s UDP arms takes the kernel path (cheap: no plan is built)."""
+    return default == "kernel" or any(a.dataplane == "kernel" for a in node.status.udp.services)
+
+
 def kernel_plan(node: MeshNode, records: Mapping[str, PodRecord], default: UdpDataplane) -> KernelPlan:
     """What every meshed pod of `node` should hold (pure)."""
     chosen = [a for a in node.status.udp.services if selects_kernel(a, default)]
@@ -156,9 +161,12 @@ class KernelUdpPath:
         self._program, self._remove, self._exists = program, remove, path_exists
         self._adopting = True  # the first plan: what an earlier sidecar left in the pods' netns
         self.on_problems = on_problems
+        self.on_idle: Callable[[int], None] | None = None  # the worker applied submission N, the latest
+        self.submitted = 0  # submissions so far (each reconcile's)
+        self.involved = default == "kernel"  # this node has used the kernel path (its default, or any arm, once)
         self._retry_s = retry_s
         self._lock = threading.Lock()
-        self._latest: tuple[MeshNode, Mapping[str, PodRecord]] | None = None
+        self._latest: tuple[MeshNode, Mapping[str, PodRecord], int] | None = None
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -167,15 +175,18 @@ class KernelUdpPath:
         self.applied: dict[str, Applied] = {}  # pod uid -> what its netns holds (worker-owned; read: `holding`)
         self.failures: dict[str, str] = {}  # pod uid -> why its last apply failed
 
-    def submit(self, node: MeshNode, records: Mapping[str, PodRecord]) -> None:
-        """The latest served state: programmed by the worker (only the last of several queued ones)."""
+    def submit(self, node: MeshNode, records: Mapping[str, PodRecord]) -> int:
+        """The latest served state: programmed by the worker (only the last of several queued ones). Returns its
+        number, which `on_idle` reports once the worker has applied it."""
         with self._lock:
-            self._latest = (node, records)
+            self.submitted += 1
+            self._latest = (node, records, self.submitted)
             self._idle.clear()
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="kernel-udp", daemon=True)
                 self._thread.start()
         self._wake.set()
+        return self.submitted
 
     def holding(self) -> list[Applied]:
         """What every programmed pod netns holds now (a copy, for the metrics)."""
@@ -194,6 +205,7 @@ class KernelUdpPath:
 
     def _run(self) -> None:
         plan: KernelPlan | None = None
+        seq = 0
         while not self._closed:
             self._wake.wait(self._retry_s if self.failures else None)
             self._wake.clear()
@@ -202,15 +214,18 @@ class KernelUdpPath:
             with self._lock:
                 latest, self._latest = self._latest, None
             if latest is not None:
-                plan = kernel_plan(*latest, self.default)
+                plan, seq = kernel_plan(latest[0], latest[1], self.default), latest[2]
             if plan is not None:
                 try:
                     self.apply(plan)
                 except Exception:
                     log.exception("programming the kernel UDP path failed")
             with self._lock:
-                if self._latest is None:
-                    self._idle.set()
+                done = self._latest is None
+            if done and self.on_idle is not None:
+                self.on_idle(seq)
+            if done:
+                self._idle.set()
 
     def apply(self, plan: KernelPlan) -> None:
         """Bring every pod netns to `plan` (the worker's step; tests call it directly)."""
@@ -221,6 +236,7 @@ class KernelUdpPath:
         for uid in [u for u in self.failures if u not in plan.pods]:
             del self.failures[uid]
         before = dict(self.failures)
+        self.involved = self.involved or plan.selected
         if self._adopting:
             self._adopting = False
             if not plan.selected:

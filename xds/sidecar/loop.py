@@ -49,7 +49,7 @@ from aether.xds.pairs.values import (
     is_twin_name,
 )
 from aether.xds.resources import CLUSTER, ENDPOINT, Resources, TranslateOptions, count
-from aether.xds.sidecar.kernel_path import KernelUdpPath
+from aether.xds.sidecar.kernel_path import KernelUdpPath, kernel_selected
 from aether.xds.sidecar.pipeline import gated_snapshot
 from aether.xds.sidecar.programmed import Programmed
 from aether.xds.sidecar.secrets import SecretKeeper
@@ -104,7 +104,7 @@ class Sidecar:
         self._plan_memo: tuple[MeshNode, dict[str, PodRecord], tuple[list[LocalPod], list[Destination]]] | None = None
         self.kernel = kernel  # the in-kernel UDP path's programmer (kernel_path.py): fed every served state
         if kernel is not None:
-            kernel.on_problems = self._kernel_problems
+            kernel.on_problems, kernel.on_idle = self._kernel_problems, self._kernel_idle
 
     @property
     def condition(self) -> Condition | None:
@@ -297,7 +297,14 @@ class Sidecar:
             return
         if self.kernel is not None:  # returns at once: its worker programs the pods' netns
             self.kernel.submit(gated.node, self.records)
+            self.programmed.kernel_applying(self.kernel.involved or kernel_selected(gated.node, self.kernel.default))
         self._install(gated.resources)
+
+    def _kernel_idle(self, seq: int) -> None:
+        """From the kernel path's worker: submission `seq` is applied; if it is the latest, Programmed may turn True."""
+        with self._lock:
+            if self.kernel is not None and seq == self.kernel.submitted:
+                self.programmed.kernel_applying(False)
 
     def _kernel_problems(self, problems: tuple[str, ...]) -> None:
         """From the kernel path's worker: the pod netns whose rules failed now (Programmed's message)."""

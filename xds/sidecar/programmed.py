@@ -7,7 +7,8 @@ the rest is served), False with a reason when the state file is invalid (Invalid
 Envoy holds what is served, when part of the state is missing or stale (SlicesIncomplete: a MeshServiceSlice the
 MeshNode names is absent or from another split of its namespace; the rest is served and the message names them;
 KernelRulesFailed: the in-kernel UDP rules did not apply in a pod netns, named with nft's error: that netns keeps its
-previous rules and the capture still carries the rest to Envoy; it turns True again when an apply succeeds). In
+previous rules and the capture still carries the rest to Envoy; it turns True again when an apply succeeds). On a
+node using the kernel path an ACK leaves it Pending until the kernel path's worker has applied that state too. In
 every False case the last good state keeps serving: a NACKed version is remembered (`rejects`) and not served again
 until the desired state changes (`new_state`).
 
@@ -38,6 +39,7 @@ PROGRAMMED = "Programmed"
 PUBLISH_SETTLE_S = 0.05  # a Programmed change made on an ADS stream is written this long after (see _publish_loop)
 WAITING_FOR_POLICIES = "waiting for the first list of MeshAuthorizationPolicies; nothing served"
 KERNEL_RULES_FAILED = "KernelRulesFailed"
+KERNEL_APPLYING = "the kernel UDP rules are still being applied to the pod netns"
 ACCEPTED_REASONS = ("Accepted", "AcceptedWithRefusals")
 PARTIAL_REASONS = ("SlicesIncomplete", KERNEL_RULES_FAILED)  # False although Envoy holds what is served
 
@@ -59,6 +61,7 @@ class Programmed:
         self.refused_now: tuple[str, ...] = ()  # what the gates removed from the served state (refuse.py)
         self.state_problems: tuple[str, ...] = ()  # what the source could not supply (StateUpdate.problems)
         self.kernel_problems: tuple[str, ...] = ()  # pod netns whose kernel UDP rules failed (kernel_path.py)
+        self.kernel_busy = False  # the kernel path's worker has not applied the latest served state yet
         self._refusal_changed = False
         self._on_stream = False  # inside an ADS stream hook: condition writes go to the publisher thread
         self._publisher: threading.Thread | None = None
@@ -114,6 +117,16 @@ class Programmed:
         else:
             self._refusal_changed = True  # the next Pending message carries it
 
+    def kernel_applying(self, busy: bool) -> None:
+        """Whether the kernel path's worker still has the served state to apply: while it does, an ACK leaves the
+        condition Pending; when it is done, a state Envoy holds turns True (or KernelRulesFailed)."""
+        if busy == self.kernel_busy:
+            return
+        self.kernel_busy = busy
+        waiting = self.condition is not None and self.condition.reason == "Pending"
+        if not busy and waiting and self.served_version is not None and self.served_version == self.acked_version:
+            self._accepted(self.served_version)
+
     def rejects(self, version: str) -> bool:
         """Whether Envoy already NACKed `version` (the condition says why; wait for a new desired state)."""
         return version in self.rejected
@@ -158,6 +171,9 @@ class Programmed:
         return note
 
     def _accepted(self, version: str) -> None:
+        if self.kernel_busy:
+            self.set("Unknown", "Pending", f"Envoy accepted version {version}; {KERNEL_APPLYING}{self._note()}")
+            return
         if self.state_problems:
             self.set("False", "SlicesIncomplete", f"Envoy accepted version {version}{self._note()}")
             return
