@@ -36,6 +36,7 @@ from aether.e2e.dataplane import UDP_DATAPLANES, PathCounters, on_kernel, wait_k
 from aether.e2e.harness import BACKEND_PORT, Mesh, MeshPod
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.nsthread import run_in_netns
+from aether.testing import conntrack
 from aether.testing.udp_clients import (
     BIG_TXT,
     BIG_TXT_NAME,
@@ -304,9 +305,16 @@ def test_a_reply_on_its_way_survives_a_drain_not_a_removal(mesh: Mesh) -> None:
     client = mesh.pods["client"]
 
     def on(name: str) -> None:
-        """Envoy and, on the kernel path, the client's table have `name` as the only serving endpoint."""
+        """Envoy and, on the kernel path, the client's table have `name` as the only serving endpoint, and the
+        client's conntrack holds no flow of the other (the installer forgets them after the table loads)."""
         node_a.wait_hosts({cluster: {ip[name]}})
         wait_kernel_backends(mesh, client, vip, [f"{ip[name]}:{BACKEND_PORT}"])
+        if on_kernel(mesh):
+            others = {v for k, v in ip.items() if k != name}
+            wait_for(
+                lambda: not any(e.reply_src in others for e in conntrack.entries(client.net.netns)),
+                what=f"the client's flows to the endpoints other than {name} forgotten",
+            )
 
     on("h1")
 
