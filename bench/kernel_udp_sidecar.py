@@ -37,10 +37,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     calls: list[float] = []
 
-    def timed(netns_path: str, arms: Sequence[KernelArm], **kw: object) -> int:
+    def timed(
+        netns_path: str,
+        arms: Sequence[KernelArm],
+        *,
+        previous: Sequence[KernelArm] = (),
+        default_idle_timeout_s: float | None = None,
+    ) -> int:
         t0 = time.perf_counter()
         try:
-            return program_kernel_udp(netns_path, arms, **kw)  # type: ignore[arg-type]
+            return program_kernel_udp(
+                netns_path, arms, previous=previous, default_idle_timeout_s=default_idle_timeout_s
+            )
         finally:
             calls.append(time.perf_counter() - t0)
 

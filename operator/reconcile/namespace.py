@@ -300,22 +300,13 @@ def _one_service(
     if svc.problems:
         udp_shapes.append(UnsupportedShape(route=sref, reason=INVALID_SERVICE, message="; ".join(svc.problems)))
     udp_shapes.extend(_not_ip_slices(world, svc))
-    if svc.idle_timeout_problem and svc.ports_of("UDP"):
-        udp_shapes.append(
-            UnsupportedShape(
-                route=sref,
-                reason=INVALID_IDLE_TIMEOUT,
-                message=f"{svc.idle_timeout_problem}: the Service keeps the node's default idle timeout",
-            )
-        )
-    if svc.dataplane_problem and svc.ports_of("UDP"):
-        udp_shapes.append(
-            UnsupportedShape(
-                route=sref,
-                reason=INVALID_UDP_DATAPLANE,
-                message=f"{svc.dataplane_problem}: the Service keeps the node's default UDP data path",
-            )
-        )
+    annotation_problems = (
+        (svc.idle_timeout_problem, INVALID_IDLE_TIMEOUT, "the Service keeps the node's default idle timeout"),
+        (svc.dataplane_problem, INVALID_UDP_DATAPLANE, "the Service keeps the node's default UDP data path"),
+    )
+    for problem, reason, kept in annotation_problems:
+        if problem and svc.ports_of("UDP"):
+            udp_shapes.append(UnsupportedShape(route=sref, reason=reason, message=f"{problem}: {kept}"))
     if not lost:
         arms, shapes = _plain_arms(world, svc, "TCP")
         tcp_arms.extend(arms)
