@@ -12,6 +12,10 @@ oldest carries traffic. dnsmasq backends answer `who.test` with an address of th
 - port scope: on a Service with two UDP ports, the route on the port the mesh carries carries every query, the
   (older) route on the other port none, and is told NoMatchingParent.
 
+Both UDP data paths (`aether.e2e.dataplane`): on Envoy the sync check is node-a's udp_proxy matcher for the VIP;
+on the in-kernel path it is the client's table `ip aether_udp` rewriting the VIP to the arm's backend, and the
+queries are counted there, never by Envoy.
+
 The time from the delete to the first answer of the newer route's backend is printed (`pytest -s`)."""
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import Any
 
 import pytest
 
-from aether.e2e.harness import Mesh, MeshPod
+from aether.e2e.dataplane import UDP_DATAPLANES, PathCounters, on_kernel, wait_kernel_backends
+from aether.e2e.harness import BACKEND_PORT, Mesh, MeshPod
 from aether.e2e.kube import udp_arms
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.operator.routestatus import CONTROLLER_NAME
@@ -45,9 +50,9 @@ def _dnsmasq_app(ip: str, port: int, answer: str, workdir: Path) -> list[str]:
     return dnsmasq_argv(ip, port, answer, workdir)
 
 
-@pytest.fixture(scope="module")
-def mesh() -> Iterator[Mesh]:
-    m = Mesh(namespace=NS, channel="standard")  # upstream's CRDs, UDPRoute v1
+@pytest.fixture(scope="module", params=UDP_DATAPLANES)
+def mesh(request: pytest.FixtureRequest) -> Iterator[Mesh]:
+    m = Mesh(namespace=NS, channel="standard", udp_dataplane=request.param)  # upstream's CRDs, UDPRoute v1
     try:
         a, b = m.add_node("node-a"), m.add_node("node-b")
         m.start_node_proxies()
@@ -72,8 +77,13 @@ def _who(client: MeshPod, vip: str) -> str | None:
 
 
 def _answers(m: Mesh, parent: str = "front") -> Counter[str | None]:
+    """QUERIES digs through the parent's VIP, each answer's address counted; the path that carried them is checked
+    (the kernel path's counters or Envoy's sessions, `PathCounters.check`)."""
     client = m.pods["client"]
-    return Counter(_who(client, m.services[parent]) for _ in range(QUERIES))
+    counted = PathCounters(client, [m.services[parent]])
+    got = Counter(_who(client, m.services[parent]) for _ in range(QUERIES))
+    counted.check(m, want_datagrams=QUERIES)
+    return got
 
 
 def _accepted(m: Mesh, route: str, parent: str = "front") -> dict[str, Any] | None:
@@ -106,9 +116,12 @@ def _clusters_for(node: Any, vip: str) -> set[str]:
 
 
 def _envoy_follows_the_arm(m: Mesh, parent: str = "front") -> str:
-    """Until node-a's Envoy matches the parent's VIP to the cluster of its arm in the MeshNode state: the data path
-    holds what the operator computed. That cluster."""
+    """Until node-a's data path holds what the operator computed for the parent's VIP (the cluster of its arm in
+    the MeshNode state): on Envoy its udp_proxy matcher names that cluster; on the kernel path the client's table
+    rewrites the VIP to that cluster's backend only. That cluster."""
     vip = m.services[parent]
+    if on_kernel(m):
+        return _kernel_follows_the_arm(m, vip)
 
     def synced() -> str | None:
         arm = udp_arms(m.kube.meshnode("node-a") or {}).get(vip) or {}
@@ -124,6 +137,18 @@ def _envoy_follows_the_arm(m: Mesh, parent: str = "front") -> str:
             f"arm {udp_arms(m.kube.meshnode('node-a') or {}).get(vip)}, Envoy {_clusters_for(m.nodes['node-a'], vip)}"
         ),
     )
+    return cluster
+
+
+def _kernel_follows_the_arm(m: Mesh, vip: str) -> str:
+    cluster: str = wait_for(
+        lambda: (udp_arms(m.kube.meshnode("node-a") or {}).get(vip) or {}).get("cluster"),
+        timeout=60,
+        what=f"node-a's arm for {vip}",
+        ignore=(KeyError, TypeError),
+    )
+    backend = cluster.removeprefix(f"udp:{NS}/")  # each Service here has one backend pod of its own name
+    wait_kernel_backends(m, m.pods["client"], vip, [f"{m.pods[backend].ip}:{BACKEND_PORT}"])
     return cluster
 
 
