@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from aether.e2e.dataplane import kernel_vips
 from aether.e2e.harness import Mesh, MeshPod
 from aether.netns.contract import L4_OUTBOUND_PORT
-from aether.netns.kernel_udp_install import read_kernel_udp_counters
 from aether.operator.reconcile.views import UDP_DATAPLANE_ANNOTATION
 from aether.testing.netlab import sh
 from aether.testing.udp_clients import WHO_NAME, dnsmasq_argv, program
@@ -46,10 +46,6 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
         yield m
     finally:
         m.close()
-
-
-def kernel_vips(pod: MeshPod) -> set[str]:
-    return {c.vip for c in read_kernel_udp_counters(pod.netns_path) if c.backend_ip is None}
 
 
 def shapes(mesh: Mesh) -> set[str]:

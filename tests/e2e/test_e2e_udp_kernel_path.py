@@ -16,10 +16,10 @@ from collections.abc import Set as AbstractSet
 
 import pytest
 
+from aether.e2e.dataplane import kernel_packets, kernel_vips
 from aether.e2e.harness import Mesh, MeshPod
 from aether.e2e.lifecycle import STREAMS, restart_sidecar, start_sidecar, stop_sidecar
 from aether.netns.contract import L4_OUTBOUND_PORT
-from aether.netns.kernel_udp_install import read_kernel_udp_counters
 from aether.operator.reconcile.views import UDP_DATAPLANE_ANNOTATION
 from aether.testing.netlab import sh
 from aether.testing.promtext import scrape, value
@@ -66,15 +66,6 @@ def mesh() -> Iterator[Mesh]:
         m.close()
 
 
-def kernel_vips(pod: MeshPod) -> set[str]:
-    """The VIPs table `ip aether_udp` in the pod's netns holds (one Service counter each)."""
-    return {c.vip for c in read_kernel_udp_counters(pod.netns_path) if c.backend_ip is None}
-
-
-def service_packets(pod: MeshPod, vip: str) -> int:
-    return sum(c.packets for c in read_kernel_udp_counters(pod.netns_path) if c.vip == vip and c.backend_ip is None)
-
-
 def socat(pod: MeshPod, vip: str, payload: str) -> str:
     """One datagram from a connected socat socket in the pod, its reply (empty: none within 2 s)."""
     argv = ["socat", "-T", "2", "-", f"UDP4:{vip}:{L4_OUTBOUND_PORT}"]
@@ -96,12 +87,12 @@ def test_kernel_services_are_answered_with_no_datagram_through_envoy(mesh: Mesh)
     far, near, env = (mesh.services[s] for s in ("svc-far", "svc-near", "svc-env"))
     wait_programmed(mesh, {far, near}, {env})
     assert SESSIONS in node.running_envoy().stats("udp."), "the capture listener's counter must exist"
-    sessions, counted = node.stat(SESSIONS), {v: service_packets(client, v) for v in (far, near)}
+    sessions, counted = node.stat(SESSIONS), {v: kernel_packets(client, v) for v in (far, near)}
     for i in range(5):
         assert socat(client, far, f"hello-{i}") == f"far|hello-{i}", mesh.diagnostics()
         assert socat(client, near, f"hi-{i}") == f"near|hi-{i}", mesh.diagnostics()
     assert node.stat(SESSIONS) == sessions, "a kernel Service's datagram reached the capture's Envoy"
-    assert {v: service_packets(client, v) - counted[v] for v in (far, near)} == {far: 5, near: 5}
+    assert {v: kernel_packets(client, v) - counted[v] for v in (far, near)} == {far: 5, near: 5}
     backend = f"{mesh.pods['far'].ip}:5353"
 
     def counted_on_metrics() -> bool:  # the collector's next sweep (every 15 s) carries them
@@ -125,9 +116,9 @@ def test_a_service_annotated_envoy_goes_through_envoy_then_moves_to_the_kernel_a
     mesh.kube.annotate_service(mesh.namespace, "svc-env", {UDP_DATAPLANE_ANNOTATION: None})  # the node's: kernel
     try:
         wait_programmed(mesh, {env})
-        before, sessions = service_packets(client, env), node.stat(SESSIONS)
+        before, sessions = kernel_packets(client, env), node.stat(SESSIONS)
         assert socat(client, env, "via-kernel") == "env|via-kernel"
-        assert node.stat(SESSIONS) == sessions and service_packets(client, env) == before + 1
+        assert node.stat(SESSIONS) == sessions and kernel_packets(client, env) == before + 1
     finally:
         mesh.kube.annotate_service(mesh.namespace, "svc-env", {UDP_DATAPLANE_ANNOTATION: "envoy"})
     wait_programmed(mesh, {mesh.services["svc-far"]}, {env})  # the table shrank: svc-env is Envoy's again
