@@ -76,7 +76,8 @@ class Reconciler:
         self.meshslice: MeshNodeLookup = meshslice or writer.get_slice
         self.slice_names = slice_names or list  # every MeshServiceSlice the API holds (resync: orphans too)
         self.slices: dict[str, dict[str, Any]] = {}  # MeshServiceSlice -> the spec the operator last computed
-        self.slice_writes: list[str] = []
+        # writes made so far, counted (not listed: a list of names grew with every write for the operator's life)
+        self.slice_writes = 0
         self.model = ClusterModel(trust_domain)
         self.debounce, self.resync = debounce, resync
         self.pending: dict[tuple[Kind, tuple[str, str]], None] = {}
@@ -90,8 +91,8 @@ class Reconciler:
         self.sem = asyncio.Semaphore(concurrency)
         self.cycles = 0
         self.resyncs = 0
-        self.node_writes: list[str] = []
-        self.route_writes: list[tuple[str, str]] = []
+        self.node_writes = 0
+        self.route_writes = 0
         self.warned: dict[tuple[str, str], tuple[str, ...]] = {}  # route -> the unnamed-parent Events posted
         self.idle = asyncio.Event()
         self.pass_started: float | None = None  # time.monotonic() while a pass runs
@@ -256,7 +257,7 @@ class Reconciler:
                 write_slice, self.writer, self.refusals, name, spec, current, ns.uid if ns else None
             )
         if outcome in ("created", "patched"):
-            self.slice_writes.append(name)
+            self.slice_writes += 1
             if verify:
                 OPERATOR_DRIFT_CORRECTIONS.labels(kind="slice").inc()
 
@@ -303,7 +304,7 @@ class Reconciler:
                 write_node, self.writer, self.refusals, name, owned, current, node.uid if node else None
             )
         if outcome == "patched":
-            self.node_writes.append(name)
+            self.node_writes += 1
             if verify:
                 OPERATOR_DRIFT_CORRECTIONS.labels(kind="meshnode").inc()
         if outcome in ("patched", "unchanged"):
@@ -330,7 +331,7 @@ class Reconciler:
         async with self.sem:
             outcome = await asyncio.to_thread(write_route, self.writer, self.refusals, key, verdicts, generation)
         if outcome == "patched":
-            self.route_writes.append(key)
+            self.route_writes += 1
             if drift:
                 OPERATOR_DRIFT_CORRECTIONS.labels(kind="udproute").inc()
 

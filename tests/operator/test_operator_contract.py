@@ -258,7 +258,7 @@ def test_sidecar_owned_pairs_survive_and_unchanged_status_is_not_rewritten(
     # every write already due has landed: a resync has compared every MeshNode with the API since, and the loop is idle
     resyncs = rec.resyncs
     wait_for(lambda: rec.resyncs > resyncs and rec.idle.is_set(), timeout=15, what="a resync and an idle loop")
-    writes, cycles = len(rec.node_writes), rec.cycles
+    writes, cycles = rec.node_writes, rec.cycles
     cluster.apply(
         {
             **o.pod(mesh.ns, "client", mesh.n1, "client"),
@@ -266,7 +266,7 @@ def test_sidecar_owned_pairs_survive_and_unchanged_status_is_not_rewritten(
         }
     )
     wait_for(lambda: rec.cycles > cycles and rec.idle.is_set(), what="a reconcile cycle ran", ignore=READ_ERRORS)
-    assert len(rec.node_writes) == writes, "a change that does not alter any status must not patch a MeshNode"
+    assert rec.node_writes == writes, "a change that does not alter any status must not patch a MeshNode"
     assert operator.alive()
 
 
