@@ -52,6 +52,7 @@ from aether.testing.udp_clients import (
     iperf3_server_argv,
 )
 from aether.testing.wait import wait_for
+from bench.cpu_latency import cpu_latency
 from bench.xds_udp_path import pingpong_run, ratios_of, restart_sidecar
 
 DNS_VIP, IPERF_VIP = "10.96.60.1", "10.96.60.2"
@@ -88,6 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pingpong-seconds", type=float, default=0.3, help="--kernel: length of one ping-pong run")
     p.add_argument("--pingpong-triples", type=int, default=3, help="--kernel: ping-pong triples per round")
     p.add_argument(
+        "--cpu-latency-us",
+        type=int,
+        default=0,
+        help="--kernel: hold this wake-up latency request (/dev/cpu_dma_latency) for the run; -1: none "
+        "(bench.cpu_latency says why)",
+    )
+    p.add_argument(
         "--versus",
         action="append",
         default=[],
@@ -115,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         for host, port in ((DNS_IP, PORT), (DNS_VIP, L4_OUTBOUND_PORT)):
             wait_for(partial(_answers, client.netns, host, port), what=f"dnsmasq at {host}:{port}")
         if echo is not None:
-            kernel_run(client, dns, echo, work, args)
+            with cpu_latency(None if args.cpu_latency_us < 0 else args.cpu_latency_us) as held:
+                print(f"  wake-up latency request: {f'{args.cpu_latency_us} us, held' if held else 'none'}")
+                kernel_run(client, dns, echo, work, args)
             return 0
         head = f"bench.udp_dns: {args.rounds} pairs of {args.seconds:g}s, dnsperf -c {args.clients}"
         print(f"{head}, Envoy --concurrency {args.concurrency}")
@@ -231,7 +241,7 @@ def kernel_run(client: Pod, dns: Service, echo: Service, work: Path, args: argpa
     for label, rows in triples.items():
         d, k, e, kd, ed = ratios_of(rows)
         ks = [t[1] / t[0] if t[0] else 0.0 for t in rows]
-        print(f"| {label} | {d:.0f} | {k:.0f} | {e:.0f} | {kd:.2f} ({min(ks):.2f}-{max(ks):.2f}) | {ed:.2f} |")
+        print(f"| {label} | {d:.0f} | {k:.0f} | {e:.0f} | {kd:.3f} ({min(ks):.2f}-{max(ks):.2f}) | {ed:.3f} |")
     print(f"  dnsperf queries lost over all its runs: A {lost['A']}, TXT {lost['TXT']}")
 
 

@@ -101,6 +101,9 @@ CAPTURED_PORTS: Final[dict[Transport, tuple[int, ...]]] = {
 
 CAPTURE_DIVERT_FWMARK: Final = 0xAE71
 CAPTURE_PASSTHROUGH_FWMARK: Final = 0xAE7E
+# set by the in-kernel UDP path's table on datagrams to its VIPs before the capture's divert, which skips them
+# (aether.netns.kernel_udp): a filter-chain mark, so setting it re-routes nothing
+KERNEL_UDP_FWMARK: Final = 0xAE82
 CAPTURE_ROUTE_TABLE: Final = 0xAE71  # 44657: the policy-routing table holding `local default dev lo`
 CAPTURE_RULE_PRIORITY: Final = 100
 NFT_TABLE_NAME: Final = "aether"

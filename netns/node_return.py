@@ -29,7 +29,7 @@ import os
 import sys
 from typing import Any, Final
 
-from aether.netns.contract import CAPTURE_DIVERT_FWMARK, CAPTURE_PASSTHROUGH_FWMARK
+from aether.netns.contract import CAPTURE_DIVERT_FWMARK, CAPTURE_PASSTHROUGH_FWMARK, KERNEL_UDP_FWMARK
 from aether.netns.libnft import Nft, NftError
 from aether.netns.nsthread import NetnsError, call_in_netns
 from aether.netns.rtnl import RT_SCOPE_HOST, RTN_LOCAL, Route, RtnlSocket, Rule
@@ -48,7 +48,7 @@ RETURN_RULE: Final = Rule(
 RETURN_ROUTE: Final = Route(
     table=NODE_ROUTE_TABLE, type=RTN_LOCAL, scope=RT_SCOPE_HOST, oif=LOOPBACK_IFINDEX, dst_len=0
 )
-MARKS_IN_USE: Final = (CAPTURE_DIVERT_FWMARK, CAPTURE_PASSTHROUGH_FWMARK, NODE_RETURN_FWMARK)
+MARKS_IN_USE: Final = (CAPTURE_DIVERT_FWMARK, CAPTURE_PASSTHROUGH_FWMARK, KERNEL_UDP_FWMARK, NODE_RETURN_FWMARK)
 
 Json = dict[str, Any]
 

@@ -3,10 +3,12 @@
 `build_ruleset(mode, ports)` returns the commands that create table `inet aether` (`{"nftables": [{"add": ...}]}`),
 in exactly the shape `nft -j list table inet aether` prints them back (minus handles and counter values), so
 `canonical()` of both sides can be compared for equality.
+Long because: the builder and the normaliser that reads its output back share one shape and belong together.
 
 - `tproxy` (mark-and-divert, the only mode deployed): a `route` chain on hook `output`, priority mangle, one rule per
   (transport, port): `<proto> dport <p> fib daddr type != local counter meta mark set 0xae71`. The ip rule and the
-  local route that finish the divert are the installer's job (they are not nftables).
+  local route that finish the divert are the installer's job (they are not nftables). First, `meta mark 0xae82
+  accept` skips what the in-kernel UDP path claimed (aether.netns.kernel_udp's placement says why).
 - `redirect` (the negative control, R6): a `nat` chain on hook `output`, priority dstnat, one rule per (transport,
   port): `<proto> dport <p> fib daddr type != local counter redirect to :<p>` (the same port: a port-rewriting
   capture matches but silently fails one way).
@@ -42,6 +44,7 @@ from aether.netns.contract import (
     CAPTURED_PORTS,
     HTTP_OUTBOUND_PORT,
     INBOUND_PORT,
+    KERNEL_UDP_FWMARK,
     NFT_TABLE_FAMILY,
     NFT_TABLE_NAME,
     CaptureMode,
@@ -247,10 +250,12 @@ def build_ruleset(
         chain = {"family": fam, "table": table, "name": REDIRECT_CHAIN, "type": "nat", "hook": "output"}
         chain |= {"prio": PRIO_DSTNAT, "policy": "accept"}
     commands: list[Json] = [{"add": {"table": table_ref()}}, {"add": {"chain": chain}}]
+    claimed = {"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": KERNEL_UDP_FWMARK}}
+    rules = [[claimed, _accept()]] if mode is CaptureMode.TPROXY else []
     for transport, port in pairs:
         terminal = _set_divert_mark() if mode is CaptureMode.TPROXY else _redirect(port)
-        expr = [_port_match(transport, port), _non_local_daddr(), _counter(), terminal]
-        commands.append({"add": {"rule": {"family": fam, "table": table, "chain": chain["name"], "expr": expr}}})
+        rules.append([_port_match(transport, port), _non_local_daddr(), _counter(), terminal])
+    commands += [{"add": {"rule": {"family": fam, "table": table, "chain": chain["name"], "expr": e}}} for e in rules]
     if inbound is not None and InboundMode(inbound.mode) is InboundMode.STRICT:
         commands += _chain_commands(INBOUND_CHAIN, "input", _inbound_rules(inbound))
     if inbound is not None:

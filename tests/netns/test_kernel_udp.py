@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aether.netns.contract import CAPTURE_DIVERT_FWMARK, L4_OUTBOUND_PORT
+from aether.netns.contract import CAPTURE_DIVERT_FWMARK, KERNEL_UDP_FWMARK, L4_OUTBOUND_PORT
 from aether.netns.kernel_udp import (
     BUCKETS,
+    CLAIM_CHAIN,
     COUNT_BACKEND_CHAIN,
-    COUNT_VIP_CHAIN,
     DISPATCH_CHAIN,
     PRIO_UNDIVERT,
     UNDIVERT_CHAIN,
@@ -121,9 +121,11 @@ def test_only_plaintext_udp_to_18082_is_touched(family: Family) -> None:
     assert "tcp" not in str(rs)
     assert c["chains"][UNDIVERT_CHAIN]["prio"] == PRIO_UNDIVERT and PRIO_MANGLE < PRIO_UNDIVERT < PRIO_DSTNAT
     assert c["chains"][DISPATCH_CHAIN]["type"] == "nat" and c["chains"][DISPATCH_CHAIN]["prio"] == PRIO_DSTNAT - 1
-    assert c["chains"][COUNT_VIP_CHAIN]["type"] == c["chains"][COUNT_BACKEND_CHAIN]["type"] == "filter"
-    assert c["chains"][COUNT_VIP_CHAIN]["prio"] < PRIO_DSTNAT < c["chains"][COUNT_BACKEND_CHAIN]["prio"]
-    assert [s for s in c["rules"][UNDIVERT_CHAIN][0] if "match" in s][-1]["match"]["right"] == CAPTURE_DIVERT_FWMARK
+    assert c["chains"][CLAIM_CHAIN]["type"] == c["chains"][COUNT_BACKEND_CHAIN]["type"] == "filter"
+    assert c["chains"][CLAIM_CHAIN]["prio"] < PRIO_MANGLE < PRIO_DSTNAT < c["chains"][COUNT_BACKEND_CHAIN]["prio"]
+    assert next(s for s in c["rules"][UNDIVERT_CHAIN][0] if "match" in s)["match"]["right"] == CAPTURE_DIVERT_FWMARK
+    claim = c["rules"][CLAIM_CHAIN][1]  # the claim mark is set only on datagrams to the table's VIP.port pairs
+    assert claim[0]["match"]["right"] == "@vips" and claim[-1]["mangle"]["value"] == KERNEL_UDP_FWMARK
 
 
 @settings(max_examples=300, deadline=None)

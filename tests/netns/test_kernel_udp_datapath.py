@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -34,15 +35,27 @@ def rig(lab: Lab, request: pytest.FixtureRequest) -> Rig:
 
 def test_selection_by_vip_replies_from_vip_and_every_size(rig: Rig) -> None:
     """Each VIP reaches its own Service's backends; a connected socket gets the replies (so they come from
-    VIP:18082); every datagram size to 65,507 B comes back byte for byte; the capture's divert marked them and the
-    kernel path took them anyway (its undivert counter moved)."""
+    VIP:18082); every datagram size to 65,507 B comes back byte for byte. The table's `claim` marked them before
+    the capture's divert, which skipped them: its counters and `undivert`'s never moved (before the claim, each
+    datagram was marked, re-routed, unmarked and re-routed again: about 10 % of a ping-pong's rate)."""
     assert rig.names(60) == {"b1", "b2"}
     echo = rig.connected(rig.vip_echo)
     for size in (1, 1452, 1472, 1473, 9000, 32768, 65507):  # 1452 / 1472: one 1500 B packet on IPv6 / IPv4
         payload = bytes(i % 251 for i in range(size))
         assert exchange(echo, payload) == payload, f"{size} B through the kernel path"
+    assert chain_packets(rig.client.netns, table(rig), "undivert") == 0
+    assert chain_packets(rig.client.netns, "inet aether", DIVERT_CHAIN) == 0  # the divert never marked them
+
+
+def test_a_capture_without_the_claim_skip_is_undone_by_undivert(rig: Rig) -> None:
+    """A pod whose capture predates the claim-skip rule (deleted here) still marks the datagrams for the divert;
+    `undivert` clears that mark and the kernel path carries them (both counters move)."""
+    listed = json.loads(sh("nft", "-j", "-a", "list", "chain", "inet", "aether", DIVERT_CHAIN, netns=rig.client.netns))
+    skip = next(o["rule"] for o in listed["nftables"] if "rule" in o and "accept" in o["rule"]["expr"][-1])
+    sh("nft", "delete", "rule", "inet", "aether", DIVERT_CHAIN, "handle", str(skip["handle"]), netns=rig.client.netns)
+    assert exchange(rig.connected(rig.vip_echo), b"old capture") == b"old capture"
     assert chain_packets(rig.client.netns, table(rig), "undivert") > 0
-    assert chain_packets(rig.client.netns, "inet aether", DIVERT_CHAIN) > 0  # the divert saw them and was undone
+    assert chain_packets(rig.client.netns, "inet aether", DIVERT_CHAIN) > 0
 
 
 def test_weights_70_30_over_1000_fresh_flows(rig: Rig) -> None:
@@ -57,11 +70,17 @@ def test_weights_70_30_over_1000_fresh_flows(rig: Rig) -> None:
     assert counts["none"] == 0 and abs(counts["b1"] - 700) <= 72, counts
 
 
-def test_without_undivert_the_divert_wins(rig: Rig) -> None:
-    """Negative control: the same tables without the undivert rules; the divert then sends the datagram to the
-    pod's own loopback (the local route of table 0xae71), where nothing listens on the VIP's port: no reply."""
+def test_without_the_claim_and_undivert_the_divert_wins(rig: Rig) -> None:
+    """Negative control: the same tables without the claim's mark and the undivert rules; the divert then sends the
+    datagram to the pod's own loopback (the local route of table 0xae71), where nothing listens on the VIP's port:
+    no reply."""
     rs = build_kernel_udp(rig.arms())
-    cmds = [c for c in rs["nftables"] if c.get("add", {}).get("rule", {}).get("chain") != "undivert"]
+
+    def kept(c: dict[str, Any]) -> bool:
+        rule = c.get("add", {}).get("rule", {})
+        return rule.get("chain") != "undivert" and "mangle" not in rule.get("expr", [{}])[-1]
+
+    cmds = [c for c in rs["nftables"] if kept(c)]
     sh("nft", "-f", "-", netns=rig.client.netns, input=to_text(replace_commands({"nftables": cmds})))
     assert exchange(rig.connected(rig.vip_echo), b"x") is None
     program_kernel_udp(rig.client.path, rig.arms())  # restored (replaced whole: not what it was): it answers again

@@ -51,7 +51,7 @@ def test_install_twice_leaves_one_copy(lab: Lab) -> None:
     install_capture(ns.path)
     install_capture(ns.path)
     assert [t["name"] for t in nft_tables(ns.netns)] == ["aether"]
-    assert len(nft_rules(ns.netns)) == 3
+    assert len(nft_rules(ns.netns)) == 4  # the claim skip and one divert rule per captured port
     rules = ip_rules(ns.netns)
     assert len(rules) == 1
     assert int(rules[0]["fwmark"], 16) == CAPTURE_DIVERT_FWMARK

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from aether.netns.contract import (
     CAPTURE_DIVERT_FWMARK,
     CAPTURED_PORTS,
+    KERNEL_UDP_FWMARK,
     CaptureMode,
     InboundMode,
     InboundPolicy,
@@ -165,6 +166,21 @@ def _rules(ruleset: dict[str, Any]) -> list[dict[str, Any]]:
     return [c["add"]["rule"] for c in ruleset["nftables"] if "rule" in c["add"]]
 
 
+def _port_rules(ruleset: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-(transport, port) capture rules (each starts with its `dport` match): all but the claim skip."""
+    return [r for r in _rules(ruleset) if "payload" in r["expr"][0].get("match", {}).get("left", {})]
+
+
+def test_the_divert_skips_what_the_kernel_udp_path_claimed() -> None:
+    """tproxy: the divert chain's first rule accepts a datagram the in-kernel UDP path marked (before its chain
+    runs), so it is neither diverted nor re-routed; REDIRECT mode has no such rule (its control stays as it was)."""
+    first = _rules(build_ruleset(CaptureMode.TPROXY))[0]
+    claimed = {"match": {"op": "==", "left": {"meta": {"key": "mark"}}, "right": KERNEL_UDP_FWMARK}}
+    assert (first["chain"], first["expr"]) == (DIVERT_CHAIN, [claimed, {"accept": None}])
+    redirect = build_ruleset(CaptureMode.REDIRECT)
+    assert _port_rules(redirect) == _rules(redirect)
+
+
 def _dport(rule: dict[str, Any]) -> tuple[str, int]:
     m = rule["expr"][0]["match"]
     return m["left"]["payload"]["protocol"], m["right"]
@@ -184,7 +200,7 @@ def test_tproxy_shape() -> None:
             "policy": "accept",
         }
     ]
-    assert sorted(_dport(r) for r in _rules(rs)) == [("tcp", 18080), ("tcp", 18082), ("udp", 18082)]
+    assert sorted(_dport(r) for r in _port_rules(rs)) == [("tcp", 18080), ("tcp", 18082), ("udp", 18082)]
 
 
 def test_redirect_shape_keeps_the_port_and_counts_before_redirect() -> None:
@@ -274,7 +290,8 @@ ports_strategy = st.dictionaries(
 @given(mode=st.sampled_from(list(CaptureMode)), ports=ports_strategy)
 def test_properties(mode: CaptureMode, ports: dict[Transport, tuple[int, ...]]) -> None:
     rs = build_ruleset(mode, ports)
-    rules = _rules(rs)
+    rules = _port_rules(rs)
+    assert len(_rules(rs)) == len(rules) + (mode is CaptureMode.TPROXY)  # the claim skip (tproxy only)
     # one rule per (transport, port), nothing else
     assert sorted(_dport(r) for r in rules) == sorted((t.value, p) for t, ps in ports.items() for p in ps)
     for rule in rules:
