@@ -1,6 +1,6 @@
 """The reconcile loop on its own: bursts coalesce into one reconcile, a failing write is retried, statuses
-are written only when they change. The writer here is a recording stand-in for KubeWriter (the API side is
-covered by the contract tests)."""
+are written only when they change. The writer here is a recording stand-in for KubeWriter
+(`aether.testing.recording_writer`; the API side is covered by the contract tests)."""
 
 from __future__ import annotations
 
@@ -9,63 +9,12 @@ from typing import Any
 
 import pytest
 
-from aether.api.client import ApiException
-from aether.operator.kubeapi import KubeWriter
 from aether.operator.reconcile.model import PARSERS, Kind, View
 from aether.operator.reconciler import Reconciler
 from aether.testing.apitestbed import objects as o
-from aether.testing.apitestbed.patches import json_patch
+from aether.testing.recording_writer import RecordingWriter
 
 pytestmark = pytest.mark.asyncio
-
-
-class RecordingWriter(KubeWriter):
-    """KubeWriter's MeshNode and slice methods on dicts (no client: a method not overridden here fails loudly)."""
-
-    def __init__(self, fail_first: int = 0) -> None:  # no super().__init__: there is no API client
-        self.meshnodes: dict[str, dict[str, Any]] = {}
-        self.slices: dict[str, dict[str, Any]] = {}
-        self.patches: list[str] = []
-        self.slice_writes: list[str] = []
-        self.fail_first = fail_first
-
-    def get_meshnode(self, name: str) -> dict[str, Any] | None:
-        return self.meshnodes.get(name)
-
-    def create_meshnode(self, name: str, node_uid: str) -> dict[str, Any]:
-        self.meshnodes[name] = {"metadata": {"name": name, "resourceVersion": "1"}, "status": {}}
-        return self.meshnodes[name]
-
-    def apply_meshnode_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        if self.fail_first:
-            self.fail_first -= 1
-            raise ApiException(status=500, reason="boom")
-        self.patches.append(name)
-        self.meshnodes[name]["status"] = status
-        return self.meshnodes[name]
-
-    def delete_meshnode(self, name: str) -> None:
-        self.meshnodes.pop(name, None)
-
-    def get_route(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def get_slice(self, name: str) -> dict[str, Any] | None:
-        return self.slices.get(name)
-
-    def create_slice(self, name: str, spec: dict[str, Any], namespace_uid: str | None) -> dict[str, Any]:
-        labels = {"app.kubernetes.io/managed-by": "aether-operator", "mesh.aether.dev/namespace": spec["namespace"]}
-        self.slices[name] = {"metadata": {"name": name, "resourceVersion": "1", "labels": labels}, "spec": spec}
-        self.slice_writes.append(name)
-        return self.slices[name]
-
-    def patch_slice(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        self.slices[name] = json_patch(self.slices[name], ops)
-        self.slice_writes.append(name)
-        return self.slices[name]
-
-    def delete_slice(self, name: str) -> None:
-        self.slices.pop(name, None)
 
 
 def setup(writer: RecordingWriter) -> tuple[Reconciler, dict[tuple[Kind, tuple[str, str]], View]]:

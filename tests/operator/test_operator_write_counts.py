@@ -12,14 +12,13 @@ from typing import Any, cast
 
 import pytest
 
-from aether.operator.kubeapi import KubeWriter
 from aether.operator.mcsctl import MulticlusterController
 from aether.operator.policyctl import PolicyController
 from aether.operator.reconcile.model import PARSERS, ClusterModel, Kind, View
 from aether.operator.reconcile.multicluster import parse_export
 from aether.operator.reconciler import Reconciler
 from aether.testing.apitestbed import objects as o
-from aether.testing.apitestbed.patches import json_patch
+from aether.testing.recording_writer import RecordingWriter
 
 
 def sizes(*holders: object) -> dict[str, int]:
@@ -32,42 +31,13 @@ def sizes(*holders: object) -> dict[str, int]:
     }
 
 
-class DictWriter(KubeWriter):
-    """KubeWriter's MeshNode and slice methods on dicts (no client)."""
+class DictWriter(RecordingWriter):
+    """The recording writer with nothing recorded per write, and the status loops' API calls counted."""
 
-    def __init__(self) -> None:  # no super().__init__: there is no API client
-        self.meshnodes: dict[str, dict[str, Any]] = {}
-        self.slices: dict[str, dict[str, Any]] = {}
+    def __init__(self) -> None:
+        super().__init__(record=False)
         self.sink = StatusSink()
         self.custom = cast(Any, self.sink)  # what the status loops patch through
-        self.status_writes = 0
-
-    def get_meshnode(self, name: str) -> dict[str, Any] | None:
-        return self.meshnodes.get(name)
-
-    def create_meshnode(self, name: str, node_uid: str) -> dict[str, Any]:
-        self.meshnodes[name] = {"metadata": {"name": name, "resourceVersion": "1"}, "status": {}}
-        return self.meshnodes[name]
-
-    def apply_meshnode_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        self.meshnodes[name]["status"] = status
-        self.status_writes += 1
-        return self.meshnodes[name]
-
-    def get_slice(self, name: str) -> dict[str, Any] | None:
-        return self.slices.get(name)
-
-    def create_slice(self, name: str, spec: dict[str, Any], namespace_uid: str | None) -> dict[str, Any]:
-        labels = {"app.kubernetes.io/managed-by": "aether-operator", "mesh.aether.dev/namespace": spec["namespace"]}
-        self.slices[name] = {"metadata": {"name": name, "resourceVersion": "1", "labels": labels}, "spec": spec}
-        return self.slices[name]
-
-    def patch_slice(self, name: str, ops: list[dict[str, Any]]) -> dict[str, Any]:
-        self.slices[name] = json_patch(self.slices[name], ops)
-        return self.slices[name]
-
-    def delete_slice(self, name: str) -> None:
-        self.slices.pop(name, None)
 
     def post_mcs_event(self, kind: str, meta: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.sink.calls += 1
