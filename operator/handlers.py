@@ -30,6 +30,7 @@ from aether.operator.policyctl import PolicyController
 from aether.operator.reconcile import gateway, multicluster, views
 from aether.operator.reconcile.model import Kind, View
 from aether.operator.reconciler import Reconciler
+from aether.operator.resync import RESYNC_PERIOD, IndexSweeper
 
 GATEWAY = "gateway.networking.k8s.io"
 log = logging.getLogger("aether.operator")
@@ -60,6 +61,7 @@ class OperatorConfig:
     metrics: tuple[str, int] | None = None  # serve aether.metrics.REGISTRY at http://host:port/metrics
     liveness: tuple[str, int] | None = None  # kopf's liveness endpoint at http://host:port/healthz
     stall_after: float = 300.0  # the probe fails when one reconcile pass has run longer than this (seconds)
+    resync: float = RESYNC_PERIOD  # seconds between sweeps of the indexes against the API (resync.py)
     reconciler: list[Reconciler] = field(default_factory=list)  # filled at startup, for tests and probes
 
 
@@ -126,13 +128,14 @@ def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSION
         reconciler = _start_reconciler(config, writer, indexes, kwargs, state)
         _start_policies(config, writer, indexes, kwargs, state)
         _start_multicluster(config, writer, indexes, reconciler, state)
+        _start_sweeper(config, client, watched, kwargs, state)
         config.reconciler.append(reconciler)
 
     _probe(registry, config, state)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        for key in ("task", "policy_task", "mcs_task"):
+        for key in ("task", "policy_task", "mcs_task", "sweep_task"):
             task: asyncio.Task[None] | None = state.pop(key, None)
             if task is not None:
                 task.cancel()
@@ -174,16 +177,53 @@ def _watch(
     kopf.index(*resource, registry=registry, id=f"aether_{kind}s")(index)
 
     def event(body: kopf.Body, **_: Any) -> None:
-        reconciler: Reconciler | None = state.get("reconciler")
-        if reconciler is not None:
-            reconciler.ready.set()
-            reconciler.touch(kind, _key(body))
-        if kind in POLICY_INPUTS and (policy_ctl := state.get("policies")) is not None:
-            policy_ctl.touch()
-        if (mcs := state.get("multicluster")) is not None:  # every kind can change an export's or import's status
-            mcs.touch()
+        _touched(state, kind, _key(body))
 
     kopf.on.event(*resource, registry=registry, id=f"aether_{kind}_event")(event)
+
+
+def _touched(state: dict[str, Any], kind: Kind, key: tuple[str, str]) -> None:
+    """An object of a watched kind changed or went: mark its key dirty, and touch the loops that read that kind."""
+    reconciler: Reconciler | None = state.get("reconciler")
+    if reconciler is not None:
+        reconciler.ready.set()
+        reconciler.touch(kind, key)
+    if kind in POLICY_INPUTS and (policy_ctl := state.get("policies")) is not None:
+        policy_ctl.touch()
+    if (mcs := state.get("multicluster")) is not None:  # every kind can change an export's or import's status
+        mcs.touch()
+
+
+def _gone(state: dict[str, Any], index_id: str, namespace: str, name: str) -> None:
+    """The sweeper dropped an object from index `index_id`: what its DELETED event would have done."""
+    reconciler: Reconciler | None = state.get("reconciler")
+    if index_id == "aether_meshnodes" and reconciler is not None:
+        reconciler.check(("meshnode", name))
+        reconciler.touch("node", ("", name))
+    elif index_id == "aether_meshserviceslices" and reconciler is not None:
+        reconciler.check(("slice", name))
+    elif index_id.startswith("aether_") and index_id[len("aether_") : -1] in WATCHED:
+        _touched(state, index_id[len("aether_") : -1], (namespace, name))  # type: ignore[arg-type]
+    if index_id in ("aether_policies", "aether_meshnodes") and (policy_ctl := state.get("policies")) is not None:
+        policy_ctl.touch()
+
+
+def _start_sweeper(
+    config: OperatorConfig,
+    client: kubernetes.client.ApiClient,
+    watched: dict[Kind, tuple[tuple[str, ...], Any]],
+    kwargs: dict[str, Any],
+    state: dict[str, Any],
+) -> None:
+    """The sweep of every index against the API (resync.py), started as a task (`state["sweep_task"]`)."""
+    own = {"aether_meshnodes": PLURAL, "aether_policies": authz.PLURAL, "aether_meshserviceslices": SLICE_PLURAL}
+    targets = {
+        f"aether_{kind}s": (discovery.resource(path), kwargs[f"aether_{kind}s"]) for kind, (path, _) in watched.items()
+    }
+    targets.update({i: ((API_GROUP, API_VERSION, plural), kwargs[i]) for i, plural in own.items()})
+    sweeper = IndexSweeper(client, targets, lambda i, ns, n: _gone(state, i, ns, n), config.resync)
+    state["sweeper"] = sweeper
+    state["sweep_task"] = asyncio.create_task(sweeper.run(), name="aether-index-sweep")
 
 
 def _watch_own_kinds(registry: kopf.OperatorRegistry, state: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ class World:
         self.proxy = FaultProxy(self.cp)
         self.direct = Cluster(str(self.cp.kubeconfig_path), None)
         self.op = InProcessOperator(str(self.proxy.kubeconfig_path))
+        self.op.config.resync = 1.0  # the index sweep (aether.operator.resync) every second, not every minute
         self.op.start()
 
     def close(self) -> None:
@@ -139,3 +140,33 @@ def test_the_sidecar_relists_after_a_410(world: World) -> None:
     finally:
         stop.set()
         thread.join(40)
+
+
+def pods_on(k: Cluster, node: str) -> set[str]:
+    return {f"{p['namespace']}/{p['name']}" for p in ((k.meshnode(node) or {}).get("status") or {}).get("pods") or []}
+
+
+def test_a_pod_deleted_while_the_watches_are_down_leaves_its_meshnode(world: World) -> None:
+    """kopf's re-list after a 410 re-indexes what it lists and drops nothing it no longer lists: a pod deleted
+    while the operator's watches were down stayed on its MeshNode until the operator restarted (churn run: pod
+    caller-1005, 8 minutes). The index sweep drops it: the MeshNode loses the pod within a few sweeps."""
+    k, proxy = world.direct, world.proxy
+    ns, node = converged_world(k, "stale", "10.66.4")
+    k.apply(o.pod(ns, "doomed", node, "client"), status=o.pod_status("10.66.4.3"))
+    wait_for(lambda: f"{ns}/doomed" in pods_on(k, node), what="the pod on its MeshNode", ignore=READ_ERRORS)
+    expired = proxy.expired
+    held = proxy.inject(Fault(503, verb="watch", times=0, message="watches held off by the test"))
+    proxy.cut_watches()
+    wait_for(lambda: held.hits >= 3, what="the operator's watches trying to resume")
+    k.delete("v1", "Pod", "doomed", ns)  # through the server's own kubeconfig: the operator sees no DELETED
+    wait_for(lambda: k.get("v1", "Pod", "doomed", ns) is None, what="the pod gone from the API")
+    world.cp.etcd("/v3/kv/compaction", {"revision": world.revision(), "physical": True})  # kopf must list again
+    proxy.clear_faults()
+    wait_for(lambda: proxy.expired > expired, timeout=60, what="a resumed watch ending with 410 (kopf re-lists)")
+    wait_for(
+        lambda: f"{ns}/doomed" not in pods_on(k, node) and f"{ns}/client" in pods_on(k, node),
+        timeout=30,
+        what="the deleted pod off its MeshNode (the client pod still on it)",
+        ignore=READ_ERRORS,
+    )
+    assert world.op.alive()
