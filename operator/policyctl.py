@@ -10,9 +10,11 @@ field it writes (`status.authorization`) is one the reconciler never patches."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from aether.api import authz
@@ -29,6 +31,17 @@ log = logging.getLogger("aether.operator.policies")
 Bodies = Callable[[], Iterable[dict[str, Any]]]
 Views = Callable[[], Iterable[Any]]
 PostEvent = Callable[[dict[str, Any], str, str, str], None]  # (policy body, type, reason, message)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """One pass's copy of what it reads from the indexes."""
+
+    policies: list[dict[str, Any]]
+    services: list[Any]
+    slices: list[Any]
+    pods: list[Any]
+    meshnodes: list[dict[str, Any]]
 
 
 class PolicyController(StatusLoop):
@@ -57,12 +70,27 @@ class PolicyController(StatusLoop):
         # writes by kind ("policy" | "meshnode" | "event"), for tests: counted, not listed (a list grew with every write)
         self.writes: Counter[str] = Counter()
 
+    def read(self) -> Inputs:
+        return Inputs(
+            list(self.policies()), list(self.services()), list(self.slices()), list(self.pods()), list(self.meshnodes())
+        )
+
+    async def a_pass(self) -> None:
+        """kopf changes its indexes on the event loop, so they are read here, on the loop (read from the pass's
+        thread, one could change size mid-iteration: `dictionary changed size during iteration`, seen twice); the
+        pass then computes and writes from that copy in a thread."""
+        inputs = self.read()
+        await asyncio.to_thread(self.write_pass, inputs)
+
     def one_pass(self) -> None:
+        self.write_pass(self.read())
+
+    def write_pass(self, inputs: Inputs) -> None:
         by_ns: dict[str, dict[str, ServiceView]] = {}
-        for svc in self.services():
+        for svc in inputs.services:
             if isinstance(svc, ServiceView):
                 by_ns.setdefault(svc.namespace, {})[svc.name] = svc
-        bodies = list(self.policies())
+        bodies = inputs.policies
         states = dict.fromkeys(("accepted", "not_accepted", "unresolved"), 0)
         for body in bodies:
             meta = body.get("metadata") or {}
@@ -90,7 +118,7 @@ class PolicyController(StatusLoop):
             self._warn_unresolved(body, want, ns, name)
         for state, n in states.items():
             OPERATOR_POLICIES.labels(state=state).set(n)
-        self._counts(authz.compile_bodies(bodies, self.trust_domain))
+        self._counts(authz.compile_bodies(bodies, self.trust_domain), inputs)
 
     def _warn_unresolved(self, body: dict[str, Any], want: dict[str, Any], ns: str, name: str) -> None:
         """A Warning Event when this write says a target does not exist (once per status change, not per pass)."""
@@ -106,11 +134,11 @@ class PolicyController(StatusLoop):
         except ApiException as exc:
             log.warning("MeshAuthorizationPolicy %s/%s: event not posted: %s", ns, name, exc.reason)
 
-    def _counts(self, compiled: tuple[authz.CompiledPolicy, ...]) -> None:
-        stored = {str((m.get("metadata") or {}).get("name", "")): m for m in self.meshnodes()}
-        pods = [p for p in self.pods() if isinstance(p, PodView)]
-        slices = [s for s in self.slices() if isinstance(s, SliceView)]
-        services = [s for s in self.services() if isinstance(s, ServiceView)]
+    def _counts(self, compiled: tuple[authz.CompiledPolicy, ...], inputs: Inputs) -> None:
+        stored = {str((m.get("metadata") or {}).get("name", "")): m for m in inputs.meshnodes}
+        pods = [p for p in inputs.pods if isinstance(p, PodView)]
+        slices = [s for s in inputs.slices if isinstance(s, SliceView)]
+        services = [s for s in inputs.services if isinstance(s, ServiceView)]
         for node, counts in node_counts(compiled, pods, slices, stored, services).items():
             current = (stored[node].get("status") or {}).get("authorization")
             if current == counts or (current is None and not any(counts.values())):
