@@ -248,7 +248,7 @@ def _report(
         "rss_slope_kib_per_min": worst(per_process, "rss_kib"),
         "fd_slope_per_min": worst(per_process, "fds"),
         "slopes": per_process,
-        "samples": [[round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds] for x in w.samples],
+        "samples": [[round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters] for x in w.samples],
         "documented_windows": DOCUMENTED,
         "events": event_records(churn.events, t0),
         "events_failed": [f"{e.kind}:{e.target}: {e.detail}" for e in churn.events if "FAILED" in e.detail],

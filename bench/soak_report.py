@@ -70,6 +70,7 @@ class Sample:
     rss_kib: int
     fds: int
     heap_kib: tuple[int, int, int] | None = None  # Envoy: (memory_allocated, memory_heap_size, memory_physical_size)
+    clusters: int | None = None  # Envoy: cluster_manager.active_clusters (live state beside RSS)
 
 
 HEAP_FIGURES = ("allocated_kib", "heap_size_kib", "physical_kib")
@@ -181,6 +182,12 @@ def slopes(samples: Sequence[Sample], t_mid: float) -> dict[str, dict[str, Any]]
                 }
                 for i, name in enumerate(HEAP_FIGURES)
             }
+        counted = [s for s in run if s.clusters is not None]
+        if counted:  # live state beside RSS: RSS growing with this flat is not growth with live state
+            out[f"{role}/{node}" if node else role]["active_clusters"] = {
+                "slope": slope([((s.t - t_mid) / 60, s.clusters or 0) for s in counted]),
+                "first_last": [counted[0].clusters, counted[-1].clusters],
+            }
     return out
 
 
@@ -228,6 +235,10 @@ def table(report: dict[str, Any]) -> str:
                 f"    {name:<14} {fit.get('per_min')} +- {fit.get('stderr')} KiB/min (noise: {fit.get('within_noise')}),"
                 f" {got['first_last'][0]} -> {got['first_last'][1]} KiB"
             )
+        if live := v.get("active_clusters"):
+            fit = live["slope"] or {}
+            first, last = live["first_last"]
+            lines.append(f"    active_clusters {fit.get('per_min')} +- {fit.get('stderr')} /min, {first} -> {last}")
     return "\n".join(lines)
 
 

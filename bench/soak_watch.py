@@ -131,16 +131,19 @@ class Watcher:
         for role, name, proc in self._processes():
             got = proc_sample(proc.pid) if proc is not None and proc.poll() is None else None
             if got is not None:
-                heap = self._envoy_heap(name) if role == "envoy" else None
-                self.samples.append(Sample(now, role, name, proc.pid if proc else 0, got[0], got[1], heap))
+                heap, clusters = self._envoy_figures(name) if role == "envoy" else (None, None)
+                self.samples.append(Sample(now, role, name, proc.pid if proc else 0, got[0], got[1], heap, clusters))
 
-    def _envoy_heap(self, name: str) -> tuple[int, int, int] | None:
+    def _envoy_figures(self, name: str) -> tuple[tuple[int, int, int] | None, int | None]:
+        """The Envoy's heap figures and its live cluster count (`cluster_manager.active_clusters`: every twin and
+        Service cluster it holds, the live state RSS grows with); (None, None) if its admin does not answer."""
         envoy = self.mesh.nodes[name].envoy
         if envoy is None:
-            return None
+            return None, None
         with contextlib.suppress(*ADMIN_ERRORS, ValueError):
-            return envoy_heap(envoy.stats(r"^server\.memory_"))
-        return None
+            stats = envoy.stats(r"^(server\.memory_|cluster_manager\.active_clusters$)")
+            return envoy_heap(stats), stats.get("cluster_manager.active_clusters")
+        return None, None
 
     def _prunes(self) -> None:
         for node in self.mesh.nodes.values():

@@ -63,6 +63,17 @@ def test_slopes_take_the_longest_lived_process_of_the_second_half() -> None:
     assert report.worst({"envoy/node-a": got}, "rss_kib") == {"sidecar": None, "operator": None, "envoy": 60.0}
 
 
+def test_envoy_live_clusters_get_a_slope_beside_rss() -> None:
+    """Envoy's cluster_manager.active_clusters sampled beside its RSS gets its own fit and first/last, so RSS growth
+    can be read against the live state (twins, Services) it grows with; a process without the count has none."""
+    samples = [Sample(float(t), "envoy", "node-a", 1, 60_000 + t, 30, None, 40 + t // 60) for t in range(0, 600, 10)]
+    samples.append(Sample(600.0, "sidecar", "node-a", 2, 90_000, 14))
+    got = report.slopes(samples, 0.0)
+    live = got["envoy/node-a"]["active_clusters"]
+    assert live["first_last"] == [40, 49] and abs(live["slope"]["per_min"] - 1.0) < 0.05
+    assert "active_clusters" not in got["sidecar/node-a"]
+
+
 def test_envoy_heap_figures_get_their_own_slopes_beside_rss() -> None:
     """Allocated flat while the heap and RSS step up (tcmalloc keeping freed pages): the report tells them apart."""
     samples = [
