@@ -5,7 +5,8 @@ only its polling state; closing it, or the process exiting, lifts the request).
 Why: on these virtual machines an idle vCPU halts (cpuidle driver and governor `haltpoll`), and waking it for each
 datagram of a one-in-flight ping-pong is a VM exit: measured here, direct UDP ping-pong between two pod netns gave
 11-14k replies/s on a quiet machine and 45k with the request held, and the spread of one path's ratio to another
-across rounds went from 0.45-2.42 to 0.81-0.98 (kernel/direct, 1 in flight). The request applies to every path a run compares alike.
+across rounds went from 0.45-2.42 to 0.81-0.98 (kernel/direct, 1 in flight). The request applies alike to every
+path a run compares.
 """
 
 from __future__ import annotations

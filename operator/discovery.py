@@ -67,11 +67,23 @@ def established_resources(crds: Iterable[Mapping[str, Any]]) -> set[Resource]:
     return out
 
 
-def _get(client: kubernetes.client.ApiClient, path: str) -> Any:
-    """The JSON document at `path`, read with the client's own credentials."""
-    request = client.param_serialize(method="GET", resource_path=path, auth_settings=["BearerToken"])
+def get_json(
+    client: kubernetes.client.ApiClient,
+    path: str,
+    query: list[tuple[str, Any]] | None = None,
+    accept: str | None = None,
+) -> Any:
+    """The JSON document at `path` (with `query`, and `accept` as the Accept header), read with the client's own
+    credentials; ApiException on a status outside 2xx."""
+    request = client.param_serialize(
+        method="GET",
+        resource_path=path,
+        query_params=query,
+        header_params={"Accept": accept} if accept else None,
+        auth_settings=["BearerToken"],
+    )
     response = client.call_api(*request)
-    response.read()  # type: ignore[no-untyped-call]
+    response.read()  # type: ignore[no-untyped-call]  # kubernetes' RESTResponse.read has no annotations
     if not 200 <= response.status < 300:
         raise ApiException(status=response.status, reason=response.reason)
     return json.loads(response.data or b"{}")
@@ -79,21 +91,21 @@ def _get(client: kubernetes.client.ApiClient, path: str) -> Any:
 
 def _listed(client: kubernetes.client.ApiClient, wanted: Iterable[Resource]) -> dict[str, set[str]]:
     """The discovery documents of the wanted group/versions the API's group list names (as kopf reads them)."""
-    groups: Any = _get(client, "/apis")
+    groups: Any = get_json(client, "/apis")
     served = {v.get("groupVersion") for g in groups.get("groups") or [] for v in g.get("versions") or []}
     listed: dict[str, set[str]] = {}
     for group, version, _ in wanted:
         gv = f"{group}/{version}" if group else version
         if gv in listed or (group and gv not in served):
             continue
-        doc: Any = _get(client, f"/apis/{gv}" if group else f"/api/{version}")
+        doc: Any = get_json(client, f"/apis/{gv}" if group else f"/api/{version}")
         listed[gv] = {r.get("name") for r in doc.get("resources") or []}
     return listed
 
 
 def check(client: kubernetes.client.ApiClient, wanted: list[Resource]) -> list[Resource]:
     """One look at the API: what of `wanted` it should list and does not."""
-    crds: Any = _get(client, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+    crds: Any = get_json(client, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
     return missing(wanted, _listed(client, wanted), established_resources(crds.get("items") or []))
 
 

@@ -194,16 +194,17 @@ def _touched(state: dict[str, Any], kind: Kind, key: tuple[str, str]) -> None:
         mcs.touch()
 
 
-def _gone(state: dict[str, Any], index_id: str, namespace: str, name: str) -> None:
-    """The sweeper dropped an object from index `index_id`: what its DELETED event would have done."""
+def _gone(state: dict[str, Any], kinds: dict[str, Kind], index_id: str, namespace: str, name: str) -> None:
+    """The sweeper dropped an object from index `index_id` (`kinds`: a watched kind's index id -> that kind): what
+    its DELETED event would have done."""
     reconciler: Reconciler | None = state.get("reconciler")
     if index_id == "aether_meshnodes" and reconciler is not None:
         reconciler.check(("meshnode", name))
         reconciler.touch("node", ("", name))
     elif index_id == "aether_meshserviceslices" and reconciler is not None:
         reconciler.check(("slice", name))
-    elif index_id.startswith("aether_") and index_id[len("aether_") : -1] in WATCHED:
-        _touched(state, index_id[len("aether_") : -1], (namespace, name))  # type: ignore[arg-type]
+    elif index_id in kinds:
+        _touched(state, kinds[index_id], (namespace, name))
     if index_id in ("aether_policies", "aether_meshnodes") and (policy_ctl := state.get("policies")) is not None:
         policy_ctl.touch()
 
@@ -217,11 +218,10 @@ def _start_sweeper(
 ) -> None:
     """The sweep of every index against the API (resync.py), started as a task (`state["sweep_task"]`)."""
     own = {"aether_meshnodes": PLURAL, "aether_policies": authz.PLURAL, "aether_meshserviceslices": SLICE_PLURAL}
-    targets = {
-        f"aether_{kind}s": (discovery.resource(path), kwargs[f"aether_{kind}s"]) for kind, (path, _) in watched.items()
-    }
+    kinds: dict[str, Kind] = {f"aether_{kind}s": kind for kind in watched}
+    targets = {i: (discovery.resource(watched[kind][0]), kwargs[i]) for i, kind in kinds.items()}
     targets.update({i: ((API_GROUP, API_VERSION, plural), kwargs[i]) for i, plural in own.items()})
-    sweeper = IndexSweeper(client, targets, lambda i, ns, n: _gone(state, i, ns, n), config.resync)
+    sweeper = IndexSweeper(client, targets, lambda i, ns, n: _gone(state, kinds, i, ns, n), config.resync)
     state["sweeper"] = sweeper
     state["sweep_task"] = asyncio.create_task(sweeper.run(), name="aether-index-sweep")
 

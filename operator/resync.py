@@ -19,7 +19,6 @@ protocol, pinned by pyproject's kopf version; `supported` says whether this kopf
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,7 +27,7 @@ import kubernetes
 import urllib3
 
 from aether.api.client import ApiException
-from aether.operator.discovery import Resource
+from aether.operator.discovery import Resource, get_json
 
 log = logging.getLogger("aether.operator")
 
@@ -59,18 +58,7 @@ def list_uids(client: kubernetes.client.ApiClient, resource: Resource) -> set[st
     token = ""
     while True:
         query: list[tuple[str, Any]] = [("limit", PAGE)] + ([("continue", token)] if token else [])
-        request = client.param_serialize(
-            method="GET",
-            resource_path=_path(resource),
-            query_params=query,
-            header_params={"Accept": METADATA_LIST},
-            auth_settings=["BearerToken"],
-        )
-        response = client.call_api(*request)
-        response.read()  # type: ignore[no-untyped-call]
-        if not 200 <= response.status < 300:
-            raise ApiException(status=response.status, reason=response.reason)
-        doc: Any = json.loads(response.data or b"{}")
+        doc: Any = get_json(client, _path(resource), query, METADATA_LIST)
         listed = [(item.get("metadata") or {}).get("uid") for item in doc.get("items") or []]
         if not all(listed):  # a list we cannot read uids from says nothing about what went
             raise ApiException(status=0, reason=f"an item of {_path(resource)} has no uid")

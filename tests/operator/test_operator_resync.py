@@ -14,6 +14,7 @@ from aether.api.client import ApiException
 from aether.operator import resync
 
 POD = ("", "v1", "pods")
+NO_CLIENT: Any = None  # every test replaces resync.list_uids, so the sweeper never uses its API client
 
 
 def index_of(*objs: tuple[str, str, str]) -> Index[Any, Any]:
@@ -31,7 +32,7 @@ def test_the_sweep_drops_what_the_api_no_longer_lists(monkeypatch: pytest.Monkey
     index = index_of(("ns", "kept", "u1"), ("ns", "gone", "u2"), ("ns", "again", "u3-old"))
     monkeypatch.setattr(resync, "list_uids", lambda client, res: {"u1", "u3-new"})  # "again": same name, new uid
     gone: list[tuple[str, str, str]] = []
-    sweeper = resync.IndexSweeper(None, {"aether_pods": (POD, index)}, lambda *a: gone.append(a))  # type: ignore[arg-type]
+    sweeper = resync.IndexSweeper(NO_CLIENT, {"aether_pods": (POD, index)}, lambda *a: gone.append(a))
     assert asyncio.run(sweeper.sweep()) == 2
     assert set(index) == {("ns", "kept")}
     assert sorted(gone) == [("aether_pods", "ns", "again"), ("aether_pods", "ns", "gone")]
@@ -45,6 +46,6 @@ def test_a_failed_list_drops_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
         raise ApiException(status=503, reason="down")
 
     monkeypatch.setattr(resync, "list_uids", down)
-    sweeper = resync.IndexSweeper(None, {"aether_pods": (POD, index)}, lambda *a: None)  # type: ignore[arg-type]
+    sweeper = resync.IndexSweeper(NO_CLIENT, {"aether_pods": (POD, index)}, lambda *a: None)
     assert asyncio.run(sweeper.sweep()) == 0
     assert set(index) == {("ns", "a")}
