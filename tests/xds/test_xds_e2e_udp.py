@@ -111,22 +111,36 @@ def selection_holds(bed: NodeBed, client: str) -> bool:
 
 
 def test_live_change_adds_and_removes_services_without_disturbing_others(bed: NodeBed) -> None:
+    """Alpha and bravo keep answering while delta is added and charlie removed, except what Envoy drops at the swap.
+
+    The change replaces the pod's capture listener (its matcher lists every VIP), and a reply on its way at that
+    instant can be lost: Envoy forwarded the request but never reads the reply (docs/limits.md, "A change to a
+    node's UDP Services"). So a miss is allowed only once per swap and never twice in a row for one service; a
+    second miss in a row is an outage, not the swap. Seen so: 4 of 40 swaps under continuous ping-pong each lost one
+    reply, and this test once failed on `lost == []` in CI."""
     sock = udp_socket_in(bed.clients["client-0"].path, timeout=0.5)
+    swaps = bed.stats("listener_manager.listener_modified").get("listener_manager.listener_modified", 0)
     try:
-        # add delta, remove charlie; alpha and bravo keep answering throughout
         bed.write_state(bed.meshnode(["alpha", "bravo", "delta"]))
         lost: list[str] = []
+        in_a_row = {"alpha": 0, "bravo": 0}
 
         def changed() -> bool:
             for svc in ("alpha", "bravo"):  # every round also checks the untouched services
                 got = ask(sock, SERVICES[svc], b"steady")
-                if got is None or got[0] != f"{svc}|steady".encode():
-                    lost.append(svc)
+                missed = got is None or got[0] != f"{svc}|steady".encode()
+                in_a_row[svc] = in_a_row[svc] + 1 if missed else 0
+                lost.extend([svc] if missed else [])
+                assert in_a_row[svc] < 2, f"{svc}: two replies in a row lost during the change\n{_dump(bed)}"
             d = ask(sock, "10.96.7.4", b"new")
             return d is not None and d[0] == b"delta|new" and ask(sock, SERVICES["charlie"], b"gone") is None
 
         wait_for(changed, timeout=20, what="delta added and charlie removed", interval=0, diagnose=lambda: _dump(bed))
-        assert lost == []
+        modified = bed.stats("listener_manager.listener_modified")["listener_manager.listener_modified"] - swaps
+        assert modified == len(bed.clients)  # each pod's capture listener swapped once, not once per service
+        assert len(lost) <= 1, lost  # this pod's listener swapped once: at most the one reply in flight then
+        wait_reply(sock, SERVICES["alpha"], b"alpha|")  # a miss's late reply, if any, is drained from the socket
+        assert ask(sock, SERVICES["alpha"], b"steady") == (b"alpha|steady", (SERVICES["alpha"], 18082))
         no_match = _no_match(bed)
         fresh = udp_socket_in(bed.clients["client-0"].path, timeout=0.5)  # a new session: the matcher decides
         try:
