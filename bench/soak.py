@@ -43,6 +43,8 @@ from aether.testing.controlplane.cluster import free_port
 from aether.testing.udp_clients import dnsmasq_argv
 from bench.soak_churn import POLICY, Churn
 from bench.soak_cpu import CpuProbe, Source, paced, summary
+from bench.soak_growth import verdicts
+from bench.soak_growth import worst as worst_growth
 from bench.soak_report import (
     DOCUMENTED,
     classes,
@@ -51,7 +53,6 @@ from bench.soak_report import (
     per_minute,
     slopes,
     table,
-    worst,
 )
 from bench.soak_traffic import PROBES, Prober, Recorder
 from bench.soak_watch import Watcher
@@ -173,7 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         churn._policy()
         for sa in callers:
             churn._rbac_has(f"spiffe://cluster.local/ns/{NS}/sa/{sa}")
-        watcher = Watcher(mesh, rec, swap, metrics_args, lambda: {p.sa for p in probers if p.is_alive()})
+        watcher = Watcher(mesh, rec, swap, metrics_args, lambda: {p.sa for p in probers if p.is_alive()}, ports)
         watcher.sample_every = args.sample_every
         for pod, (node, sa) in CLIENTS.items():
             start(node, pod, sa, kinds_of(pod, node))
@@ -229,6 +230,8 @@ def _report(
 ) -> dict[str, Any]:
     t_end = time.monotonic()
     per_process = slopes(w.samples, t0 + (t_end - t0) / 2)
+    rows = [[round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs] for x in w.samples]
+    judged = verdicts(rows)
     failures = [o for o in rec.outcomes if o.kind != "ok"]
     return {
         "command": " ".join([sys.executable, "-m", "bench.soak", *sys.argv[1:]]),
@@ -245,10 +248,11 @@ def _report(
         "crashes": len(w.crashes),
         "crash_list": [c | {"t": round(c["t"] - t0, 1)} for c in w.crashes],
         "restarts_requested": {k: sum(1 for e in churn.events if e.kind == k) for k in RESTARTS},
-        "rss_slope_kib_per_min": worst(per_process, "rss_kib"),
-        "fd_slope_per_min": worst(per_process, "fds"),
+        "rss_slope_kib_per_min": worst_growth(judged, "rss_kib"),
+        "fd_slope_per_min": worst_growth(judged, "fds"),
+        "growth": judged,
         "slopes": per_process,
-        "samples": [[round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters] for x in w.samples],
+        "samples": rows,
         "documented_windows": DOCUMENTED,
         "events": event_records(churn.events, t0),
         "events_failed": [f"{e.kind}:{e.target}: {e.detail}" for e in churn.events if "FAILED" in e.detail],

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.soak_growth import lines as growth_lines
+
 OK = "ok"
 EAST_WEST = ("h3", "h2")  # classes whose destination side runs through the destination node's Envoy
 ENVOY_RESTART = "envoy_restart"
@@ -71,6 +73,9 @@ class Sample:
     fds: int
     heap_kib: tuple[int, int, int] | None = None  # Envoy: (memory_allocated, memory_heap_size, memory_physical_size)
     clusters: int | None = None  # Envoy: cluster_manager.active_clusters (live state beside RSS)
+    pairs: int | None = (
+        None  # sidecar: its QUIC pairs, live and dormant (aether_quic_pairs + aether_quic_dormant_pairs)
+    )
 
 
 HEAP_FIGURES = ("allocated_kib", "heap_size_kib", "physical_kib")
@@ -188,19 +193,12 @@ def slopes(samples: Sequence[Sample], t_mid: float) -> dict[str, dict[str, Any]]
                 "slope": slope([((s.t - t_mid) / 60, s.clusters or 0) for s in counted]),
                 "first_last": [counted[0].clusters, counted[-1].clusters],
             }
-    return out
-
-
-def worst(per_process: dict[str, dict[str, Any]], metric: str) -> dict[str, float | None]:
-    """role -> the slope (per minute) of the worse of its processes (largest |slope|); None: not measured."""
-    out: dict[str, float | None] = {"sidecar": None, "operator": None, "envoy": None}
-    for key, v in per_process.items():
-        role = key.split("/")[0]
-        got = v[metric]
-        if got is None:
-            continue
-        if out[role] is None or abs(got["per_min"]) > abs(out[role] or 0.0):
-            out[role] = got["per_min"]
+        paired = [s for s in run if s.pairs is not None]
+        if paired:  # the sidecar's live state beside its RSS: the pairs it keeps
+            out[f"{role}/{node}" if node else role]["pairs"] = {
+                "slope": slope([((s.t - t_mid) / 60, s.pairs or 0) for s in paired]),
+                "first_last": [paired[0].pairs, paired[-1].pairs],
+            }
     return out
 
 
@@ -219,6 +217,10 @@ def table(report: dict[str, Any]) -> str:
         f"{report['inuse_twins_pruned']} (prunes {len(report['prunes'])}); unrequested crashes: {report['crashes']}"
     )
     lines.append(f"RSS slope KiB/min: {report['rss_slope_kib_per_min']}; fd slope /min: {report['fd_slope_per_min']}")
+    if "growth" in report:
+        lines.append("growth after warm-up, pooled over each role's processes (bench.soak_growth):")
+        lines += growth_lines(report["growth"])
+        lines.append("per process, the longest-lived of the second half:")
     if "cpu_per_request_us" in report:
         lines.append(
             f"CPU per request (us, both Envoys): {report['cpu_per_request_us']}; h3/h2 {report['h3_over_h2_cpu']}"
@@ -239,6 +241,10 @@ def table(report: dict[str, Any]) -> str:
             fit = live["slope"] or {}
             first, last = live["first_last"]
             lines.append(f"    active_clusters {fit.get('per_min')} +- {fit.get('stderr')} /min, {first} -> {last}")
+        if live := v.get("pairs"):
+            fit = live["slope"] or {}
+            first, last = live["first_last"]
+            lines.append(f"    pairs {fit.get('per_min')} +- {fit.get('stderr')} /min, {first} -> {last}")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from aether.e2e.harness import Mesh
 from aether.e2e.lifecycle import restart_envoy, restart_sidecar
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.testing.envoy import ADMIN_ERRORS
+from aether.testing.promtext import named, scrape
 from bench.soak_report import Prune, Sample
 from bench.soak_traffic import Recorder
 
@@ -32,6 +33,7 @@ PRUNED = re.compile(
 )
 
 
+PAIR_GAUGES = ("aether_quic_pairs", "aether_quic_dormant_pairs")
 ENVOY_HEAP = ("server.memory_allocated", "server.memory_heap_size", "server.memory_physical_size")
 
 
@@ -61,6 +63,7 @@ class Watcher:
     swap: threading.Lock
     sidecar_args: Callable[[MeshNodeProxy], tuple[str, ...]]
     callers: Callable[[], set[str]]  # the ServiceAccounts with a running caller now
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # node -> its sidecar's --metrics port
     sample_every: float = 10.0
     samples: list[Sample] = field(default_factory=list)
     crashes: list[dict[str, Any]] = field(default_factory=list)
@@ -130,9 +133,21 @@ class Watcher:
         now = time.monotonic()
         for role, name, proc in self._processes():
             got = proc_sample(proc.pid) if proc is not None and proc.poll() is None else None
-            if got is not None:
-                heap, clusters = self._envoy_figures(name) if role == "envoy" else (None, None)
-                self.samples.append(Sample(now, role, name, proc.pid if proc else 0, got[0], got[1], heap, clusters))
+            if got is None:
+                continue
+            heap, clusters = self._envoy_figures(name) if role == "envoy" else (None, None)
+            pairs = self._sidecar_pairs(name) if role == "sidecar" else None
+            self.samples.append(Sample(now, role, name, proc.pid if proc else 0, *got, heap, clusters, pairs))
+
+    def _sidecar_pairs(self, name: str) -> int | None:
+        """The sidecar's QUIC pairs, live and dormant, from its metrics (the live state its RSS grows with)."""
+        port = self.metrics_ports.get(name)
+        if port is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            got = scrape(f"http://127.0.0.1:{port}/metrics")
+            return int(sum(sum(named(got, m).values()) for m in PAIR_GAUGES))
+        return None
 
     def _envoy_figures(self, name: str) -> tuple[tuple[int, int, int] | None, int | None]:
         """The Envoy's heap figures and its live cluster count (`cluster_manager.active_clusters`: every twin and

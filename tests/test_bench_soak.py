@@ -60,7 +60,6 @@ def test_slopes_take_the_longest_lived_process_of_the_second_half() -> None:
     got = report.slopes(samples, 300.0)["envoy/node-a"]
     assert got["pid"] == 1 and got["processes_in_half"] == 2
     assert got["rss_kib"]["per_min"] == 60.0  # 1 KiB per second
-    assert report.worst({"envoy/node-a": got}, "rss_kib") == {"sidecar": None, "operator": None, "envoy": 60.0}
 
 
 def test_envoy_live_clusters_get_a_slope_beside_rss() -> None:

@@ -1,0 +1,201 @@
+"""The soak's growth verdict (pure): does a role's memory (or fd count) grow with time beyond its noise, once each
+process has warmed up, and beyond what the live state it holds explains?
+
+Why not one process's slope: the churn restarts every role every few minutes (a sidecar or Envoy of a node lives
+2.5-10 minutes, the operator about as long), so the longest-lived process of a role in the run's second half is a
+few minutes old, and its slope is mostly its start-up (a process grows most in its first 1-2 minutes: imports,
+first snapshot, connection buffers). A leak is growth that goes on after that, in every process, as it keeps
+working. So:
+
+1. every process of the role and node in the run (a restart starts a new one; its samples share a pid), its
+   first `warmup_min` minutes left out (age counted from its first sample);
+2. the processes with at least `min_span_min` minutes left;
+3. one least-squares fit over all of them at once, each process with its own intercept (its RSS level: a process
+   that started when more was live starts higher) and one common slope in time: the "within" estimator of a
+   panel fit, i.e. every series centred on its own means, then stacked;
+4. with a live-state count sampled beside it (Envoy: `cluster_manager.active_clusters`; the sidecar: its QUIC
+   pairs, live and dormant), a second fit adds that count as a regressor, so growth that goes with what is live
+   (a new ServiceAccount's twin) is told from growth with time alone. Both fits are reported; the verdict reads
+   the second when the count moved inside some process and not in step with time, else the first. "In step": the
+   second fit's slope is known more than COLLINEAR times less precisely than the first's (a count that only ever
+   rises explains a leak as well as live state does, and the wide interval would pass anything).
+
+"Within noise" is the rule the per-process slopes use, with the run as the horizon: the slope's 95 % interval (2
+standard errors) contains 0, or the drift it would make over the whole run (slope x the run's minutes, as if one
+process had lived through it) is at most twice the residuals' standard deviation. The horizon is the run, not a
+process's span: over a 3-minute span a leak of 80 KiB/min hides in a few hundred KiB of scatter, over 30 it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+WARMUP_MIN = 2.0
+MIN_SPAN_MIN = 3.0
+COLLINEAR = 3.0
+
+
+@dataclass(frozen=True)
+class Point:
+    pid: int
+    minute: float  # of the run
+    value: float  # RSS KiB, or fds
+    live: float | None = None  # the live-state count sampled with it
+
+
+def _centred(series: dict[int, list[Point]], with_live: bool) -> list[tuple[float, float, float]]:
+    """(t, y, live) of every point, each centred on its own process's means."""
+    out = []
+    for points in series.values():
+        mt = statistics.fmean(p.minute for p in points)
+        my = statistics.fmean(p.value for p in points)
+        ml = statistics.fmean(p.live or 0.0 for p in points) if with_live else 0.0
+        out += [(p.minute - mt, p.value - my, (p.live or 0.0) - ml if with_live else 0.0) for p in points]
+    return out
+
+
+def _fit(rows: list[tuple[float, float, float]], groups: int, with_live: bool) -> dict[str, float] | None:
+    """The within fit of y on t (and live): slope per minute, its standard error, the residuals' spread."""
+    stt = sum(t * t for t, _, _ in rows)
+    sty = sum(t * y for t, y, _ in rows)
+    if stt <= 0:
+        return None
+    if with_live:
+        sll = sum(v * v for _, _, v in rows)
+        stl = sum(t * v for t, _, v in rows)
+        sly = sum(v * y for _, y, v in rows)
+        det = stt * sll - stl * stl
+        if sll <= 0 or det <= 1e-9 * stt * sll:
+            return None  # the count never moved inside a process, or moved only in step with time
+        b, c = (sty * sll - sly * stl) / det, (sly * stt - sty * stl) / det
+        var_factor, params = sll / det, 2
+    else:
+        b, c, var_factor, params = sty / stt, 0.0, 1 / stt, 1
+    resid = [y - b * t - c * v for t, y, v in rows]
+    dof = len(rows) - groups - params
+    if dof <= 0:
+        return None
+    s2 = sum(r * r for r in resid) / dof
+    out = {"per_min": round(b, 3), "stderr": round(math.sqrt(s2 * var_factor), 3), "resid_sd": round(math.sqrt(s2), 3)}
+    if with_live:
+        out["per_live_unit"] = round(c, 3)
+    return out
+
+
+def growth(
+    points: Sequence[Point], warmup_min: float = WARMUP_MIN, min_span_min: float = MIN_SPAN_MIN
+) -> dict[str, Any]:
+    """The verdict on one role and node: see the module's docstring. `within_noise` None: too little to judge."""
+    by_pid: dict[int, list[Point]] = {}
+    for p in sorted(points, key=lambda p: p.minute):
+        by_pid.setdefault(p.pid, []).append(p)
+    kept: dict[int, list[Point]] = {}
+    for pid, series in by_pid.items():
+        warm = [p for p in series if p.minute - series[0].minute >= warmup_min]
+        if warm and warm[-1].minute - warm[0].minute >= min_span_min:
+            kept[pid] = warm
+    out: dict[str, Any] = {
+        "processes": len(by_pid),
+        "judged": len(kept),
+        "warmup_min": warmup_min,
+        "spans_min": sorted(round(s[-1].minute - s[0].minute, 1) for s in kept.values()),
+        "samples": sum(len(s) for s in kept.values()),
+        "time_only": None,
+        "with_live": None,
+        "within_noise": None,
+    }
+    if not kept:
+        return out
+    horizon = max(p.minute for p in points) - min(p.minute for p in points)
+    out["horizon_min"] = round(horizon, 1)
+    has_live = all(p.live is not None for s in kept.values() for p in s)
+    for key, with_live in (("time_only", False), ("with_live", True)):
+        if with_live and not has_live:
+            continue
+        fit = _fit(_centred(kept, with_live), len(kept), with_live)
+        if fit is not None:
+            fit["drift"] = round(fit["per_min"] * horizon, 1)
+            fit["within_noise"] = bool(
+                abs(fit["per_min"]) <= 2 * fit["stderr"] or abs(fit["drift"]) <= 2 * fit["resid_sd"]
+            )
+        out[key] = fit
+    alone, live = out["time_only"], out["with_live"]
+    usable = live is not None and (alone is None or live["stderr"] <= COLLINEAR * max(alone["stderr"], 1e-9))
+    verdict = live if usable else alone
+    out["reads"] = "with_live" if usable else "time_only"
+    out["within_noise"] = None if verdict is None else verdict["within_noise"]
+    return out
+
+
+LIVE_COLUMN = {"envoy": 6, "sidecar": 7}  # the samples row's column of the role's live-state count
+METRICS = {"rss_kib": 4, "fds": 5}
+
+
+def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
+    """role/node -> {metric: growth(...)} from the report's `samples` rows
+    ([t_s, role, node, pid, rss_kib, fds, active_clusters, pairs]; rows of older reports lack the last column)."""
+    groups: dict[str, list[Sequence[Any]]] = {}
+    for row in rows:
+        groups.setdefault(f"{row[1]}/{row[2]}" if row[2] else row[1], []).append(row)
+    out: dict[str, dict[str, Any]] = {}
+    for key, got in sorted(groups.items()):
+        col = LIVE_COLUMN.get(key.split("/")[0])
+        out[key] = {}
+        for metric, at in METRICS.items():
+            points = [
+                Point(int(r[3]), r[0] / 60, float(r[at]), _live(r, col) if metric == "rss_kib" else None) for r in got
+            ]
+            out[key][metric] = growth(points)
+    return out
+
+
+def _live(row: Sequence[Any], col: int | None) -> float | None:
+    return float(row[col]) if col is not None and len(row) > col and row[col] is not None else None
+
+
+def worst(per_key: dict[str, dict[str, Any]], metric: str) -> dict[str, float | None]:
+    """role -> the slope its verdict reads for the worse of its nodes (largest |slope|); None: nothing to judge."""
+    out: dict[str, float | None] = {"sidecar": None, "operator": None, "envoy": None}
+    for key, v in per_key.items():
+        role, got = key.split("/")[0], v[metric]
+        fit = got.get(got.get("reads") or "", None)
+        if fit is not None and (out[role] is None or abs(fit["per_min"]) > abs(out[role] or 0.0)):
+            out[role] = fit["per_min"]
+    return out
+
+
+def lines(per_key: dict[str, dict[str, Any]]) -> list[str]:
+    """The verdicts as table lines."""
+    out = []
+    for key, v in per_key.items():
+        for metric, got in v.items():
+            fit = got.get(got.get("reads") or "") or {}
+            extra = f", {fit['per_live_unit']} KiB per live unit" if "per_live_unit" in fit else ""
+            out.append(
+                f"  {key:<16} {metric:<7} {fit.get('per_min')} +- {fit.get('stderr')} /min ({got.get('reads')},"
+                f" {got['judged']} of {got['processes']} processes, spans {got['spans_min']} min{extra}):"
+                f" within noise {got['within_noise']}"
+            )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.soak_growth REPORT.json`: the verdicts of a saved soak report's samples, as JSON."""
+    p = argparse.ArgumentParser(prog="python -m bench.soak_growth", description=main.__doc__)
+    p.add_argument("report")
+    args = p.parse_args(argv)
+    got = verdicts(json.loads(Path(args.report).read_text())["samples"])
+    print("\n".join(lines(got)))
+    print(json.dumps({"rss_slope_kib_per_min": worst(got, "rss_kib"), "fd_slope_per_min": worst(got, "fds")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

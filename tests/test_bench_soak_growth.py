@@ -1,0 +1,102 @@
+"""bench/soak_growth's verdict: growth after warm-up, pooled over a role's restarted processes, with and without the
+live state as a regressor. The cases are the shapes the 30-minute soaks showed (processes of 3-10 minutes that grow
+most in their first 1-2) and the ones the verdict must not be fooled by (a leak in every process; a live count that
+only rises, which would excuse any leak)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+# bench/ is loaded from its file: the repository root never goes on sys.path (its operator/ would shadow the stdlib's)
+_spec = importlib.util.spec_from_file_location(
+    "bench_soak_growth", Path(__file__).resolve().parents[1] / "bench" / "soak_growth.py"
+)
+assert _spec is not None and _spec.loader is not None
+growth_mod = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = growth_mod
+_spec.loader.exec_module(growth_mod)
+Point, growth = growth_mod.Point, growth_mod.growth
+
+LIVES = [(0.0, 5.5), (5.6, 11.0), (11.1, 18.0), (18.1, 24.0), (24.1, 30.0)]  # a role restarted 4 times in 30 min
+
+
+def _run(
+    leak_per_min: float = 0.0, per_live: float = 0.0, live: object = None, seed: int = 1, noise: float = 250.0
+) -> list[Any]:
+    """Samples every 10 s: each process warms up (+6 MiB over its first 1.5 min), then leaks at the given rate and
+    follows `live(minute)` at `per_live` KiB per unit, with Gaussian noise."""
+    rng = random.Random(seed)
+    out = []
+    for pid, (start, end) in enumerate(LIVES, start=100):
+        m = start
+        while m <= end:
+            age = m - start
+            warm = 6_000 * min(age / 1.5, 1.0)
+            count = live(m) if callable(live) else None
+            value = 90_000 + warm + leak_per_min * age + per_live * (count or 0) + rng.gauss(0, noise)
+            out.append(Point(pid, m, value, count))
+            m += 1 / 6
+    return out
+
+
+def _seesaw(m: float) -> float:
+    """A live count that goes up and down (new ServiceAccounts arriving, others' pairs pruned)."""
+    return 10 + (int(m / 1.25) % 4)
+
+
+def test_start_up_is_not_a_leak_and_a_leak_in_every_process_is() -> None:
+    flat = growth(_run())
+    assert flat["judged"] == 5 and flat["within_noise"] is True, flat
+    leaky = growth(_run(leak_per_min=80.0))  # 80 KiB/min: 0.4 MiB in a 4.9-minute post-warm-up span, 2.4 in the run
+    assert leaky["within_noise"] is False and 70 < leaky["time_only"]["per_min"] < 90, leaky
+
+
+def test_growth_with_live_state_is_told_from_growth_with_time() -> None:
+    got = growth(_run(per_live=400.0, live=_seesaw))
+    assert got["reads"] == "with_live" and got["within_noise"] is True, got
+    assert 350 < got["with_live"]["per_live_unit"] < 450
+    leaky = growth(_run(leak_per_min=80.0, per_live=400.0, live=_seesaw))
+    assert leaky["reads"] == "with_live" and leaky["within_noise"] is False, leaky
+
+
+def test_a_live_count_that_only_rises_excuses_nothing() -> None:
+    """A count rising with time explains a leak as well as live state does: the verdict falls back to time alone."""
+    got = growth(_run(leak_per_min=80.0, live=lambda m: 10 + m / 3 + random.Random(int(m * 6)).random() * 0.2))
+    assert got["reads"] == "time_only" and got["within_noise"] is False, got
+
+
+def test_too_short_to_judge() -> None:
+    short = [p for p in _run() if p.minute - next(s for s, e in LIVES if s <= p.minute <= e) < 4.0]
+    got = growth(short)
+    assert got["judged"] == 0 and got["within_noise"] is None, got
+
+
+def test_the_old_rule_reads_start_up_as_a_leak() -> None:
+    """The negative control for the change of rule: one process's slope from its start sees the warm-up."""
+    first = [p for p in _run() if p.pid == 100]
+    got = growth(first, warmup_min=0.0, min_span_min=1.0)
+    assert got["within_noise"] is False, got
+
+
+def test_verdicts_read_a_reports_sample_rows() -> None:
+    """The report's rows ([t_s, role, node, pid, rss, fds, active_clusters, pairs]; older reports lack `pairs`):
+    Envoy's RSS is judged with its cluster count, the sidecar's with its pairs, the operator's with time alone."""
+    rows: list[list[Any]] = []
+    for p in _run(per_live=400.0, live=_seesaw):
+        t = round(p.minute * 60, 1)
+        rows.append([t, "envoy", "node-a", p.pid, p.value, 30, p.live])
+        rows.append([t, "sidecar", "node-a", p.pid + 10, p.value, 15, None, p.live])
+        rows.append([t, "operator", "", p.pid + 20, p.value, 9, None, None])
+    got = growth_mod.verdicts(rows)
+    assert set(got) == {"envoy/node-a", "sidecar/node-a", "operator"}
+    assert got["envoy/node-a"]["rss_kib"]["reads"] == "with_live"
+    assert got["sidecar/node-a"]["rss_kib"]["reads"] == "with_live"
+    assert got["operator"]["rss_kib"]["reads"] == "time_only"
+    assert got["envoy/node-a"]["fds"]["within_noise"] is True
+    worst = growth_mod.worst(got, "rss_kib")
+    assert set(worst) == {"sidecar", "operator", "envoy"} and abs(worst["envoy"]) < 80, worst
+    assert any("envoy/node-a" in line and "KiB per live unit" in line for line in growth_mod.lines(got))
