@@ -230,7 +230,10 @@ def _report(
 ) -> dict[str, Any]:
     t_end = time.monotonic()
     per_process = slopes(w.samples, t0 + (t_end - t0) / 2)
-    rows = [[round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs] for x in w.samples]
+    rows = [
+        [round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs, x.heap_kib and x.heap_kib[0]]
+        for x in w.samples
+    ]
     judged = verdicts(rows)
     failures = [o for o in rec.outcomes if o.kind != "ok"]
     return {

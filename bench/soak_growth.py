@@ -135,12 +135,14 @@ def growth(
 
 
 LIVE_COLUMN = {"envoy": 6, "sidecar": 7}  # the samples row's column of the role's live-state count
-METRICS = {"rss_kib": 4, "fds": 5}
+METRICS = {"rss_kib": 4, "fds": 5, "allocated_kib": 8}  # allocated_kib: Envoy's server.memory_allocated
+LIVE_JUDGED = ("rss_kib", "allocated_kib")  # the metrics judged with the live count beside time
 
 
 def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
     """role/node -> {metric: growth(...)} from the report's `samples` rows
-    ([t_s, role, node, pid, rss_kib, fds, active_clusters, pairs]; rows of older reports lack the last column)."""
+    ([t_s, role, node, pid, rss_kib, fds, active_clusters, pairs, allocated_kib]; rows of older reports lack the
+    last columns, and a metric a role never has (allocated_kib outside Envoy) is left out)."""
     groups: dict[str, list[Sequence[Any]]] = {}
     for row in rows:
         groups.setdefault(f"{row[1]}/{row[2]}" if row[2] else row[1], []).append(row)
@@ -150,9 +152,12 @@ def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
         out[key] = {}
         for metric, at in METRICS.items():
             points = [
-                Point(int(r[3]), r[0] / 60, float(r[at]), _live(r, col) if metric == "rss_kib" else None) for r in got
+                Point(int(r[3]), r[0] / 60, float(r[at]), _live(r, col) if metric in LIVE_JUDGED else None)
+                for r in got
+                if len(r) > at and r[at] is not None
             ]
-            out[key][metric] = growth(points)
+            if points:
+                out[key][metric] = growth(points)
     return out
 
 

@@ -217,14 +217,14 @@ def table(report: dict[str, Any]) -> str:
         f"{report['inuse_twins_pruned']} (prunes {len(report['prunes'])}); unrequested crashes: {report['crashes']}"
     )
     lines.append(f"RSS slope KiB/min: {report['rss_slope_kib_per_min']}; fd slope /min: {report['fd_slope_per_min']}")
-    if "growth" in report:
-        lines.append("growth after warm-up, pooled over each role's processes (bench.soak_growth):")
-        lines += growth_lines(report["growth"])
-        lines.append("per process, the longest-lived of the second half:")
     if "cpu_per_request_us" in report:
         lines.append(
             f"CPU per request (us, both Envoys): {report['cpu_per_request_us']}; h3/h2 {report['h3_over_h2_cpu']}"
         )
+    if "growth" in report:
+        lines.append("growth after warm-up, pooled over each role's processes (bench.soak_growth):")
+        lines += growth_lines(report["growth"])
+        lines.append("per process, the longest-lived of the second half:")
     for key, v in report["slopes"].items():
         rss, fds = v["rss_kib"] or {}, v["fds"] or {}
         lines.append(

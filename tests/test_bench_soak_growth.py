@@ -83,12 +83,13 @@ def test_the_old_rule_reads_start_up_as_a_leak() -> None:
 
 
 def test_verdicts_read_a_reports_sample_rows() -> None:
-    """The report's rows ([t_s, role, node, pid, rss, fds, active_clusters, pairs]; older reports lack `pairs`):
-    Envoy's RSS is judged with its cluster count, the sidecar's with its pairs, the operator's with time alone."""
+    """The report's rows ([t_s, role, node, pid, rss, fds, active_clusters, pairs, allocated]; older reports lack the
+    last ones): Envoy's RSS and heap are judged with its cluster count, the sidecar's RSS with its pairs, the
+    operator's with time alone."""
     rows: list[list[Any]] = []
     for p in _run(per_live=400.0, live=_seesaw):
         t = round(p.minute * 60, 1)
-        rows.append([t, "envoy", "node-a", p.pid, p.value, 30, p.live])
+        rows.append([t, "envoy", "node-a", p.pid, p.value, 30, p.live, None, p.value / 2])
         rows.append([t, "sidecar", "node-a", p.pid + 10, p.value, 15, None, p.live])
         rows.append([t, "operator", "", p.pid + 20, p.value, 9, None, None])
     got = growth_mod.verdicts(rows)
@@ -96,6 +97,7 @@ def test_verdicts_read_a_reports_sample_rows() -> None:
     assert got["envoy/node-a"]["rss_kib"]["reads"] == "with_live"
     assert got["sidecar/node-a"]["rss_kib"]["reads"] == "with_live"
     assert got["operator"]["rss_kib"]["reads"] == "time_only"
+    assert got["envoy/node-a"]["allocated_kib"]["reads"] == "with_live" and "allocated_kib" not in got["operator"]
     assert got["envoy/node-a"]["fds"]["within_noise"] is True
     worst = growth_mod.worst(got, "rss_kib")
     assert set(worst) == {"sidecar", "operator", "envoy"} and abs(worst["envoy"]) < 80, worst
