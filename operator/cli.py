@@ -10,6 +10,12 @@ import errno
 import logging
 import os
 import sys
+import threading
+import time
+import traceback
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import kopf
 
@@ -18,6 +24,9 @@ from aether.api.naming import DEFAULT_TRUST_DOMAIN
 from aether.operator.handlers import OperatorConfig, build_registry, discover_route_version, quiet_kopf_loggers
 
 log = logging.getLogger("aether.operator")
+
+SHUTDOWN_GRACE_S = 15.0  # how long a stop waits for API calls still in flight in worker threads
+WORKER_PREFIX = "aether-worker"  # the loop's executor threads (asyncio.to_thread: every API call)
 
 
 def _url(host: str, port: int, path: str) -> str:
@@ -52,6 +61,56 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: 
         if server is not None:
             server.shutdown()
             server.server_close()
+
+
+def run_until_stopped(main: Coroutine[Any, Any, None], grace: float = SHUTDOWN_GRACE_S) -> bool:
+    """`asyncio.run(main)` with a bounded end: True when it ended clean, False when worker threads were still busy
+    `grace` seconds after `main` returned (their stacks logged; the caller must then leave with os._exit).
+
+    The operator's API calls run in the loop's default executor, and the kubernetes client sets no timeout, so one
+    call the API never answers keeps its thread, and asyncio.run's last step (joining the executor: its
+    shutdown_default_executor joins even when cancelled) and the interpreter's exit would wait for it forever: a
+    SIGTERM that never ends the process. Here the executor is ours: a stop gives calls in flight `grace` seconds;
+    what is cut short is written again by the next operator (level-based)."""
+    loop = asyncio.new_event_loop()
+    executor = ThreadPoolExecutor(thread_name_prefix=WORKER_PREFIX)
+    loop.set_default_executor(executor)
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(main)
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            executor.shutdown(wait=False)  # idle workers leave; busy ones finish their call first
+            busy = _join_workers(time.monotonic() + grace)
+            asyncio.set_event_loop(None)
+            loop.close()
+    if busy:
+        _log_busy(busy, grace)
+    return not busy
+
+
+def _join_workers(deadline: float) -> list[threading.Thread]:
+    """The executor's threads still running at `deadline`."""
+    workers = [t for t in threading.enumerate() if t.name.startswith(WORKER_PREFIX)]
+    for t in workers:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in workers if t.is_alive()]
+
+
+def _log_busy(busy: list[threading.Thread], grace: float) -> None:
+    frames = sys._current_frames()
+    for thread in busy:
+        frame = frames.get(thread.ident or 0)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)\n"
+        log.warning(
+            "stopping: thread %s still busy %gs after the stop, left behind; it was at:\n%s", thread.name, grace, stack
+        )
 
 
 def _hostport(value: str) -> tuple[str, int]:
@@ -110,7 +169,7 @@ def main(argv: list[str]) -> int:
         stall_after=args.stall_after,
     )
     try:
-        asyncio.run(run(config))  # stops on SIGTERM/SIGINT (kopf's handlers)
+        clean = run_until_stopped(run(config))  # stops on SIGTERM/SIGINT (kopf's handlers)
     except OSError as exc:
         if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
             raise
@@ -119,5 +178,11 @@ def main(argv: list[str]) -> int:
         )
         print(f"aether operator: cannot listen ({where}): {exc}", file=sys.stderr)
         return 1
+    if not clean:  # the busy threads would hold the interpreter's exit: leave without joining them
+        log.info("aether operator stopped (API calls still in flight were abandoned)")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     log.info("aether operator stopped")
     return 0
