@@ -379,7 +379,10 @@ def _probe(registry: kopf.OperatorRegistry, config: OperatorConfig, state: dict[
 
 
 def quiet_kopf_loggers(verbose: bool = False) -> None:
-    """kopf logs every handled event at INFO, aiohttp every liveness probe: at cluster scale that is noise."""
+    """kopf logs every handled event at INFO, aiohttp every liveness probe: at cluster scale that is noise. kopf's
+    reactor stays at INFO: it says only when and why the operator stops ("Signal SIGTERM is received. Operator is
+    stopping."), which a stop that takes long needs to be read."""
     if not verbose:
         for name in ("kopf", "kopf.objects", "kopf.activities", "aiohttp.access"):
             logging.getLogger(name).setLevel(logging.WARNING)
+        logging.getLogger("kopf._core.reactor.running").setLevel(logging.INFO)

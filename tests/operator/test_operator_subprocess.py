@@ -43,6 +43,7 @@ def test_operator_subprocess_converges_and_stops_cleanly(
     out, _ = operator_process.communicate(timeout=60)
     assert operator_process.returncode == 0, out
     assert "Traceback" not in out, out
+    assert "Signal SIGTERM is received. Operator is stopping." in out, out  # kopf's reactor logs why it stops
     assert "aether operator stopped" in out, out
 
 
