@@ -33,6 +33,9 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
         c = report["classes"][name]
         assert c["sent"] > 0 and {"ok", "failed_outside_windows"} <= set(c), c
     assert set(report["rss_slope_kib_per_min"]) == {"sidecar", "operator", "envoy"}
+    # the growth verdicts (bench.soak_growth): every process judged, too short at 3 minutes to give a slope
+    assert {"operator", "sidecar/node-a", "envoy/node-b"} <= set(report["growth"]), report["growth"]
+    assert all(8 <= len(row) <= 9 for row in report["samples"]) and any(row[7] is not None for row in report["samples"])
     envoys = {k: v for k, v in report["slopes"].items() if k.startswith("envoy/")}
     assert envoys and all(
         set(v["heap_kib"]) == {"allocated_kib", "heap_size_kib", "physical_kib"} for v in envoys.values()
