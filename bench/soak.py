@@ -43,7 +43,7 @@ from aether.testing.controlplane.cluster import free_port
 from aether.testing.udp_clients import dnsmasq_argv
 from bench.soak_churn import POLICY, Churn
 from bench.soak_cpu import CpuProbe, Source, paced, summary
-from bench.soak_growth import verdicts
+from bench.soak_growth import leak_gate, verdicts
 from bench.soak_growth import worst as worst_growth
 from bench.soak_report import (
     DOCUMENTED,
@@ -254,6 +254,7 @@ def _report(
         "rss_slope_kib_per_min": worst_growth(judged, "rss_kib"),
         "fd_slope_per_min": worst_growth(judged, "fds"),
         "growth": judged,
+        "leak_gate": leak_gate(judged),
         "slopes": per_process,
         "samples": rows,
         "documented_windows": DOCUMENTED,

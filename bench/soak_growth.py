@@ -20,6 +20,8 @@ working. So:
    second fit's slope is known more than COLLINEAR times less precisely than the first's (a count that only ever
    rises explains a leak as well as live state does, and the wide interval would pass anything).
 
+A leak is growth, so the gate is one-sided: `grows_beyond_noise` (a positive slope not within noise); a count
+that falls beyond its noise (Envoy's fds as UDP sessions time out after a busy start) is reported, not a leak.
 "Within noise" is the rule the per-process slopes use, with the run as the horizon: the slope's 95 % interval (2
 standard errors) contains 0, or the drift it would make over the whole run (slope x the run's minutes, as if one
 process had lived through it) is at most twice the residuals' standard deviation. The horizon is the run, not a
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-WARMUP_MIN = 2.0
+WARMUP_MIN = 3.0  # from the fourth 30-minute run (seed 36): every sidecar was at its plateau by 2.5 minutes
 MIN_SPAN_MIN = 3.0
 COLLINEAR = 3.0
 
@@ -131,6 +133,9 @@ def growth(
     verdict = live if usable else alone
     out["reads"] = "with_live" if usable else "time_only"
     out["within_noise"] = None if verdict is None else verdict["within_noise"]
+    out["grows_beyond_noise"] = (
+        None if verdict is None else bool(verdict["per_min"] > 0 and not verdict["within_noise"])
+    )
     return out
 
 
@@ -165,6 +170,25 @@ def _live(row: Sequence[Any], col: int | None) -> float | None:
     return float(row[col]) if col is not None and len(row) > col and row[col] is not None else None
 
 
+GATE = {"envoy": "allocated_kib", "sidecar": "rss_kib", "operator": "rss_kib"}  # what each role's leak gate reads
+
+
+def leak_gate(per_key: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """role -> the gate's reading: the metric (Envoy: its live heap, server.memory_allocated, since tcmalloc keeps
+    freed pages in RSS; the others: RSS), per node whether it grows beyond noise, and `leak`: any node does, None when
+    no node had a process long enough to judge."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, v in per_key.items():
+        role = key.split("/")[0]
+        gate = out.setdefault(role, {"metric": GATE.get(role, "rss_kib"), "nodes": {}, "leak": None})
+        got = v.get(gate["metric"])
+        grows = None if got is None else got.get("grows_beyond_noise")
+        gate["nodes"][key] = grows
+        if grows is not None:
+            gate["leak"] = bool(gate["leak"]) or grows
+    return out
+
+
 def worst(per_key: dict[str, dict[str, Any]], metric: str) -> dict[str, float | None]:
     """role -> the slope its verdict reads for the worse of its nodes (largest |slope|); None: nothing to judge."""
     out: dict[str, float | None] = {"sidecar": None, "operator": None, "envoy": None}
@@ -186,7 +210,7 @@ def lines(per_key: dict[str, dict[str, Any]]) -> list[str]:
             out.append(
                 f"  {key:<16} {metric:<7} {fit.get('per_min')} +- {fit.get('stderr')} /min ({got.get('reads')},"
                 f" {got['judged']} of {got['processes']} processes, spans {got['spans_min']} min{extra}):"
-                f" within noise {got['within_noise']}"
+                f" within noise {got['within_noise']}, grows beyond it {got.get('grows_beyond_noise')}"
             )
     return out
 
@@ -198,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     got = verdicts(json.loads(Path(args.report).read_text())["samples"])
     print("\n".join(lines(got)))
-    print(json.dumps({"rss_slope_kib_per_min": worst(got, "rss_kib"), "fd_slope_per_min": worst(got, "fds")}))
+    summary = {"rss_slope_kib_per_min": worst(got, "rss_kib"), "fd_slope_per_min": worst(got, "fds")}
+    print(json.dumps(summary | {"leak_gate": leak_gate(got)}))
     return 0
 
 

@@ -224,6 +224,8 @@ def table(report: dict[str, Any]) -> str:
     if "growth" in report:
         lines.append("growth after warm-up, pooled over each role's processes (bench.soak_growth):")
         lines += growth_lines(report["growth"])
+        for role, gate in sorted(report.get("leak_gate", {}).items()):
+            lines.append(f"  leak gate {role:<9} reads {gate['metric']:<14} leak: {gate['leak']}  {gate['nodes']}")
         lines.append("per process, the longest-lived of the second half:")
     for key, v in report["slopes"].items():
         rss, fds = v["rss_kib"] or {}, v["fds"] or {}

@@ -21,7 +21,7 @@ sys.modules[_spec.name] = growth_mod
 _spec.loader.exec_module(growth_mod)
 Point, growth = growth_mod.Point, growth_mod.growth
 
-LIVES = [(0.0, 5.5), (5.6, 11.0), (11.1, 18.0), (18.1, 24.0), (24.1, 30.0)]  # a role restarted 4 times in 30 min
+LIVES = [(0.0, 7.0), (7.1, 14.0), (14.1, 22.0), (22.1, 30.0)]  # a role restarted 3 times in 30 min
 
 
 def _run(
@@ -50,9 +50,11 @@ def _seesaw(m: float) -> float:
 
 def test_start_up_is_not_a_leak_and_a_leak_in_every_process_is() -> None:
     flat = growth(_run())
-    assert flat["judged"] == 5 and flat["within_noise"] is True, flat
+    assert flat["judged"] == 4 and flat["within_noise"] is True and flat["grows_beyond_noise"] is False, flat
     leaky = growth(_run(leak_per_min=80.0))  # 80 KiB/min: 0.4 MiB in a 4.9-minute post-warm-up span, 2.4 in the run
-    assert leaky["within_noise"] is False and 70 < leaky["time_only"]["per_min"] < 90, leaky
+    assert leaky["grows_beyond_noise"] is True and 70 < leaky["time_only"]["per_min"] < 90, leaky
+    shrinking = growth(_run(leak_per_min=-80.0))  # a count falling beyond its noise is reported, not a leak
+    assert shrinking["within_noise"] is False and shrinking["grows_beyond_noise"] is False, shrinking
 
 
 def test_growth_with_live_state_is_told_from_growth_with_time() -> None:
@@ -60,7 +62,7 @@ def test_growth_with_live_state_is_told_from_growth_with_time() -> None:
     assert got["reads"] == "with_live" and got["within_noise"] is True, got
     assert 350 < got["with_live"]["per_live_unit"] < 450
     leaky = growth(_run(leak_per_min=80.0, per_live=400.0, live=_seesaw))
-    assert leaky["reads"] == "with_live" and leaky["within_noise"] is False, leaky
+    assert leaky["reads"] == "with_live" and leaky["grows_beyond_noise"] is True, leaky
 
 
 def test_a_live_count_that_only_rises_excuses_nothing() -> None:
@@ -102,3 +104,14 @@ def test_verdicts_read_a_reports_sample_rows() -> None:
     worst = growth_mod.worst(got, "rss_kib")
     assert set(worst) == {"sidecar", "operator", "envoy"} and abs(worst["envoy"]) < 80, worst
     assert any("envoy/node-a" in line and "KiB per live unit" in line for line in growth_mod.lines(got))
+    gate = growth_mod.leak_gate(got)
+    assert gate["envoy"]["metric"] == "allocated_kib" and gate["sidecar"]["metric"] == "rss_kib"
+    assert gate["envoy"]["leak"] is False and gate["sidecar"]["leak"] is False, gate
+
+
+def test_the_leak_gate_names_the_node_that_leaks_and_none_when_nothing_was_judged() -> None:
+    leaky = [[round(p.minute * 60, 1), "sidecar", "node-b", p.pid, p.value, 15, None, 3] for p in _run(80.0)]
+    short = [[1.0 * t, "operator", "", 7, 90_000.0, 9, None, None] for t in range(0, 120, 10)]
+    gate = growth_mod.leak_gate(growth_mod.verdicts(leaky + short))
+    assert gate["sidecar"] == {"metric": "rss_kib", "nodes": {"sidecar/node-b": True}, "leak": True}, gate
+    assert gate["operator"]["leak"] is None, gate
