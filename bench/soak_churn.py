@@ -15,6 +15,7 @@ a time, each recorded as a bench.soak_report.Event from its first action until t
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -26,8 +27,9 @@ from aether.e2e.harness import Mesh
 from aether.e2e.lifecycle import delete_pod, restart_envoy, restart_operator, restart_sidecar
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.testing.controlplane import ControlPlane
+from aether.testing.envoy import ADMIN_ERRORS
 from aether.testing.wait import wait_for
-from bench.soak_report import ENVOY_RESTART, Event
+from bench.soak_report import ENVOY_RESTART, UDP_SWAP, Event
 from bench.soak_traffic import Prober, Recorder
 
 KINDS = (
@@ -46,6 +48,8 @@ WEIGHTS = ({"w1": 50, "w2": 50}, {"w1": 90, "w2": 10}, {"w1": 0, "w2": 100}, {"w
 API_DOWN_S = 10.0
 POLICY = "web-callers"
 SETTLE = 60.0  # the longest any event waits for its effect
+SWAP_WAIT = 5.0  # how long a route edit watches the Envoys for capture listeners being replaced
+SWAP_SETTLED = 1.0  # the count held still this long: the swap is over
 
 
 @dataclass
@@ -106,7 +110,36 @@ class Churn:
     def route_edit(self, e: Event, _: MeshNodeProxy) -> None:
         weights = self.rng.choice(WEIGHTS)
         e.target, e.detail = "split", str(weights)
+        before = self._swaps()
         self.mesh.weighted_route("split", "split", weights)
+        self._record_swaps(e, before)
+
+    def _swaps(self) -> dict[str, int]:
+        """node -> its Envoy's `listener_manager.listener_modified` (one per capture listener replaced)."""
+        out = {}
+        for name, node in self.mesh.nodes.items():
+            with contextlib.suppress(*ADMIN_ERRORS, RuntimeError):
+                out[name] = node.stat("listener_manager.listener_modified")
+        return out
+
+    def _record_swaps(self, e: Event, before: dict[str, int]) -> None:
+        """A route edit that changes which cluster a VIP names replaces every pod's UDP capture listener on each
+        node (a weights-only edit changes endpoints, no listener): wait up to SWAP_WAIT for a node's count to move,
+        then until it holds still, and record a UDP_SWAP event for each node whose count moved (the window
+        docs/limits.md describes: a reply in flight at the swap can be lost)."""
+        moved: dict[str, float] = {}
+        deadline, last, seen = time.monotonic() + SWAP_WAIT, dict(before), time.monotonic()
+        while time.monotonic() < deadline:
+            now = self._swaps()
+            for name, count in now.items():
+                if name in before and count != last.get(name):
+                    moved[name], seen = time.monotonic(), time.monotonic()
+            last = now
+            if moved and time.monotonic() - seen >= SWAP_SETTLED:
+                break
+            time.sleep(0.1)  # polling Envoy's counter: the signal is the count moving
+        for name, at in sorted(moved.items()):
+            self.events.append(Event(UDP_SWAP, name, e.start, at, f"{last[name] - before[name]} listeners replaced"))
 
     def policy_edit(self, e: Event, _: MeshNodeProxy) -> None:
         e.target = POLICY

@@ -1,8 +1,11 @@
 """The soak's bookkeeping and report (pure): every request's outcome, the churn events and the windows the docs
 describe, the processes' RSS and fd samples, and what they add up to (the JSON `bench.soak` writes and its table).
 
-A failure is *in a documented window* only when a window the docs already describe covers it: today that is one,
-a node's Envoy restarted (docs/operations.md, upgrades step 3: "while a node's pod restarts, Envoy is down: diverted
+A failure is *in a documented window* only when a window the docs already describe covers it. There are two.
+(1) A node's capture listeners replaced (docs/limits.md: a change to a node's UDP Services replaces each pod's
+capture listener, and a reply on its way at that instant is lost): recorded by the churn when a route edit moved a
+node's `listener_manager.listener_modified`, from the edit until the count held still; it covers UDP timeouts of
+pods on that node only. (2) A node's Envoy restarted (docs/operations.md, upgrades step 3: "while a node's pod restarts, Envoy is down: diverted
 traffic on that node has no listener"), from the moment the old Envoy is stopped until the soak sees the new one
 connected with as many active listeners as before. It covers requests whose source pod is on that node, and
 east-west requests whose destination pod is (its inbound listener is in that Envoy); an east-west failure that names
@@ -34,7 +37,14 @@ from bench.soak_growth import lines as growth_lines
 OK = "ok"
 EAST_WEST = ("h3", "h2")  # classes whose destination side runs through the destination node's Envoy
 ENVOY_RESTART = "envoy_restart"
-DOCUMENTED = {ENVOY_RESTART: "docs/operations.md (Upgrade, step 3): a node's Envoy down, its traffic has no listener"}
+UDP_SWAP = (
+    "udp_listener_swap"  # recorded by the churn, not an event of its own: a route edit replaced capture listeners
+)
+DOCUMENTED = {
+    ENVOY_RESTART: "docs/operations.md (Upgrade, step 3): a node's Envoy down, its traffic has no listener",
+    UDP_SWAP: "docs/limits.md: a change to a node's UDP Services replaces each pod's capture listener; a reply on its"
+    " way at the swap is lost (Envoy path)",
+}
 MAX_LISTED = 200  # failures kept in the JSON with their detail (all are counted)
 
 
@@ -94,7 +104,11 @@ class Prune:
 def in_window(o: Outcome, events: Sequence[Event]) -> str | None:
     """The documented window covering failure `o` (its name), or None."""
     for e in events:
-        if e.kind != ENVOY_RESTART or not e.overlaps(o.start, o.end):
+        if not e.overlaps(o.start, o.end):
+            continue
+        if e.kind == UDP_SWAP and o.cls.startswith("udp_") and e.target == o.node and o.kind == "timeout":
+            return UDP_SWAP
+        if e.kind != ENVOY_RESTART:
             continue
         if e.target == o.node or (o.cls in EAST_WEST and o.dest_node in (e.target, None)):
             return ENVOY_RESTART

@@ -35,6 +35,20 @@ def test_an_envoy_restart_covers_its_nodes_sources_and_east_west_destinations_on
     assert report.in_window(_fail("udp_dns", "node-a", 22.0), events) is None  # a sidecar restart is no window
 
 
+def test_a_capture_listener_swap_covers_udp_timeouts_of_its_nodes_pods_only() -> None:
+    """docs/limits.md: a route edit that replaces a node's UDP capture listeners can lose a reply in flight."""
+    events = [Event(report.UDP_SWAP, "node-a", 10.0, 10.8)]
+    in_flight = Outcome("udp_dns", "client", "node-a", 9.0, 11.0, "timeout")  # sent before, its 2 s wait spans it
+    assert report.in_window(in_flight, events) == report.UDP_SWAP
+    assert report.in_window(_fail("udp_weighted", "node-a", 10.5), events) == report.UDP_SWAP
+    assert report.in_window(_fail("udp_dns", "node-b", 10.0), events) is None  # the other node's listeners stayed
+    assert report.in_window(_fail("udp_dns", "node-a", 11.0), events) is None  # sent after the swap
+    assert report.in_window(_fail("h3", "node-a", 10.0, dest="node-a"), events) is None  # not a UDP class
+    wrong = Outcome("udp_dns", "client", "node-a", 10.0, 10.1, "wrong backend")
+    assert report.in_window(wrong, events) is None  # only a lost reply is what the docs describe
+    assert report.UDP_SWAP in report.DOCUMENTED
+
+
 def test_classes_count_windows_apart() -> None:
     events = [Event("envoy_restart", "node-b", 10.0, 14.0)]
     outcomes = [Outcome("udp_dns", "c", "node-b", float(t), t + 0.1, "ok") for t in range(100)]
