@@ -44,6 +44,7 @@ from aether.testing.udp_clients import dnsmasq_argv
 from bench.soak_churn import POLICY, Churn
 from bench.soak_cpu import CpuProbe, Source, paced, summary
 from bench.soak_growth import leak_gate, verdicts
+from bench.soak_growth import table_lines as growth_table
 from bench.soak_growth import worst as worst_growth
 from bench.soak_report import (
     DOCUMENTED,
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     report = run(args)
     Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
-    print(table(report))
+    print(table(report, growth_table(report)))
     print(f"report: {args.json}")
     return 0
 

@@ -215,6 +215,16 @@ def lines(per_key: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def table_lines(report: dict[str, Any]) -> list[str]:
+    """The report's growth verdicts and leak gate as the lines bench.soak_report.table prints."""
+    if "growth" not in report:
+        return []
+    out = ["growth after warm-up, pooled over each role's processes (bench.soak_growth):", *lines(report["growth"])]
+    for role, gate in sorted(report.get("leak_gate", {}).items()):
+        out.append(f"  leak gate {role:<9} reads {gate['metric']:<14} leak: {gate['leak']}  {gate['nodes']}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m bench.soak_growth REPORT.json`: the verdicts of a saved soak report's samples, as JSON."""
     p = argparse.ArgumentParser(prog="python -m bench.soak_growth", description=main.__doc__)

@@ -32,8 +32,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bench.soak_growth import lines as growth_lines
-
 OK = "ok"
 EAST_WEST = ("h3", "h2")  # classes whose destination side runs through the destination node's Envoy
 ENVOY_RESTART = "envoy_restart"
@@ -216,7 +214,7 @@ def slopes(samples: Sequence[Sample], t_mid: float) -> dict[str, dict[str, Any]]
     return out
 
 
-def table(report: dict[str, Any]) -> str:
+def table(report: dict[str, Any], growth_lines: Sequence[str] = ()) -> str:
     """The report as text: one line per class, then the invariants and slopes."""
     lines = [f"{'class':<14}{'sent':>8}{'ok':>8}{'in windows':>12}{'outside':>9}{'success outside':>17}  failures"]
     for name, c in sorted(report["classes"].items()):
@@ -235,11 +233,11 @@ def table(report: dict[str, Any]) -> str:
         lines.append(
             f"CPU per request (us, both Envoys): {report['cpu_per_request_us']}; h3/h2 {report['h3_over_h2_cpu']}"
         )
-    if "growth" in report:
-        lines.append("growth after warm-up, pooled over each role's processes (bench.soak_growth):")
-        lines += growth_lines(report["growth"])
-        for role, gate in sorted(report.get("leak_gate", {}).items()):
-            lines.append(f"  leak gate {role:<9} reads {gate['metric']:<14} leak: {gate['leak']}  {gate['nodes']}")
+    for (
+        line
+    ) in growth_lines:  # bench.soak_growth's verdicts, rendered by the caller (this module imports none of bench)
+        lines.append(line)
+    if growth_lines:
         lines.append("per process, the longest-lived of the second half:")
     for key, v in report["slopes"].items():
         rss, fds = v["rss_kib"] or {}, v["fds"] or {}
