@@ -2,6 +2,7 @@
 ServiceAccounts, churn on a seeded schedule, every failure classified, and the zero-count invariants counted.
 
     .venv/bin/python -m bench.soak --minutes M --json OUT [--seed S] [--interval 0.25] [--churn-every 15]
+        [--restart-every-rounds 1]
 
 The mesh (aether.e2e.harness.Mesh: the real control plane, the operator, per node a sidecar and a real Envoy, pods
 captured by the real aether-cni), two nodes:
@@ -41,7 +42,7 @@ from aether.e2e.lifecycle import add_tcp_floor_service, restart_sidecar
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.testing.controlplane.cluster import free_port
 from aether.testing.udp_clients import dnsmasq_argv
-from bench.soak_churn import POLICY, Churn
+from bench.soak_churn import POLICY, PROCESS_RESTARTS, Churn
 from bench.soak_cpu import CpuProbe, Source, paced, summary
 from bench.soak_growth import leak_gate, verdicts
 from bench.soak_growth import table_lines as growth_table
@@ -68,7 +69,6 @@ CLIENTS = {
 H2_NODE = "node-b"  # its sidecar runs --east-west-quic off
 ONLY_HTTP = {"client-b2"}  # runs its node's HTTP class only
 DNS = {"dns-1": ("node-b", "192.0.2.1"), "dns-2": ("node-a", "192.0.2.2")}
-RESTARTS = ("sidecar_restart", "envoy_restart", "operator_restart")
 
 
 def _progress(msg: str) -> None:
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             return sidecar_args(node.name, ports)
 
         callers = [sa for _, sa in CLIENTS.values()]
-        churn = Churn(mesh, rec, rng, start, metrics_args, swap, callers)
+        churn = Churn(mesh, rec, rng, start, metrics_args, swap, callers, restart_every=args.restart_every_rounds)
         churn._policy()
         for sa in callers:
             churn._rbac_has(f"spiffe://cluster.local/ns/{NS}/sa/{sa}")
@@ -243,6 +243,7 @@ def _report(
         "minutes": args.minutes,
         "interval_s": args.interval,
         "churn_every_s": args.churn_every,
+        "restart_every_rounds": args.restart_every_rounds,
         "wall_s": round(t_end - t0, 1),
         "load_average": load,
         "classes": classes(rec.outcomes, churn.events),
@@ -251,7 +252,7 @@ def _report(
         "prunes": [asdict(p) | {"t": round(p.t - t0, 1)} for p in w.prunes],
         "crashes": len(w.crashes),
         "crash_list": [c | {"t": round(c["t"] - t0, 1)} for c in w.crashes],
-        "restarts_requested": {k: sum(1 for e in churn.events if e.kind == k) for k in RESTARTS},
+        "restarts_requested": {k: sum(1 for e in churn.events if e.kind == k) for k in PROCESS_RESTARTS},
         "rss_slope_kib_per_min": worst_growth(judged, "rss_kib"),
         "fd_slope_per_min": worst_growth(judged, "fds"),
         "growth": judged,
@@ -274,12 +275,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="the churn schedule's seed (default: from the clock, printed)")
     p.add_argument("--interval", type=float, default=0.25, help="seconds between one prober's requests")
     p.add_argument("--churn-every", type=float, default=15.0, help="seconds from one event's start to the next's")
+    p.add_argument(
+        "--restart-every-rounds",
+        type=int,
+        default=1,
+        help="the sidecar, Envoy and operator restarts in every n-th round of events only (1: every round)",
+    )
     p.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/fd samples")
     p.add_argument(
         "--cpu-every", type=float, default=60.0, help="seconds between h3/h2 CPU probe cycles (0: none; bench.soak_cpu)"
     )
     p.add_argument("--workdir", help="keep the mesh's logs here (default: a temporary directory, removed)")
     args = p.parse_args(argv)
+    if args.restart_every_rounds < 1:
+        p.error("--restart-every-rounds must be at least 1")
     report = run(args)
     Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(table(report, growth_table(report)))

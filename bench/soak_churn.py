@@ -44,6 +44,7 @@ KINDS = (
     "operator_restart",
     "api_down",
 )
+PROCESS_RESTARTS = ("sidecar_restart", ENVOY_RESTART, "operator_restart")
 WEIGHTS = ({"w1": 50, "w2": 50}, {"w1": 90, "w2": 10}, {"w1": 0, "w2": 100}, {"w2": 1}, {"w1": 1}, {"w1": 30, "w2": 70})
 API_DOWN_S = 10.0
 POLICY = "web-callers"
@@ -64,10 +65,15 @@ class Churn:
     events: list[Event] = field(default_factory=list)
     echo: str = "echo-0"
     extra: list[tuple[str, list[Prober]]] = field(default_factory=list)  # (pod, its probers) of new_sa pods
+    restart_every: int = 1  # the process restarts run in every n-th round of kinds (1: every round)
     _n: int = 0
+    _round: int = 0
 
     def schedule(self) -> list[str]:
-        kinds = list(KINDS)
+        """The next round of kinds, shuffled; the process restarts only in every `restart_every`-th round, so that
+        a process can live long enough for its memory to be judged (bench.soak_growth) while the rest churns."""
+        self._round += 1
+        kinds = [k for k in KINDS if k not in PROCESS_RESTARTS or self._round % self.restart_every == 0]
         self.rng.shuffle(kinds)
         return kinds
 
