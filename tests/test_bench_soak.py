@@ -117,3 +117,21 @@ def test_failures_per_minute_split_by_window() -> None:
     events = [Event("envoy_restart", "node-b", 10.0, 14.0)]
     failures = [_fail("udp_dns", "node-b", 11.0), _fail("udp_dns", "node-a", 12.0), _fail("h3", "node-a", 70.0)]
     assert report.per_minute(failures, events, 0.0) == {"udp_dns": {0: [1, 1]}, "h3": {1: [0, 1]}}
+
+
+def test_restarts_can_be_thinned_to_every_nth_round() -> None:
+    """`--restart-every-rounds 3`: the process restarts appear in rounds 3, 6, ... only, every other kind in every
+    round (bench.soak_churn imports the e2e harness and bench itself, so it runs from the repository root)."""
+    import subprocess
+
+    script = (
+        "import random; from bench.soak_churn import Churn, KINDS, PROCESS_RESTARTS\n"
+        "c = Churn(None, None, random.Random(1), None, None, None, [], restart_every=3)\n"
+        "rounds = [c.schedule() for _ in range(6)]\n"
+        "assert [bool(set(r) & set(PROCESS_RESTARTS)) for r in rounds] == [False, False, True] * 2, rounds\n"
+        "assert all(set(r) | set(PROCESS_RESTARTS) == set(KINDS) for r in rounds), rounds\n"
+        "assert sorted(Churn(None, None, random.Random(1), None, None, None, []).schedule()) == sorted(KINDS)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    got = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
