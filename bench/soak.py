@@ -232,7 +232,12 @@ def _report(
     t_end = time.monotonic()
     per_process = slopes(w.samples, t0 + (t_end - t0) / 2)
     rows = [
-        [round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs, x.heap_kib and x.heap_kib[0]]
+        [
+            round(x.t - t0, 1),
+            *(x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs),
+            x.heap_kib and x.heap_kib[0],
+            x.draining,
+        ]
         for x in w.samples
     ]
     judged = verdicts(rows)

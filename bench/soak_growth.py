@@ -145,9 +145,10 @@ LIVE_JUDGED = ("rss_kib", "allocated_kib")  # the metrics judged with the live c
 
 
 def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
-    """role/node -> {metric: growth(...)} from the report's `samples` rows
-    ([t_s, role, node, pid, rss_kib, fds, active_clusters, pairs, allocated_kib]; rows of older reports lack the
-    last columns, and a metric a role never has (allocated_kib outside Envoy) is left out)."""
+    """role/node -> {metric: growth(...)} from the report's `samples` rows ([t_s, role, node, pid, rss_kib, fds,
+    active_clusters, pairs, allocated_kib, draining_listeners]; rows of older reports lack the last columns, and a
+    metric a role never has, allocated_kib outside Envoy, is left out). The draining listeners are reported beside
+    each process (bench.soak_report's per-process slopes), not yet a regressor here."""
     groups: dict[str, list[Sequence[Any]]] = {}
     for row in rows:
         groups.setdefault(f"{row[1]}/{row[2]}" if row[2] else row[1], []).append(row)

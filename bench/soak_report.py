@@ -81,9 +81,8 @@ class Sample:
     fds: int
     heap_kib: tuple[int, int, int] | None = None  # Envoy: (memory_allocated, memory_heap_size, memory_physical_size)
     clusters: int | None = None  # Envoy: cluster_manager.active_clusters (live state beside RSS)
-    pairs: int | None = (
-        None  # sidecar: its QUIC pairs, live and dormant (aether_quic_pairs + aether_quic_dormant_pairs)
-    )
+    pairs: int | None = None  # sidecar: its QUIC pairs, live and dormant (aether_quic_pairs + dormant_pairs)
+    draining: int | None = None  # Envoy: listener_manager.total_listeners_draining (removed listeners kept a while)
 
 
 HEAP_FIGURES = ("allocated_kib", "heap_size_kib", "physical_kib")
@@ -205,6 +204,12 @@ def slopes(samples: Sequence[Sample], t_mid: float) -> dict[str, dict[str, Any]]
                 "slope": slope([((s.t - t_mid) / 60, s.clusters or 0) for s in counted]),
                 "first_last": [counted[0].clusters, counted[-1].clusters],
             }
+        drained = [s for s in run if s.draining is not None]
+        if drained:  # listeners replaced or removed, still held for --drain-time-s
+            out[f"{role}/{node}" if node else role]["draining_listeners"] = {
+                "slope": slope([((s.t - t_mid) / 60, s.draining or 0) for s in drained]),
+                "first_last": [drained[0].draining, drained[-1].draining],
+            }
         paired = [s for s in run if s.pairs is not None]
         if paired:  # the sidecar's live state beside its RSS: the pairs it keeps
             out[f"{role}/{node}" if node else role]["pairs"] = {
@@ -255,6 +260,10 @@ def table(report: dict[str, Any], growth_lines: Sequence[str] = ()) -> str:
             fit = live["slope"] or {}
             first, last = live["first_last"]
             lines.append(f"    active_clusters {fit.get('per_min')} +- {fit.get('stderr')} /min, {first} -> {last}")
+        if live := v.get("draining_listeners"):
+            fit = live["slope"] or {}
+            first, last = live["first_last"]
+            lines.append(f"    draining listeners {fit.get('per_min')} +- {fit.get('stderr')} /min, {first} -> {last}")
         if live := v.get("pairs"):
             fit = live["slope"] or {}
             first, last = live["first_last"]

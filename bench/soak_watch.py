@@ -135,9 +135,10 @@ class Watcher:
             got = proc_sample(proc.pid) if proc is not None and proc.poll() is None else None
             if got is None:
                 continue
-            heap, clusters = self._envoy_figures(name) if role == "envoy" else (None, None)
+            heap, clusters, draining = self._envoy_figures(name) if role == "envoy" else (None, None, None)
             pairs = self._sidecar_pairs(name) if role == "sidecar" else None
-            self.samples.append(Sample(now, role, name, proc.pid if proc else 0, *got, heap, clusters, pairs))
+            pid = proc.pid if proc else 0
+            self.samples.append(Sample(now, role, name, pid, *got, heap, clusters, pairs, draining))
 
     def _sidecar_pairs(self, name: str) -> int | None:
         """The sidecar's QUIC pairs, live and dormant, from its metrics (the live state its RSS grows with)."""
@@ -149,16 +150,21 @@ class Watcher:
             return int(sum(sum(named(got, m).values()) for m in PAIR_GAUGES))
         return None
 
-    def _envoy_figures(self, name: str) -> tuple[tuple[int, int, int] | None, int | None]:
-        """The Envoy's heap figures and its live cluster count (`cluster_manager.active_clusters`: every twin and
-        Service cluster it holds, the live state RSS grows with); (None, None) if its admin does not answer."""
+    def _envoy_figures(self, name: str) -> tuple[tuple[int, int, int] | None, int | None, int | None]:
+        """The Envoy's heap figures, its live cluster count (`cluster_manager.active_clusters`: every twin and
+        Service cluster it holds) and its draining listeners (`listener_manager.total_listeners_draining`: each
+        listener removed or replaced stays, with its stats, for --drain-time-s, 600 s by default): the live state
+        its heap grows with; all None if its admin does not answer."""
         envoy = self.mesh.nodes[name].envoy
         if envoy is None:
-            return None, None
+            return None, None, None
         with contextlib.suppress(*ADMIN_ERRORS, ValueError):
-            stats = envoy.stats(r"^(server\.memory_|cluster_manager\.active_clusters$)")
-            return envoy_heap(stats), stats.get("cluster_manager.active_clusters")
-        return None, None
+            stats = envoy.stats(
+                r"^(server\.memory_|cluster_manager\.active_clusters$|listener_manager\.total_listeners_draining$)"
+            )
+            draining = stats.get("listener_manager.total_listeners_draining")
+            return envoy_heap(stats), stats.get("cluster_manager.active_clusters"), draining
+        return None, None, None
 
     def _prunes(self) -> None:
         for node in self.mesh.nodes.values():

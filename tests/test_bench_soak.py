@@ -87,6 +87,16 @@ def test_envoy_live_clusters_get_a_slope_beside_rss() -> None:
     assert "active_clusters" not in got["sidecar/node-a"]
 
 
+def test_envoy_draining_listeners_get_a_slope_beside_rss() -> None:
+    """Listeners removed or replaced stay draining for --drain-time-s (600 s by default), stats and all: Envoy's heap
+    grows with them for its first ten minutes under listener churn, so the report shows their count beside RSS."""
+    samples = [
+        Sample(float(t), "envoy", "node-a", 1, 60_000 + t, 30, None, 20, None, t // 30) for t in range(0, 600, 10)
+    ]
+    got = report.slopes(samples, 0.0)["envoy/node-a"]["draining_listeners"]
+    assert got["first_last"] == [0, 19] and abs(got["slope"]["per_min"] - 2.0) < 0.1
+
+
 def test_envoy_heap_figures_get_their_own_slopes_beside_rss() -> None:
     """Allocated flat while the heap and RSS step up (tcmalloc keeping freed pages): the report tells them apart."""
     samples = [

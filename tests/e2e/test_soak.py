@@ -35,7 +35,9 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
     assert set(report["rss_slope_kib_per_min"]) == {"sidecar", "operator", "envoy"}
     # the growth verdicts (bench.soak_growth): every process judged, too short at 3 minutes to give a slope
     assert {"operator", "sidecar/node-a", "envoy/node-b"} <= set(report["growth"]), report["growth"]
-    assert all(8 <= len(row) <= 9 for row in report["samples"]) and any(row[7] is not None for row in report["samples"])
+    rows = report["samples"]  # [t, role, node, pid, rss, fds, clusters, pairs, allocated, draining listeners]
+    assert all(len(row) == 10 for row in rows) and any(row[7] is not None for row in rows)
+    assert all(row[9] is not None for row in rows if row[1] == "envoy"), [r for r in rows if r[1] == "envoy"][:3]
     envoys = {k: v for k, v in report["slopes"].items() if k.startswith("envoy/")}
     assert envoys and all(
         set(v["heap_kib"]) == {"allocated_kib", "heap_size_kib", "physical_kib"} for v in envoys.values()
