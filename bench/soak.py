@@ -49,6 +49,7 @@ from bench.soak_growth import table_lines as growth_table
 from bench.soak_growth import worst as worst_growth
 from bench.soak_report import (
     DOCUMENTED,
+    Sample,
     classes,
     event_records,
     failure_record,
@@ -226,20 +227,18 @@ def _churn(churn: Churn, deadline: float, every: float) -> None:
             time.sleep(max(0.0, min(every - (time.monotonic() - began), deadline - time.monotonic())))
 
 
+def _row(x: Sample, t0: float) -> list[Any]:
+    """One sample as the JSON's `samples` row (bench.soak_growth.verdicts reads these columns)."""
+    allocated = x.heap_kib[0] if x.heap_kib else None
+    return [round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs, allocated, x.draining]
+
+
 def _report(
     args: argparse.Namespace, seed: int, t0: float, rec: Recorder, churn: Churn, w: Watcher, load: dict[str, Any]
 ) -> dict[str, Any]:
     t_end = time.monotonic()
     per_process = slopes(w.samples, t0 + (t_end - t0) / 2)
-    rows = [
-        [
-            round(x.t - t0, 1),
-            *(x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs),
-            x.heap_kib and x.heap_kib[0],
-            x.draining,
-        ]
-        for x in w.samples
-    ]
+    rows = [_row(x, t0) for x in w.samples]
     judged = verdicts(rows)
     failures = [o for o in rec.outcomes if o.kind != "ok"]
     return {

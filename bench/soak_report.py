@@ -35,9 +35,7 @@ from typing import Any
 OK = "ok"
 EAST_WEST = ("h3", "h2")  # classes whose destination side runs through the destination node's Envoy
 ENVOY_RESTART = "envoy_restart"
-UDP_SWAP = (
-    "udp_listener_swap"  # recorded by the churn, not an event of its own: a route edit replaced capture listeners
-)
+UDP_SWAP = "udp_listener_swap"  # recorded by the churn when a route edit replaced capture listeners
 DOCUMENTED = {
     ENVOY_RESTART: "docs/operations.md (Upgrade, step 3): a node's Envoy down, its traffic has no listener",
     UDP_SWAP: "docs/limits.md: a change to a node's UDP Services replaces each pod's capture listener; a reply on its"
@@ -86,6 +84,12 @@ class Sample:
 
 
 HEAP_FIGURES = ("allocated_kib", "heap_size_kib", "physical_kib")
+# (JSON key in the per-process slopes, Sample attribute, table label) of each live-state count sampled beside RSS
+LIVE_COUNTS = (
+    ("active_clusters", "clusters", "active_clusters"),  # Envoy: every Service cluster and QUIC twin it holds
+    ("draining_listeners", "draining", "draining listeners"),  # Envoy: listeners removed, held for --drain-time-s
+    ("pairs", "pairs", "pairs"),  # sidecar: the QUIC pairs it keeps
+)
 
 
 @dataclass(frozen=True)
@@ -198,24 +202,13 @@ def slopes(samples: Sequence[Sample], t_mid: float) -> dict[str, dict[str, Any]]
                 }
                 for i, name in enumerate(HEAP_FIGURES)
             }
-        counted = [s for s in run if s.clusters is not None]
-        if counted:  # live state beside RSS: RSS growing with this flat is not growth with live state
-            out[f"{role}/{node}" if node else role]["active_clusters"] = {
-                "slope": slope([((s.t - t_mid) / 60, s.clusters or 0) for s in counted]),
-                "first_last": [counted[0].clusters, counted[-1].clusters],
-            }
-        drained = [s for s in run if s.draining is not None]
-        if drained:  # listeners replaced or removed, still held for --drain-time-s
-            out[f"{role}/{node}" if node else role]["draining_listeners"] = {
-                "slope": slope([((s.t - t_mid) / 60, s.draining or 0) for s in drained]),
-                "first_last": [drained[0].draining, drained[-1].draining],
-            }
-        paired = [s for s in run if s.pairs is not None]
-        if paired:  # the sidecar's live state beside its RSS: the pairs it keeps
-            out[f"{role}/{node}" if node else role]["pairs"] = {
-                "slope": slope([((s.t - t_mid) / 60, s.pairs or 0) for s in paired]),
-                "first_last": [paired[0].pairs, paired[-1].pairs],
-            }
+        for key, attr, _label in LIVE_COUNTS:  # live state beside RSS: RSS growing with it flat is not growth with it
+            counted = [s for s in run if getattr(s, attr) is not None]
+            if counted:
+                out[f"{role}/{node}" if node else role][key] = {
+                    "slope": slope([((s.t - t_mid) / 60, getattr(s, attr) or 0) for s in counted]),
+                    "first_last": [getattr(counted[0], attr), getattr(counted[-1], attr)],
+                }
     return out
 
 
@@ -238,10 +231,7 @@ def table(report: dict[str, Any], growth_lines: Sequence[str] = ()) -> str:
         lines.append(
             f"CPU per request (us, both Envoys): {report['cpu_per_request_us']}; h3/h2 {report['h3_over_h2_cpu']}"
         )
-    for (
-        line
-    ) in growth_lines:  # bench.soak_growth's verdicts, rendered by the caller (this module imports none of bench)
-        lines.append(line)
+    lines += growth_lines  # bench.soak_growth's verdicts, rendered by the caller (this module imports none of bench)
     if growth_lines:
         lines.append("per process, the longest-lived of the second half:")
     for key, v in report["slopes"].items():
@@ -256,18 +246,11 @@ def table(report: dict[str, Any], growth_lines: Sequence[str] = ()) -> str:
                 f"    {name:<14} {fit.get('per_min')} +- {fit.get('stderr')} KiB/min (noise: {fit.get('within_noise')}),"
                 f" {got['first_last'][0]} -> {got['first_last'][1]} KiB"
             )
-        if live := v.get("active_clusters"):
-            fit = live["slope"] or {}
-            first, last = live["first_last"]
-            lines.append(f"    active_clusters {fit.get('per_min')} +- {fit.get('stderr')} /min, {first} -> {last}")
-        if live := v.get("draining_listeners"):
-            fit = live["slope"] or {}
-            first, last = live["first_last"]
-            lines.append(f"    draining listeners {fit.get('per_min')} +- {fit.get('stderr')} /min, {first} -> {last}")
-        if live := v.get("pairs"):
-            fit = live["slope"] or {}
-            first, last = live["first_last"]
-            lines.append(f"    pairs {fit.get('per_min')} +- {fit.get('stderr')} /min, {first} -> {last}")
+        for key, _attr, label in LIVE_COUNTS:
+            if live := v.get(key):
+                fit = live["slope"] or {}
+                first, last = live["first_last"]
+                lines.append(f"    {label} {fit.get('per_min')} +- {fit.get('stderr')} /min, {first} -> {last}")
     return "\n".join(lines)
 
 

@@ -5,24 +5,15 @@ check it reads from the MeshNode Table, and what it reads from /proc and from th
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 from aether.operator.reconcile.model import ClusterModel
+from aether.testing.benchload import load_bench
 from aether.testing.controlplane.faultproxy import Tally
 from aether.testing.synthetic_cluster import build
 
-# bench/ is loaded from its file: the repository root never goes on sys.path (its operator/ would shadow the stdlib's)
-_spec = importlib.util.spec_from_file_location(
-    "bench_operator_apiserver", Path(__file__).resolve().parents[1] / "bench" / "operator_apiserver.py"
-)
-assert _spec is not None and _spec.loader is not None
-bench = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = bench
-_spec.loader.exec_module(bench)
+bench = load_bench("operator_apiserver")  # bench/ by its path (aether.testing.benchload says why)
 arm_ips, endpoints, expected, proc_figures = bench.arm_ips, bench.endpoints, bench.expected, bench.proc_figures
 progress, stages, writes = bench.progress, bench.stages, bench.writes
 

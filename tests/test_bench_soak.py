@@ -3,19 +3,13 @@ slope test that says whether an RSS or fd series drifts beyond its noise."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import sys
 from pathlib import Path
 
-# bench/ is loaded from its file: the repository root never goes on sys.path (its operator/ would shadow the stdlib's)
-_spec = importlib.util.spec_from_file_location(
-    "bench_soak_report", Path(__file__).resolve().parents[1] / "bench" / "soak_report.py"
-)
-assert _spec is not None and _spec.loader is not None
-report = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = report
-_spec.loader.exec_module(report)
+from aether.testing.benchload import load_bench
+
+report = load_bench("soak_report")  # bench/ by its path (aether.testing.benchload says why)
 Event, Outcome, Sample = report.Event, report.Outcome, report.Sample
 
 

@@ -5,20 +5,12 @@ only rises, which would excuse any leak)."""
 
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-from pathlib import Path
 from typing import Any
 
-# bench/ is loaded from its file: the repository root never goes on sys.path (its operator/ would shadow the stdlib's)
-_spec = importlib.util.spec_from_file_location(
-    "bench_soak_growth", Path(__file__).resolve().parents[1] / "bench" / "soak_growth.py"
-)
-assert _spec is not None and _spec.loader is not None
-growth_mod = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = growth_mod
-_spec.loader.exec_module(growth_mod)
+from aether.testing.benchload import load_bench
+
+growth_mod = load_bench("soak_growth")  # bench/ by its path (aether.testing.benchload says why)
 Point, growth = growth_mod.Point, growth_mod.growth
 
 LIVES = [(0.0, 7.0), (7.1, 14.0), (14.1, 22.0), (22.1, 30.0)]  # a role restarted 3 times in 30 min
