@@ -13,12 +13,14 @@ working. So:
 3. one least-squares fit over all of them at once, each process with its own intercept (its RSS level: a process
    that started when more was live starts higher) and one common slope in time: the "within" estimator of a
    panel fit, i.e. every series centred on its own means, then stacked;
-4. with a live-state count sampled beside it (Envoy: `cluster_manager.active_clusters`; the sidecar: its QUIC
-   pairs, live and dormant), a second fit adds that count as a regressor, so growth that goes with what is live
-   (a new ServiceAccount's twin) is told from growth with time alone. Both fits are reported; the verdict reads
-   the second when the count moved inside some process and not in step with time, else the first. "In step": the
-   second fit's slope is known more than COLLINEAR times less precisely than the first's (a count that only ever
-   rises explains a leak as well as live state does, and the wide interval would pass anything).
+4. with live-state counts sampled beside it (Envoy: `cluster_manager.active_clusters` and
+   `listener_manager.total_listeners_draining`, as a replaced listener is held, stats and all, for --drain-time-s;
+   the sidecar: its QUIC pairs, live and dormant), a second fit adds each count that moved inside some process as a
+   regressor, so growth that goes with what is live (a new ServiceAccount's twin, a listener swapped a moment ago)
+   is told from growth with time alone. Both fits are reported; the verdict reads the second unless the counts
+   move in step with time. "In step": the second fit's slope is known more than COLLINEAR times less precisely
+   than the first's (a count that only ever rises explains a leak as well as live state does, and the wide
+   interval would pass anything), or the counts and time are linearly dependent.
 
 A leak is growth, so the gate is one-sided: `grows_beyond_noise` (a positive slope not within noise); a count
 that falls beyond its noise (Envoy's fds as UDP sessions time out after a busy start) is reported, not a leak.
@@ -49,45 +51,66 @@ class Point:
     pid: int
     minute: float  # of the run
     value: float  # RSS KiB, or fds
-    live: float | None = None  # the live-state count sampled with it
+    live: tuple[float, ...] = ()  # the live-state counts sampled with it (the same ones, in order, at every point)
 
 
-def _centred(series: dict[int, list[Point]], with_live: bool) -> list[tuple[float, float, float]]:
-    """(t, y, live) of every point, each centred on its own process's means."""
-    out = []
+Row = tuple[float, float, tuple[float, ...]]  # (t, y, live counts), centred
+
+
+def _centred(series: dict[int, list[Point]], lives: int) -> list[Row]:
+    """(t, y, live counts) of every point, each centred on its own process's means."""
+    out: list[Row] = []
     for points in series.values():
         mt = statistics.fmean(p.minute for p in points)
         my = statistics.fmean(p.value for p in points)
-        ml = statistics.fmean(p.live or 0.0 for p in points) if with_live else 0.0
-        out += [(p.minute - mt, p.value - my, (p.live or 0.0) - ml if with_live else 0.0) for p in points]
+        ml = [statistics.fmean(p.live[k] for p in points) for k in range(lives)]
+        out += [(p.minute - mt, p.value - my, tuple(p.live[k] - ml[k] for k in range(lives))) for p in points]
     return out
 
 
-def _fit(rows: list[tuple[float, float, float]], groups: int, with_live: bool) -> dict[str, float] | None:
-    """The within fit of y on t (and live): slope per minute, its standard error, the residuals' spread."""
-    stt = sum(t * t for t, _, _ in rows)
-    sty = sum(t * y for t, y, _ in rows)
-    if stt <= 0:
+def _inverse(m: list[list[float]]) -> list[list[float]] | None:
+    """The inverse of a small symmetric positive matrix (Gauss-Jordan); None when it is (near) singular: a
+    regressor that is a combination of the others (a count moving only in step with time)."""
+    n = len(m)
+    a = [[*row, *(1.0 if i == j else 0.0 for j in range(n))] for i, row in enumerate(m)]
+    for c in range(n):
+        pivot = max(range(c, n), key=lambda r: abs(a[r][c]))
+        if abs(a[pivot][c]) <= 1e-9 * max(m[c][c], 1e-300):
+            return None
+        a[c], a[pivot] = a[pivot], a[c]
+        a[c] = [v / a[c][c] for v in a[c]]
+        for r in range(n):
+            if r != c and a[r][c]:
+                f = a[r][c]
+                a[r] = [v - f * w for v, w in zip(a[r], a[c], strict=True)]
+    return [row[n:] for row in a]
+
+
+def _fit(rows: list[Row], groups: int) -> dict[str, Any] | None:
+    """The within fit of y on t and the rows' live counts: the time slope per minute, its standard error, the
+    residuals' spread, and KiB per unit of each live count."""
+    xs = [(t, *v) for t, _, v in rows]
+    k = len(xs[0])
+    xtx = [[sum(x[i] * x[j] for x in xs) for j in range(k)] for i in range(k)]
+    if any(xtx[i][i] <= 0 for i in range(k)):
+        return None  # time, or a count, never moved inside a process
+    inv = _inverse(xtx)
+    if inv is None:
         return None
-    if with_live:
-        sll = sum(v * v for _, _, v in rows)
-        stl = sum(t * v for t, _, v in rows)
-        sly = sum(v * y for _, y, v in rows)
-        det = stt * sll - stl * stl
-        if sll <= 0 or det <= 1e-9 * stt * sll:
-            return None  # the count never moved inside a process, or moved only in step with time
-        b, c = (sty * sll - sly * stl) / det, (sly * stt - sty * stl) / det
-        var_factor, params = sll / det, 2
-    else:
-        b, c, var_factor, params = sty / stt, 0.0, 1 / stt, 1
-    resid = [y - b * t - c * v for t, y, v in rows]
-    dof = len(rows) - groups - params
+    xty = [sum(x[i] * y for x, (_, y, _) in zip(xs, rows, strict=True)) for i in range(k)]
+    coef = [sum(inv[i][j] * xty[j] for j in range(k)) for i in range(k)]
+    resid = [y - sum(c * xi for c, xi in zip(coef, x, strict=True)) for x, (_, y, _) in zip(xs, rows, strict=True)]
+    dof = len(rows) - groups - k
     if dof <= 0:
         return None
     s2 = sum(r * r for r in resid) / dof
-    out = {"per_min": round(b, 3), "stderr": round(math.sqrt(s2 * var_factor), 3), "resid_sd": round(math.sqrt(s2), 3)}
-    if with_live:
-        out["per_live_unit"] = round(c, 3)
+    out: dict[str, Any] = {
+        "per_min": round(coef[0], 3),
+        "stderr": round(math.sqrt(s2 * inv[0][0]), 3),
+        "resid_sd": round(math.sqrt(s2), 3),
+    }
+    if k > 1:
+        out["per_live_unit"] = [round(c, 3) for c in coef[1:]]
     return out
 
 
@@ -117,11 +140,13 @@ def growth(
         return out
     horizon = max(p.minute for p in points) - min(p.minute for p in points)
     out["horizon_min"] = round(horizon, 1)
-    has_live = all(p.live is not None for s in kept.values() for p in s)
-    for key, with_live in (("time_only", False), ("with_live", True)):
-        if with_live and not has_live:
+    centred = _centred(kept, min(len(p.live) for s in kept.values() for p in s))
+    moving = [k for k in range(len(centred[0][2])) if any(v[k] for _, _, v in centred)]  # inside some process
+    out["live_regressors"] = moving
+    for key, counts in (("time_only", []), ("with_live", moving)):
+        if key == "with_live" and not counts:
             continue
-        fit = _fit(_centred(kept, with_live), len(kept), with_live)
+        fit = _fit([(t, y, tuple(v[k] for k in counts)) for t, y, v in centred], len(kept))
         if fit is not None:
             fit["drift"] = round(fit["per_min"] * horizon, 1)
             fit["within_noise"] = bool(
@@ -139,7 +164,9 @@ def growth(
     return out
 
 
-LIVE_COLUMN = {"envoy": 6, "sidecar": 7}  # the samples row's column of the role's live-state count
+# the samples row's columns of the role's live-state counts: Envoy's active clusters and draining listeners (a
+# replaced listener is held, stats and all, for --drain-time-s), the sidecar's QUIC pairs
+LIVE_COLUMNS = {"envoy": (6, 9), "sidecar": (7,)}
 METRICS = {"rss_kib": 4, "fds": 5, "allocated_kib": 8}  # allocated_kib: Envoy's server.memory_allocated
 LIVE_JUDGED = ("rss_kib", "allocated_kib")  # the metrics judged with the live count beside time
 
@@ -147,18 +174,17 @@ LIVE_JUDGED = ("rss_kib", "allocated_kib")  # the metrics judged with the live c
 def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
     """role/node -> {metric: growth(...)} from the report's `samples` rows ([t_s, role, node, pid, rss_kib, fds,
     active_clusters, pairs, allocated_kib, draining_listeners]; rows of older reports lack the last columns, and a
-    metric a role never has, allocated_kib outside Envoy, is left out). The draining listeners are reported beside
-    each process (bench.soak_report's per-process slopes), not yet a regressor here."""
+    metric a role never has, allocated_kib outside Envoy, is left out)."""
     groups: dict[str, list[Sequence[Any]]] = {}
     for row in rows:
         groups.setdefault(f"{row[1]}/{row[2]}" if row[2] else row[1], []).append(row)
     out: dict[str, dict[str, Any]] = {}
     for key, got in sorted(groups.items()):
-        col = LIVE_COLUMN.get(key.split("/")[0])
+        cols = LIVE_COLUMNS.get(key.split("/")[0], ())
         out[key] = {}
         for metric, at in METRICS.items():
             points = [
-                Point(int(r[3]), r[0] / 60, float(r[at]), _live(r, col) if metric in LIVE_JUDGED else None)
+                Point(int(r[3]), r[0] / 60, float(r[at]), _live(r, cols) if metric in LIVE_JUDGED else ())
                 for r in got
                 if len(r) > at and r[at] is not None
             ]
@@ -167,8 +193,14 @@ def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _live(row: Sequence[Any], col: int | None) -> float | None:
-    return float(row[col]) if col is not None and len(row) > col and row[col] is not None else None
+def _live(row: Sequence[Any], cols: Sequence[int]) -> tuple[float, ...]:
+    """The row's live counts, up to the first it lacks (an older report's row, or a count not sampled then)."""
+    out: list[float] = []
+    for col in cols:
+        if len(row) <= col or row[col] is None:
+            break
+        out.append(float(row[col]))
+    return tuple(out)
 
 
 GATE = {"envoy": "allocated_kib", "sidecar": "rss_kib", "operator": "rss_kib"}  # what each role's leak gate reads
@@ -207,7 +239,11 @@ def lines(per_key: dict[str, dict[str, Any]]) -> list[str]:
     for key, v in per_key.items():
         for metric, got in v.items():
             fit = got.get(got.get("reads") or "") or {}
-            extra = f", {fit['per_live_unit']} KiB per live unit" if "per_live_unit" in fit else ""
+            extra = (
+                f", {fit['per_live_unit']} per unit of live counts {got['live_regressors']}"
+                if "per_live_unit" in fit
+                else ""
+            )
             out.append(
                 f"  {key:<16} {metric:<7} {fit.get('per_min')} +- {fit.get('stderr')} /min ({got.get('reads')},"
                 f" {got['judged']} of {got['processes']} processes, spans {got['spans_min']} min{extra}):"

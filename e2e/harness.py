@@ -65,6 +65,11 @@ App = Callable[[str, int], list[str]]  # (pod ip, port) -> the argv of a pod's a
 XDS_CLI = (sys.executable, "-m", "aether.cli", "xds")
 UDP_DATAPLANE_ENV = "AETHER_E2E_UDP_DATAPLANE"
 
+# The node Envoy's flags beyond its bootstrap: the DaemonSet's --drain-time-s (tests/deploy/test_deploy_node_pair.py
+# holds the two equal), one worker (the two proxies share this machine's cores with everything else)
+NODE_ENVOY_DRAIN_TIME_S = 45
+NODE_ENVOY_ARGS = ("--concurrency", "1", "--drain-time-s", str(NODE_ENVOY_DRAIN_TIME_S))
+
 
 def _quiet(_: str) -> None: ...
 
@@ -237,7 +242,7 @@ class Mesh:
         if self.envoy_runtime:
             config["layered_runtime"] = {"layers": [{"name": "static", "static_layer": dict(self.envoy_runtime)}]}
         envoy = start_envoy(
-            config, node.workdir, lab=self.lab, netns=node.net.netns, args=["--concurrency", "1", *self.envoy_args]
+            config, node.workdir, lab=self.lab, netns=node.net.netns, args=[*NODE_ENVOY_ARGS, *self.envoy_args]
         )
         node.envoy = envoy
         self.progress(

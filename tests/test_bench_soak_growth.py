@@ -17,10 +17,16 @@ LIVES = [(0.0, 7.0), (7.1, 14.0), (14.1, 22.0), (22.1, 30.0)]  # a role restarte
 
 
 def _run(
-    leak_per_min: float = 0.0, per_live: float = 0.0, live: object = None, seed: int = 1, noise: float = 250.0
+    leak_per_min: float = 0.0,
+    per_live: float = 0.0,
+    live: object = None,
+    seed: int = 1,
+    noise: float = 250.0,
+    also: tuple[float, Any] | None = None,
 ) -> list[Any]:
     """Samples every 10 s: each process warms up (+6 MiB over its first 1.5 min), then leaks at the given rate and
-    follows `live(minute)` at `per_live` KiB per unit, with Gaussian noise."""
+    follows `live(minute)` at `per_live` KiB per unit (and `also`: a second count, (KiB per unit, count(minute))),
+    with Gaussian noise."""
     rng = random.Random(seed)
     out = []
     for pid, (start, end) in enumerate(LIVES, start=100):
@@ -28,9 +34,12 @@ def _run(
         while m <= end:
             age = m - start
             warm = 6_000 * min(age / 1.5, 1.0)
-            count = live(m) if callable(live) else None
-            value = 90_000 + warm + leak_per_min * age + per_live * (count or 0) + rng.gauss(0, noise)
-            out.append(Point(pid, m, value, count))
+            counts = (live(m),) if callable(live) else ()
+            value = 90_000 + warm + leak_per_min * age + per_live * sum(counts) + rng.gauss(0, noise)
+            if also is not None:
+                counts += (also[1](m),)
+                value += also[0] * counts[-1]
+            out.append(Point(pid, m, value, counts))
             m += 1 / 6
     return out
 
@@ -52,7 +61,7 @@ def test_start_up_is_not_a_leak_and_a_leak_in_every_process_is() -> None:
 def test_growth_with_live_state_is_told_from_growth_with_time() -> None:
     got = growth(_run(per_live=400.0, live=_seesaw))
     assert got["reads"] == "with_live" and got["within_noise"] is True, got
-    assert 350 < got["with_live"]["per_live_unit"] < 450
+    assert 350 < got["with_live"]["per_live_unit"][0] < 450
     leaky = growth(_run(leak_per_min=80.0, per_live=400.0, live=_seesaw))
     assert leaky["reads"] == "with_live" and leaky["grows_beyond_noise"] is True, leaky
 
@@ -61,6 +70,27 @@ def test_a_live_count_that_only_rises_excuses_nothing() -> None:
     """A count rising with time explains a leak as well as live state does: the verdict falls back to time alone."""
     got = growth(_run(leak_per_min=80.0, live=lambda m: 10 + m / 3 + random.Random(int(m * 6)).random() * 0.2))
     assert got["reads"] == "time_only" and got["within_noise"] is False, got
+
+
+def _swaps(m: float) -> float:
+    """Draining listeners: each swap (every 50 s) held for 45 s, so 0 or 1 at a time, and more after a burst."""
+    return float(m % (50 / 60) < 0.75) + float(int(m) % 7 == 3)
+
+
+def test_two_live_counts_each_explain_their_part() -> None:
+    """Envoy's heap follows its clusters and its draining listeners (~250 KiB each, held for --drain-time-s):
+    both are regressors, each gets its own KiB per unit, and a leak on top is still seen."""
+    got = growth(_run(per_live=400.0, live=_seesaw, also=(250.0, _swaps)))
+    assert got["reads"] == "with_live" and got["live_regressors"] == [0, 1] and got["within_noise"] is True, got
+    per_cluster, per_draining = got["with_live"]["per_live_unit"]
+    assert 350 < per_cluster < 450 and 200 < per_draining < 300, got
+    leaky = growth(_run(leak_per_min=80.0, per_live=400.0, live=_seesaw, also=(250.0, _swaps)))
+    assert leaky["reads"] == "with_live" and leaky["grows_beyond_noise"] is True, leaky
+
+
+def test_a_count_that_never_moves_inside_a_process_is_left_out() -> None:
+    got = growth(_run(per_live=400.0, live=_seesaw, also=(0.0, lambda m: 4.0)))
+    assert got["live_regressors"] == [0] and got["reads"] == "with_live" and got["within_noise"] is True, got
 
 
 def test_too_short_to_judge() -> None:
@@ -77,25 +107,27 @@ def test_the_old_rule_reads_start_up_as_a_leak() -> None:
 
 
 def test_verdicts_read_a_reports_sample_rows() -> None:
-    """The report's rows ([t_s, role, node, pid, rss, fds, active_clusters, pairs, allocated]; older reports lack the
-    last ones): Envoy's RSS and heap are judged with its cluster count, the sidecar's RSS with its pairs, the
-    operator's with time alone."""
+    """The report's rows ([t_s, role, node, pid, rss, fds, active_clusters, pairs, allocated, draining]; older
+    reports lack the last ones): Envoy's RSS and heap are judged with its cluster and draining-listener counts, the
+    sidecar's RSS with its pairs, the operator's with time alone."""
     rows: list[list[Any]] = []
-    for p in _run(per_live=400.0, live=_seesaw):
+    for p in _run(per_live=400.0, live=_seesaw, also=(250.0, _swaps)):
         t = round(p.minute * 60, 1)
-        rows.append([t, "envoy", "node-a", p.pid, p.value, 30, p.live, None, p.value / 2])
-        rows.append([t, "sidecar", "node-a", p.pid + 10, p.value, 15, None, p.live])
+        clusters, draining = p.live
+        rows.append([t, "envoy", "node-a", p.pid, p.value, 30, clusters, None, p.value / 2, draining])
+        rows.append([t, "sidecar", "node-a", p.pid + 10, p.value - 250 * draining, 15, None, clusters])
         rows.append([t, "operator", "", p.pid + 20, p.value, 9, None, None])
     got = growth_mod.verdicts(rows)
     assert set(got) == {"envoy/node-a", "sidecar/node-a", "operator"}
     assert got["envoy/node-a"]["rss_kib"]["reads"] == "with_live"
+    assert got["envoy/node-a"]["rss_kib"]["live_regressors"] == [0, 1]
     assert got["sidecar/node-a"]["rss_kib"]["reads"] == "with_live"
     assert got["operator"]["rss_kib"]["reads"] == "time_only"
     assert got["envoy/node-a"]["allocated_kib"]["reads"] == "with_live" and "allocated_kib" not in got["operator"]
     assert got["envoy/node-a"]["fds"]["within_noise"] is True
     worst = growth_mod.worst(got, "rss_kib")
     assert set(worst) == {"sidecar", "operator", "envoy"} and abs(worst["envoy"]) < 80, worst
-    assert any("envoy/node-a" in line and "KiB per live unit" in line for line in growth_mod.lines(got))
+    assert any("envoy/node-a" in line and "per unit of live counts [0, 1]" in line for line in growth_mod.lines(got))
     gate = growth_mod.leak_gate(got)
     assert gate["envoy"]["metric"] == "allocated_kib" and gate["sidecar"]["metric"] == "rss_kib"
     assert gate["envoy"]["leak"] is False and gate["sidecar"]["leak"] is False, gate
