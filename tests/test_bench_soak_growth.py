@@ -34,7 +34,7 @@ def _run(
         while m <= end:
             age = m - start
             warm = 6_000 * min(age / 1.5, 1.0)
-            counts = (live(m),) if callable(live) else ()
+            counts: tuple[float, ...] = (live(m),) if callable(live) else ()
             value = 90_000 + warm + leak_per_min * age + per_live * sum(counts) + rng.gauss(0, noise)
             if also is not None:
                 counts += (also[1](m),)
