@@ -115,9 +115,13 @@ def _fit(rows: list[Row], groups: int) -> dict[str, Any] | None:
 
 
 def growth(
-    points: Sequence[Point], warmup_min: float = WARMUP_MIN, min_span_min: float = MIN_SPAN_MIN
+    points: Sequence[Point],
+    warmup_min: float = WARMUP_MIN,
+    min_span_min: float = MIN_SPAN_MIN,
+    live_names: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The verdict on one role and node: see the module's docstring. `within_noise` None: too little to judge."""
+    """The verdict on one role and node: see the module's docstring. `within_noise` None: too little to judge.
+    `live_names` name the points' live counts in the verdict (`live_regressors`; by index where unnamed)."""
     by_pid: dict[int, list[Point]] = {}
     for p in sorted(points, key=lambda p: p.minute):
         by_pid.setdefault(p.pid, []).append(p)
@@ -142,7 +146,7 @@ def growth(
     out["horizon_min"] = round(horizon, 1)
     centred = _centred(kept, min(len(p.live) for s in kept.values() for p in s))
     moving = [k for k in range(len(centred[0][2])) if any(v[k] for _, _, v in centred)]  # inside some process
-    out["live_regressors"] = moving
+    out["live_regressors"] = [live_names[k] if k < len(live_names) else k for k in moving]
     for key, counts in (("time_only", []), ("with_live", moving)):
         if key == "with_live" and not counts:
             continue
@@ -166,7 +170,7 @@ def growth(
 
 # the samples row's columns of the role's live-state counts: Envoy's active clusters and draining listeners (a
 # replaced listener is held, stats and all, for --drain-time-s), the sidecar's QUIC pairs
-LIVE_COLUMNS = {"envoy": (6, 9), "sidecar": (7,)}
+LIVE_COLUMNS = {"envoy": {"active_clusters": 6, "draining_listeners": 9}, "sidecar": {"pairs": 7}}
 METRICS = {"rss_kib": 4, "fds": 5, "allocated_kib": 8}  # allocated_kib: Envoy's server.memory_allocated
 LIVE_JUDGED = ("rss_kib", "allocated_kib")  # the metrics judged with the live count beside time
 
@@ -180,16 +184,18 @@ def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
         groups.setdefault(f"{row[1]}/{row[2]}" if row[2] else row[1], []).append(row)
     out: dict[str, dict[str, Any]] = {}
     for key, got in sorted(groups.items()):
-        cols = LIVE_COLUMNS.get(key.split("/")[0], ())
+        cols = LIVE_COLUMNS.get(key.split("/")[0], {})
         out[key] = {}
         for metric, at in METRICS.items():
             points = [
-                Point(int(r[3]), r[0] / 60, float(r[at]), _live(r, cols) if metric in LIVE_JUDGED else ())
+                Point(
+                    int(r[3]), r[0] / 60, float(r[at]), _live(r, list(cols.values())) if metric in LIVE_JUDGED else ()
+                )
                 for r in got
                 if len(r) > at and r[at] is not None
             ]
             if points:
-                out[key][metric] = growth(points)
+                out[key][metric] = growth(points, live_names=list(cols))
     return out
 
 
@@ -239,11 +245,7 @@ def lines(per_key: dict[str, dict[str, Any]]) -> list[str]:
     for key, v in per_key.items():
         for metric, got in v.items():
             fit = got.get(got.get("reads") or "") or {}
-            extra = (
-                f", {fit['per_live_unit']} per unit of live counts {got['live_regressors']}"
-                if "per_live_unit" in fit
-                else ""
-            )
+            extra = f", {fit['per_live_unit']} per unit of {got['live_regressors']}" if "per_live_unit" in fit else ""
             out.append(
                 f"  {key:<16} {metric:<7} {fit.get('per_min')} +- {fit.get('stderr')} /min ({got.get('reads')},"
                 f" {got['judged']} of {got['processes']} processes, spans {got['spans_min']} min{extra}):"

@@ -120,14 +120,17 @@ def test_verdicts_read_a_reports_sample_rows() -> None:
     got = growth_mod.verdicts(rows)
     assert set(got) == {"envoy/node-a", "sidecar/node-a", "operator"}
     assert got["envoy/node-a"]["rss_kib"]["reads"] == "with_live"
-    assert got["envoy/node-a"]["rss_kib"]["live_regressors"] == [0, 1]
+    assert got["envoy/node-a"]["rss_kib"]["live_regressors"] == ["active_clusters", "draining_listeners"]
     assert got["sidecar/node-a"]["rss_kib"]["reads"] == "with_live"
     assert got["operator"]["rss_kib"]["reads"] == "time_only"
     assert got["envoy/node-a"]["allocated_kib"]["reads"] == "with_live" and "allocated_kib" not in got["operator"]
     assert got["envoy/node-a"]["fds"]["within_noise"] is True
     worst = growth_mod.worst(got, "rss_kib")
     assert set(worst) == {"sidecar", "operator", "envoy"} and abs(worst["envoy"]) < 80, worst
-    assert any("envoy/node-a" in line and "per unit of live counts [0, 1]" in line for line in growth_mod.lines(got))
+    assert any(
+        "envoy/node-a" in line and "per unit of ['active_clusters', 'draining_listeners']" in line
+        for line in growth_mod.lines(got)
+    )
     gate = growth_mod.leak_gate(got)
     assert gate["envoy"]["metric"] == "allocated_kib" and gate["sidecar"]["metric"] == "rss_kib"
     assert gate["envoy"]["leak"] is False and gate["sidecar"]["leak"] is False, gate
