@@ -230,7 +230,8 @@ def _churn(churn: Churn, deadline: float, every: float) -> None:
 def _row(x: Sample, t0: float) -> list[Any]:
     """One sample as the JSON's `samples` row (bench.soak_growth.verdicts reads these columns)."""
     allocated = x.heap_kib[0] if x.heap_kib else None
-    return [round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs, allocated, x.draining]
+    row = [round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs, allocated, x.draining]
+    return [*row, x.listeners]
 
 
 def _report(

@@ -13,9 +13,9 @@ working. So:
 3. one least-squares fit over all of them at once, each process with its own intercept (its RSS level: a process
    that started when more was live starts higher) and one common slope in time: the "within" estimator of a
    panel fit, i.e. every series centred on its own means, then stacked;
-4. with live-state counts sampled beside it (Envoy: `cluster_manager.active_clusters` and
-   `listener_manager.total_listeners_draining`, as a replaced listener is held, stats and all, for --drain-time-s;
-   the sidecar: its QUIC pairs, live and dormant), a second fit adds each count that moved inside some process as a
+4. with live-state counts sampled beside it (Envoy: `cluster_manager.active_clusters`,
+   `listener_manager.total_listeners_draining`, as a replaced listener is held, stats and all, for --drain-time-s,
+   and `listener_manager.total_listeners_active`, as each meshed pod brings its own listeners; the sidecar: its QUIC pairs, live and dormant), a second fit adds each count that moved inside some process as a
    regressor, so growth that goes with what is live (a new ServiceAccount's twin, a listener swapped a moment ago)
    is told from growth with time alone. Both fits are reported; the verdict reads the second unless the counts
    move in step with time. "In step": the second fit's slope is known more than COLLINEAR times less precisely
@@ -168,16 +168,19 @@ def growth(
     return out
 
 
-# the samples row's columns of the role's live-state counts: Envoy's active clusters and draining listeners (a
-# replaced listener is held, stats and all, for --drain-time-s), the sidecar's QUIC pairs
-LIVE_COLUMNS = {"envoy": {"active_clusters": 6, "draining_listeners": 9}, "sidecar": {"pairs": 7}}
+# the samples row's columns of the role's live-state counts: Envoy's active clusters, draining listeners (a
+# replaced listener is held, stats and all, for --drain-time-s) and active listeners; the sidecar's QUIC pairs
+LIVE_COLUMNS = {
+    "envoy": {"active_clusters": 6, "draining_listeners": 9, "active_listeners": 10},
+    "sidecar": {"pairs": 7},
+}
 METRICS = {"rss_kib": 4, "fds": 5, "allocated_kib": 8}  # allocated_kib: Envoy's server.memory_allocated
 LIVE_JUDGED = ("rss_kib", "allocated_kib")  # the metrics judged with the live count beside time
 
 
 def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
     """role/node -> {metric: growth(...)} from the report's `samples` rows ([t_s, role, node, pid, rss_kib, fds,
-    active_clusters, pairs, allocated_kib, draining_listeners]; rows of older reports lack the last columns, and a
+    active_clusters, pairs, allocated_kib, draining_listeners, active_listeners]; rows of older reports lack the last columns, and a
     metric a role never has, allocated_kib outside Envoy, is left out)."""
     groups: dict[str, list[Sequence[Any]]] = {}
     for row in rows:

@@ -81,6 +81,7 @@ class Sample:
     clusters: int | None = None  # Envoy: cluster_manager.active_clusters (live state beside RSS)
     pairs: int | None = None  # sidecar: its QUIC pairs, live and dormant (aether_quic_pairs + dormant_pairs)
     draining: int | None = None  # Envoy: listener_manager.total_listeners_draining (removed listeners kept a while)
+    listeners: int | None = None  # Envoy: listener_manager.total_listeners_active (a meshed pod's come and go with it)
 
 
 HEAP_FIGURES = ("allocated_kib", "heap_size_kib", "physical_kib")
@@ -88,6 +89,7 @@ HEAP_FIGURES = ("allocated_kib", "heap_size_kib", "physical_kib")
 LIVE_COUNTS = (
     ("active_clusters", "clusters", "active_clusters"),  # Envoy: every Service cluster and QUIC twin it holds
     ("draining_listeners", "draining", "draining listeners"),  # Envoy: listeners removed, held for --drain-time-s
+    ("active_listeners", "listeners", "active listeners"),  # Envoy: the node's and its meshed pods' listeners
     ("pairs", "pairs", "pairs"),  # sidecar: the QUIC pairs it keeps
 )
 

@@ -135,10 +135,10 @@ class Watcher:
             got = proc_sample(proc.pid) if proc is not None and proc.poll() is None else None
             if got is None:
                 continue
-            heap, clusters, draining = self._envoy_figures(name) if role == "envoy" else (None, None, None)
+            heap, clusters, draining, listeners = self._envoy_figures(name) if role == "envoy" else (None,) * 4
             pairs = self._sidecar_pairs(name) if role == "sidecar" else None
             pid = proc.pid if proc else 0
-            self.samples.append(Sample(now, role, name, pid, *got, heap, clusters, pairs, draining))
+            self.samples.append(Sample(now, role, name, pid, *got, heap, clusters, pairs, draining, listeners))
 
     def _sidecar_pairs(self, name: str) -> int | None:
         """The sidecar's QUIC pairs, live and dormant, from its metrics (the live state its RSS grows with)."""
@@ -150,21 +150,23 @@ class Watcher:
             return int(sum(sum(named(got, m).values()) for m in PAIR_GAUGES))
         return None
 
-    def _envoy_figures(self, name: str) -> tuple[tuple[int, int, int] | None, int | None, int | None]:
+    def _envoy_figures(self, name: str) -> tuple[tuple[int, int, int] | None, int | None, int | None, int | None]:
         """The Envoy's heap figures, its live cluster count (`cluster_manager.active_clusters`: every twin and
-        Service cluster it holds) and its draining listeners (`listener_manager.total_listeners_draining`: each
-        listener removed or replaced stays, with its stats, for --drain-time-s, 600 s by default): the live state
-        its heap grows with; all None if its admin does not answer."""
+        Service cluster it holds), its draining listeners (`listener_manager.total_listeners_draining`: each
+        listener removed or replaced stays, with its stats, for --drain-time-s) and its active listeners
+        (`listener_manager.total_listeners_active`: a meshed pod's own listeners come and go with it): the live
+        state its heap grows with; all None if its admin does not answer."""
         envoy = self.mesh.nodes[name].envoy
         if envoy is None:
-            return None, None, None
+            return None, None, None, None
         with contextlib.suppress(*ADMIN_ERRORS, ValueError):
             stats = envoy.stats(
-                r"^(server\.memory_|cluster_manager\.active_clusters$|listener_manager\.total_listeners_draining$)"
+                r"^(server\.memory_|cluster_manager\.active_clusters$|listener_manager\.total_listeners_)"
             )
             draining = stats.get("listener_manager.total_listeners_draining")
-            return envoy_heap(stats), stats.get("cluster_manager.active_clusters"), draining
-        return None, None, None
+            active = stats.get("listener_manager.total_listeners_active")
+            return envoy_heap(stats), stats.get("cluster_manager.active_clusters"), draining, active
+        return None, None, None, None
 
     def _prunes(self) -> None:
         for node in self.mesh.nodes.values():

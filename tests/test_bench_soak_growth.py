@@ -107,14 +107,14 @@ def test_the_old_rule_reads_start_up_as_a_leak() -> None:
 
 
 def test_verdicts_read_a_reports_sample_rows() -> None:
-    """The report's rows ([t_s, role, node, pid, rss, fds, active_clusters, pairs, allocated, draining]; older
+    """The report's rows ([t_s, role, node, pid, rss, fds, clusters, pairs, allocated, draining, listeners]; older
     reports lack the last ones): Envoy's RSS and heap are judged with its cluster and draining-listener counts, the
     sidecar's RSS with its pairs, the operator's with time alone."""
     rows: list[list[Any]] = []
     for p in _run(per_live=400.0, live=_seesaw, also=(250.0, _swaps)):
         t = round(p.minute * 60, 1)
         clusters, draining = p.live
-        rows.append([t, "envoy", "node-a", p.pid, p.value, 30, clusters, None, p.value / 2, draining])
+        rows.append([t, "envoy", "node-a", p.pid, p.value, 30, clusters, None, p.value / 2, draining, 25])
         rows.append([t, "sidecar", "node-a", p.pid + 10, p.value - 250 * draining, 15, None, clusters])
         rows.append([t, "operator", "", p.pid + 20, p.value, 9, None, None])
     got = growth_mod.verdicts(rows)

@@ -35,9 +35,11 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
     assert set(report["rss_slope_kib_per_min"]) == {"sidecar", "operator", "envoy"}
     # the growth verdicts (bench.soak_growth): every process judged, too short at 3 minutes to give a slope
     assert {"operator", "sidecar/node-a", "envoy/node-b"} <= set(report["growth"]), report["growth"]
-    rows = report["samples"]  # [t, role, node, pid, rss, fds, clusters, pairs, allocated, draining listeners]
-    assert all(len(row) == 10 for row in rows) and any(row[7] is not None for row in rows)
-    assert all(row[9] is not None for row in rows if row[1] == "envoy"), [r for r in rows if r[1] == "envoy"][:3]
+    # [t, role, node, pid, rss, fds, clusters, pairs, allocated, draining listeners, active listeners]
+    rows = report["samples"]
+    assert all(len(row) == 11 for row in rows) and any(row[7] is not None for row in rows)
+    envoy_rows = [r for r in rows if r[1] == "envoy"]
+    assert all(row[9] is not None and row[10] for row in envoy_rows), envoy_rows[:3]
     envoys = {k: v for k, v in report["slopes"].items() if k.startswith("envoy/")}
     assert envoys and all(
         set(v["heap_kib"]) == {"allocated_kib", "heap_size_kib", "physical_kib"} for v in envoys.values()
