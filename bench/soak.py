@@ -2,7 +2,7 @@
 ServiceAccounts, churn on a seeded schedule, every failure classified, and the zero-count invariants counted.
 
     .venv/bin/python -m bench.soak --minutes M --json OUT [--seed S] [--interval 0.25] [--churn-every 15]
-        [--restart-every-rounds 1]
+        [--restart-every-rounds 1] [--restarts-until-min M]
 
 The mesh (aether.e2e.harness.Mesh: the real control plane, the operator, per node a sidecar and a real Envoy, pods
 captured by the real aether-cni), two nodes:
@@ -44,7 +44,7 @@ from aether.testing.controlplane.cluster import free_port
 from aether.testing.udp_clients import dnsmasq_argv
 from bench.soak_churn import POLICY, PROCESS_RESTARTS, Churn
 from bench.soak_cpu import CpuProbe, Source, paced, summary
-from bench.soak_growth import leak_gate, verdicts
+from bench.soak_growth import leak_gate, second_half, verdicts
 from bench.soak_growth import table_lines as growth_table
 from bench.soak_growth import worst as worst_growth
 from bench.soak_report import (
@@ -173,6 +173,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         callers = [sa for _, sa in CLIENTS.values()]
         churn = Churn(mesh, rec, rng, start, metrics_args, swap, callers, restart_every=args.restart_every_rounds)
+        if args.restarts_until_min is not None:
+            churn.restarts_until = time.monotonic() + args.restarts_until_min * 60
         churn._policy()
         for sa in callers:
             churn._rbac_has(f"spiffe://cluster.local/ns/{NS}/sa/{sa}")
@@ -240,7 +242,7 @@ def _report(
     t_end = time.monotonic()
     per_process = slopes(w.samples, t0 + (t_end - t0) / 2)
     rows = [_row(x, t0) for x in w.samples]
-    judged = verdicts(rows)
+    judged = verdicts(rows, second_half(args.minutes))
     failures = [o for o in rec.outcomes if o.kind != "ok"]
     return {
         "command": " ".join([sys.executable, "-m", "bench.soak", *sys.argv[1:]]),
@@ -249,6 +251,7 @@ def _report(
         "interval_s": args.interval,
         "churn_every_s": args.churn_every,
         "restart_every_rounds": args.restart_every_rounds,
+        "restarts_until_min": args.restarts_until_min,
         "wall_s": round(t_end - t0, 1),
         "load_average": load,
         "classes": classes(rec.outcomes, churn.events),
@@ -285,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="the sidecar, Envoy and operator restarts in every n-th round of events only (1: every round)",
+    )
+    p.add_argument(
+        "--restarts-until-min",
+        type=float,
+        help="the sidecar, Envoy and operator restarts only in rounds that begin in the run's first M minutes, so"
+        " that the processes of the second half, where growth is judged, are past their start-up (default: all run)",
     )
     p.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS/fd samples")
     p.add_argument(

@@ -66,14 +66,18 @@ class Churn:
     echo: str = "echo-0"
     extra: list[tuple[str, list[Prober]]] = field(default_factory=list)  # (pod, its probers) of new_sa pods
     restart_every: int = 1  # the process restarts run in every n-th round of kinds (1: every round)
+    restarts_until: float | None = None  # time.monotonic() after which no round holds a process restart
     _n: int = 0
     _round: int = 0
 
     def schedule(self) -> list[str]:
-        """The next round of kinds, shuffled; the process restarts only in every `restart_every`-th round, so that
-        a process can live long enough for its memory to be judged (bench.soak_growth) while the rest churns."""
+        """The next round of kinds, shuffled; the process restarts only in every `restart_every`-th round and in
+        rounds that begin before `restarts_until`, so that a process can live long enough for its memory to be
+        judged (bench.soak_growth) while the rest churns."""
         self._round += 1
-        kinds = [k for k in KINDS if k not in PROCESS_RESTARTS or self._round % self.restart_every == 0]
+        restarts = self._round % self.restart_every == 0
+        restarts = restarts and (self.restarts_until is None or time.monotonic() < self.restarts_until)
+        kinds = [k for k in KINDS if k not in PROCESS_RESTARTS or restarts]
         self.rng.shuffle(kinds)
         return kinds
 

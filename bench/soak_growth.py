@@ -119,21 +119,24 @@ def growth(
     warmup_min: float = WARMUP_MIN,
     min_span_min: float = MIN_SPAN_MIN,
     live_names: Sequence[str] = (),
+    from_min: float = 0.0,
 ) -> dict[str, Any]:
     """The verdict on one role and node: see the module's docstring. `within_noise` None: too little to judge.
-    `live_names` name the points' live counts in the verdict (`live_regressors`; by index where unnamed)."""
+    `live_names` name the points' live counts in the verdict (`live_regressors`; by index where unnamed); only
+    points from minute `from_min` of the run are judged (a process's warm-up still counts from its first point)."""
     by_pid: dict[int, list[Point]] = {}
     for p in sorted(points, key=lambda p: p.minute):
         by_pid.setdefault(p.pid, []).append(p)
     kept: dict[int, list[Point]] = {}
     for pid, series in by_pid.items():
-        warm = [p for p in series if p.minute - series[0].minute >= warmup_min]
+        warm = [p for p in series if p.minute - series[0].minute >= warmup_min and p.minute >= from_min]
         if warm and warm[-1].minute - warm[0].minute >= min_span_min:
             kept[pid] = warm
     out: dict[str, Any] = {
         "processes": len(by_pid),
         "judged": len(kept),
         "warmup_min": warmup_min,
+        "from_min": from_min,
         "spans_min": sorted(round(s[-1].minute - s[0].minute, 1) for s in kept.values()),
         "samples": sum(len(s) for s in kept.values()),
         "time_only": None,
@@ -178,10 +181,11 @@ METRICS = {"rss_kib": 4, "fds": 5, "allocated_kib": 8}  # allocated_kib: Envoy's
 LIVE_JUDGED = ("rss_kib", "allocated_kib")  # the metrics judged with the live count beside time
 
 
-def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
+def verdicts(rows: Sequence[Sequence[Any]], from_s: float = 0.0) -> dict[str, dict[str, Any]]:
     """role/node -> {metric: growth(...)} from the report's `samples` rows ([t_s, role, node, pid, rss_kib, fds,
-    active_clusters, pairs, allocated_kib, draining_listeners, active_listeners]; rows of older reports lack the last columns, and a
-    metric a role never has, allocated_kib outside Envoy, is left out)."""
+    active_clusters, pairs, allocated_kib, draining_listeners, active_listeners]; rows of older reports lack the
+    last columns, and a metric a role never has, allocated_kib outside Envoy, is left out), judged from second
+    `from_s` of the run (bench.soak passes `second_half`)."""
     groups: dict[str, list[Sequence[Any]]] = {}
     for row in rows:
         groups.setdefault(f"{row[1]}/{row[2]}" if row[2] else row[1], []).append(row)
@@ -198,7 +202,7 @@ def verdicts(rows: Sequence[Sequence[Any]]) -> dict[str, dict[str, Any]]:
                 if len(r) > at and r[at] is not None
             ]
             if points:
-                out[key][metric] = growth(points, live_names=list(cols))
+                out[key][metric] = growth(points, live_names=list(cols), from_min=from_s / 60)
     return out
 
 
@@ -210,6 +214,12 @@ def _live(row: Sequence[Any], cols: Sequence[int]) -> tuple[float, ...]:
             break
         out.append(float(row[col]))
     return tuple(out)
+
+
+def second_half(minutes: float) -> float:
+    """The second of the run the growth verdict starts at: its second half, as the issue that asked for the soak
+    defines the slope (a process's first minutes are start-up, and a run's first half has the most of them)."""
+    return minutes * 60 / 2
 
 
 GATE = {"envoy": "allocated_kib", "sidecar": "rss_kib", "operator": "rss_kib"}  # what each role's leak gate reads
@@ -272,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.soak_growth", description=main.__doc__)
     p.add_argument("report")
     args = p.parse_args(argv)
-    got = verdicts(json.loads(Path(args.report).read_text())["samples"])
+    report = json.loads(Path(args.report).read_text())
+    got = verdicts(report["samples"], second_half(report["minutes"]))
     print("\n".join(lines(got)))
     summary = {"rss_slope_kib_per_min": worst(got, "rss_kib"), "fd_slope_per_min": worst(got, "fds")}
     print(json.dumps(summary | {"leak_gate": leak_gate(got)}))

@@ -125,7 +125,7 @@ def test_failures_per_minute_split_by_window() -> None:
 
 def test_restarts_can_be_thinned_to_every_nth_round() -> None:
     """`--restart-every-rounds 3`: the process restarts appear in rounds 3, 6, ... only, every other kind in every
-    round (bench.soak_churn imports the e2e harness and bench itself, so it runs from the repository root)."""
+    round; `--restarts-until-min`: none in a round that begins after it (bench.soak_churn imports the e2e harness and bench itself, so it runs from the repository root)."""
     import subprocess
 
     script = (
@@ -135,6 +135,11 @@ def test_restarts_can_be_thinned_to_every_nth_round() -> None:
         "assert [bool(set(r) & set(PROCESS_RESTARTS)) for r in rounds] == [False, False, True] * 2, rounds\n"
         "assert all(set(r) | set(PROCESS_RESTARTS) == set(KINDS) for r in rounds), rounds\n"
         "assert sorted(Churn(None, None, random.Random(1), None, None, None, []).schedule()) == sorted(KINDS)\n"
+        "import time\n"
+        "late = Churn(None, None, random.Random(1), None, None, None, [], restarts_until=time.monotonic() - 1)\n"
+        "assert not set(late.schedule()) & set(PROCESS_RESTARTS), 'no restart after --restarts-until-min'\n"
+        "early = Churn(None, None, random.Random(1), None, None, None, [], restarts_until=time.monotonic() + 60)\n"
+        "assert set(PROCESS_RESTARTS) <= set(early.schedule())\n"
     )
     root = Path(__file__).resolve().parents[1]
     got = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)

@@ -142,3 +142,17 @@ def test_the_leak_gate_names_the_node_that_leaks_and_none_when_nothing_was_judge
     gate = growth_mod.leak_gate(growth_mod.verdicts(leaky + short))
     assert gate["sidecar"] == {"metric": "rss_kib", "nodes": {"sidecar/node-b": True}, "leak": True}, gate
     assert gate["operator"]["leak"] is None, gate
+
+
+def test_only_the_second_half_is_judged_and_a_leak_there_is_still_seen() -> None:
+    """One process through a 30-minute run that grows for its first 12 minutes (allocator pages filling after each
+    API outage, as the operator did) and is flat after: the whole run reads it as growth, its second half does not;
+    a leak of 80 KiB/min goes on into the second half and is seen there."""
+    rng = random.Random(3)
+    minutes = [m / 6 for m in range(0, 181)]
+    slow = [Point(1, m, 95_000 + 350 * min(m, 12.0) + rng.gauss(0, 150)) for m in minutes]
+    assert growth(slow)["grows_beyond_noise"] is True
+    half = growth(slow, from_min=growth_mod.second_half(30) / 60)
+    assert half["from_min"] == 15.0 and half["grows_beyond_noise"] is False, half
+    leaky = [Point(1, p.minute, p.value + 80 * p.minute) for p in slow]
+    assert growth(leaky, from_min=15.0)["grows_beyond_noise"] is True
