@@ -5,9 +5,14 @@ Each area declares its own metrics here so names stay unique and documented in o
 
 from __future__ import annotations
 
+import ctypes
+import sys
+from collections.abc import Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -170,6 +175,48 @@ OPERATOR_POLICIES = Gauge(
     ["state"],
     registry=REGISTRY,
 )
+
+
+# ---- the process's heap in use (both processes; docs/operations.md#metrics) ----------------------------------
+
+
+class _MallInfo2(ctypes.Structure):
+    _FIELDS = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+    _fields_ = [(name, ctypes.c_size_t) for name in _FIELDS.split()]  # glibc's struct mallinfo2 (2.33 on): size_t
+
+
+def _mallinfo2() -> _MallInfo2 | None:
+    """glibc's mallinfo2(), or None where the C library has none (musl, macOS)."""
+    fn = getattr(ctypes.CDLL(None), "mallinfo2", None)
+    if fn is None:
+        return None
+    fn.restype = _MallInfo2
+    got: _MallInfo2 = fn()
+    return got
+
+
+class HeapCollector(Collector):
+    """What the process's allocators hold in use, beside RSS (which keeps pages freed inside them: an RSS that
+    steps up after a burst and stays there is the allocator's high-water mark, a heap in use that keeps rising is a
+    leak): C malloc's bytes in use (mallinfo2: `uordblks` + `hblkhd`, every arena and mmapped chunk: Python's large
+    objects, gRPC, protobuf, OpenSSL) and CPython's small-object blocks allocated (`sys.getallocatedblocks()`)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        info = _mallinfo2()
+        if info is not None:
+            yield GaugeMetricFamily(
+                "aether_process_malloc_in_use_bytes",
+                "Bytes C malloc has handed out and not had back (glibc mallinfo2: uordblks + hblkhd)",
+                value=info.uordblks + info.hblkhd,
+            )
+        yield GaugeMetricFamily(
+            "aether_process_python_allocated_blocks",
+            "Memory blocks CPython's allocator has handed out and not had back (sys.getallocatedblocks())",
+            value=sys.getallocatedblocks(),
+        )
+
+
+REGISTRY.register(HeapCollector())
 
 
 def serve(host: str, port: int) -> WSGIServer:

@@ -38,7 +38,7 @@ from typing import Any
 
 from aether.api.naming import mesh_host
 from aether.e2e.harness import Mesh
-from aether.e2e.lifecycle import add_tcp_floor_service, restart_sidecar
+from aether.e2e.lifecycle import add_tcp_floor_service, restart_operator, restart_sidecar
 from aether.e2e.node_proxy import MeshNodeProxy
 from aether.testing.controlplane.cluster import free_port
 from aether.testing.udp_clients import dnsmasq_argv
@@ -87,6 +87,9 @@ def soak_mesh(workdir: Path | None) -> Iterator[tuple[Mesh, dict[str, int]]]:
         for node in (a, b):  # each sidecar with its own metrics endpoint (both run in the harness's netns)
             mesh.sidecar_args = sidecar_args(node.name, ports)
             restart_sidecar(mesh, node)
+        ports[""] = free_port()  # the operator's (its node name in the samples is "")
+        mesh.operator_args = ("--metrics", f"127.0.0.1:{ports['']}")
+        restart_operator(mesh)
         for pod, (where, sa) in CLIENTS.items():
             mesh.add_pod(mesh.nodes[where], pod, sa=sa)
         _backends(mesh, a, b)
@@ -233,7 +236,7 @@ def _row(x: Sample, t0: float) -> list[Any]:
     """One sample as the JSON's `samples` row (bench.soak_growth.verdicts reads these columns)."""
     allocated = x.heap_kib[0] if x.heap_kib else None
     row = [round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs, allocated, x.draining]
-    return [*row, x.listeners]
+    return [*row, x.listeners, x.malloc_kib, x.py_blocks]
 
 
 def _report(

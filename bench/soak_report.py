@@ -82,6 +82,8 @@ class Sample:
     pairs: int | None = None  # sidecar: its QUIC pairs, live and dormant (aether_quic_pairs + dormant_pairs)
     draining: int | None = None  # Envoy: listener_manager.total_listeners_draining (removed listeners kept a while)
     listeners: int | None = None  # Envoy: listener_manager.total_listeners_active (a meshed pod's come and go with it)
+    malloc_kib: int | None = None  # sidecar, operator: C malloc's KiB in use (aether_process_malloc_in_use_bytes)
+    py_blocks: int | None = None  # sidecar, operator: CPython's allocated blocks (aether_process_python_...)
 
 
 HEAP_FIGURES = ("allocated_kib", "heap_size_kib", "physical_kib")

@@ -136,19 +136,26 @@ class Watcher:
             if got is None:
                 continue
             heap, clusters, draining, listeners = self._envoy_figures(name) if role == "envoy" else (None,) * 4
-            pairs = self._sidecar_pairs(name) if role == "sidecar" else None
+            pairs, malloc, blocks = self._python_figures(role, name) if role != "envoy" else (None,) * 3
             pid = proc.pid if proc else 0
-            self.samples.append(Sample(now, role, name, pid, *got, heap, clusters, pairs, draining, listeners))
+            rss, fds = got
+            self.samples.append(
+                Sample(now, role, name, pid, rss, fds, heap, clusters, pairs, draining, listeners, malloc, blocks)
+            )
 
-    def _sidecar_pairs(self, name: str) -> int | None:
-        """The sidecar's QUIC pairs, live and dormant, from its metrics (the live state its RSS grows with)."""
+    def _python_figures(self, role: str, name: str) -> tuple[int | None, int | None, int | None]:
+        """From a sidecar's or the operator's metrics: the sidecar's QUIC pairs, live and dormant (the live state its
+        memory grows with), and the heap in use (aether.metrics.HeapCollector: C malloc's KiB, CPython's blocks)."""
         port = self.metrics_ports.get(name)
         if port is None:
-            return None
+            return None, None, None
         with contextlib.suppress(OSError, ValueError):
             got = scrape(f"http://127.0.0.1:{port}/metrics")
-            return int(sum(sum(named(got, m).values()) for m in PAIR_GAUGES))
-        return None
+            pairs = int(sum(sum(named(got, m).values()) for m in PAIR_GAUGES)) if role == "sidecar" else None
+            malloc = sum(named(got, "aether_process_malloc_in_use_bytes").values()) // 1024
+            blocks = sum(named(got, "aether_process_python_allocated_blocks").values())
+            return pairs, int(malloc) or None, int(blocks) or None
+        return None, None, None
 
     def _envoy_figures(self, name: str) -> tuple[tuple[int, int, int] | None, int | None, int | None, int | None]:
         """The Envoy's heap figures, its live cluster count (`cluster_manager.active_clusters`: every twin and

@@ -107,16 +107,20 @@ def test_the_old_rule_reads_start_up_as_a_leak() -> None:
 
 
 def test_verdicts_read_a_reports_sample_rows() -> None:
-    """The report's rows ([t_s, role, node, pid, rss, fds, clusters, pairs, allocated, draining, listeners]; older
-    reports lack the last ones): Envoy's RSS and heap are judged with its cluster and draining-listener counts, the
-    sidecar's RSS with its pairs, the operator's with time alone."""
+    """The report's rows ([t_s, role, node, pid, rss, fds, clusters, pairs, allocated, draining, listeners, malloc,
+    py_blocks]; older reports lack the last ones): Envoy's RSS and heap are judged with its cluster and
+    draining-listener counts, the sidecar's RSS and heap in use with its pairs, the operator's with time alone; the
+    leak gate reads the heaps in use (here the RSS steps up after warm-up while the heap in use stays flat)."""
     rows: list[list[Any]] = []
     for p in _run(per_live=400.0, live=_seesaw, also=(250.0, _swaps)):
         t = round(p.minute * 60, 1)
         clusters, draining = p.live
         rows.append([t, "envoy", "node-a", p.pid, p.value, 30, clusters, None, p.value / 2, draining, 25])
-        rows.append([t, "sidecar", "node-a", p.pid + 10, p.value - 250 * draining, 15, None, clusters])
-        rows.append([t, "operator", "", p.pid + 20, p.value, 9, None, None])
+        heap = [20_000 + 400 * clusters, 150_000 + 10 * clusters]
+        rows.append([t, "sidecar", "node-a", p.pid + 10, p.value - 250 * draining, 15, None, clusters, *[None] * 3])
+        rows[-1] += heap
+        step = 2_000 * (p.minute % 7.5 > 4.5)  # RSS: a high-water step late in each process (not judged)
+        rows.append([t, "operator", "", p.pid + 20, p.value + step, 9, *[None] * 5, 30_000, 150_000])
     got = growth_mod.verdicts(rows)
     assert set(got) == {"envoy/node-a", "sidecar/node-a", "operator"}
     assert got["envoy/node-a"]["rss_kib"]["reads"] == "with_live"
@@ -131,16 +135,23 @@ def test_verdicts_read_a_reports_sample_rows() -> None:
         "envoy/node-a" in line and "per unit of ['active_clusters', 'draining_listeners']" in line
         for line in growth_mod.lines(got)
     )
+    assert got["sidecar/node-a"]["malloc_kib"]["reads"] == "with_live"
+    assert got["operator"]["rss_kib"]["grows_beyond_noise"] is True, got["operator"]["rss_kib"]
     gate = growth_mod.leak_gate(got)
-    assert gate["envoy"]["metric"] == "allocated_kib" and gate["sidecar"]["metric"] == "rss_kib"
+    assert gate["envoy"]["metrics"] == ["allocated_kib"] and gate["sidecar"]["metrics"] == ["malloc_kib", "py_blocks"]
     assert gate["envoy"]["leak"] is False and gate["sidecar"]["leak"] is False, gate
+    assert gate["operator"]["leak"] is False, gate
 
 
 def test_the_leak_gate_names_the_node_that_leaks_and_none_when_nothing_was_judged() -> None:
-    leaky = [[round(p.minute * 60, 1), "sidecar", "node-b", p.pid, p.value, 15, None, 3] for p in _run(80.0)]
-    short = [[1.0 * t, "operator", "", 7, 90_000.0, 9, None, None] for t in range(0, 120, 10)]
+    flat = [None, None, None, 20_000, 150_000]
+    leaky = [[round(p.minute * 60, 1), "sidecar", "node-b", p.pid, 0, 15, None, 3, *flat] for p in _run(80.0)]
+    for row, p in zip(leaky, _run(80.0), strict=True):
+        row[11] = p.value  # the heap in use grows 80 KiB/min in every process
+    short = [[1.0 * t, "operator", "", 7, 90_000.0, 9, None, None, *flat] for t in range(0, 120, 10)]
     gate = growth_mod.leak_gate(growth_mod.verdicts(leaky + short))
-    assert gate["sidecar"] == {"metric": "rss_kib", "nodes": {"sidecar/node-b": True}, "leak": True}, gate
+    want = {"metrics": ["malloc_kib", "py_blocks"], "nodes": {"sidecar/node-b": True}, "leak": True}
+    assert gate["sidecar"] == want, gate
     assert gate["operator"]["leak"] is None, gate
 
 

@@ -35,11 +35,15 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
     assert set(report["rss_slope_kib_per_min"]) == {"sidecar", "operator", "envoy"}
     # the growth verdicts (bench.soak_growth): every process judged, too short at 3 minutes to give a slope
     assert {"operator", "sidecar/node-a", "envoy/node-b"} <= set(report["growth"]), report["growth"]
-    # [t, role, node, pid, rss, fds, clusters, pairs, allocated, draining listeners, active listeners]
+    # [t, role, node, pid, rss, fds, clusters, pairs, allocated, draining listeners, active listeners, malloc_kib,
+    # py_blocks]
     rows = report["samples"]
-    assert all(len(row) == 11 for row in rows) and any(row[7] is not None for row in rows)
+    assert all(len(row) == 13 for row in rows) and any(row[7] is not None for row in rows)
     envoy_rows = [r for r in rows if r[1] == "envoy"]
     assert all(row[9] is not None and row[10] for row in envoy_rows), envoy_rows[:3]
+    python_rows = [r for r in rows if r[1] in ("sidecar", "operator")]  # their heap in use, from their /metrics
+    assert {r[1] for r in python_rows} == {"sidecar", "operator"}
+    assert sum(1 for r in python_rows if r[11] and r[12]) >= 0.9 * len(python_rows), python_rows[:3]
     envoys = {k: v for k, v in report["slopes"].items() if k.startswith("envoy/")}
     assert envoys and all(
         set(v["heap_kib"]) == {"allocated_kib", "heap_size_kib", "physical_kib"} for v in envoys.values()
