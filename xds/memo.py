@@ -109,6 +109,35 @@ class LiveBuild(Generic[K, T]):
             self._memo.keep(self._scope, self._tag, self.used)
 
 
+class ObjectMemo(Generic[K, T]):
+    """Values cached on the object they were made from (a `Shared` part: `aether.xds.resources`), so each lives and
+    dies with its object. A table keyed by `id()` has to hold the object to trust the id, so it kept every part a
+    translation ever made until its size bound (200,000 entries in the codec's: issue 28's soak saw the sidecar's
+    heap in use grow with route edits). `clear()` forgets every object's values at once, by generation; a copy of
+    the object (`copy.deepcopy` copies its attributes) starts with none, as its id differs."""
+
+    def __init__(self, name: str) -> None:
+        self._attr = f"_aether_memo_{name}"
+        self._generation = 0
+
+    def get(self, obj: Any, key: K) -> T | None:
+        held = obj.__dict__.get(self._attr)
+        if held is None or held[0] != (self._generation, id(obj)):  # a copy carries its original's: not its own
+            return None
+        got: T | None = held[1].get(key)
+        return got
+
+    def put(self, obj: Any, key: K, value: T) -> T:
+        held = obj.__dict__.get(self._attr)
+        if held is None or held[0] != (self._generation, id(obj)):
+            held = obj.__dict__[self._attr] = ((self._generation, id(obj)), {})
+        held[1][key] = value
+        return value
+
+    def clear(self) -> None:
+        self._generation += 1
+
+
 def clear_all() -> None:
     """Forget every registered memo."""
     for clear in _clearers:

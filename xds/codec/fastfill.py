@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import descriptor, message, message_factory
 
-from aether.xds.memo import register
+from aether.xds.memo import ObjectMemo, register
 from aether.xds.resources import Shared
 
 FD = descriptor.FieldDescriptor
@@ -83,22 +83,20 @@ def _scalar(field: Any, value: Any) -> Any:
     return value
 
 
-_shared: dict[tuple[int, str], tuple[Any, bytes]] = register({})
+_shared: ObjectMemo[str, bytes] = register(ObjectMemo("encoded"))  # a Shared part's bytes, per message type
 
 
 def fill(msg: message.Message, data: Any, resolve: Callable[[str], Any]) -> None:
     """Fill `msg` (empty) from its proto3-JSON dict. `resolve(full_name)` returns the message class for an Any
     type. A `Shared` dict is encoded once and merged from its bytes afterwards."""
     if type(data) is Shared:
-        key = (id(data), msg.DESCRIPTOR.full_name)
-        hit = _shared.get(key)
-        if hit is not None and hit[0] is data:
-            msg.MergeFromString(hit[1])
+        full_name = msg.DESCRIPTOR.full_name
+        hit = _shared.get(data, full_name)
+        if hit is not None:
+            msg.MergeFromString(hit)
             return
         _fill(msg, data, resolve)
-        if len(_shared) > 200_000:
-            _shared.clear()
-        _shared[key] = (data, msg.SerializeToString(deterministic=True))
+        _shared.put(data, full_name, msg.SerializeToString(deterministic=True))
         return
     _fill(msg, data, resolve)
 
@@ -170,7 +168,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-_entries: dict[tuple[str, int, str], tuple[Any, bytes]] = register({})
+_entries: ObjectMemo[tuple[str, str], bytes] = register(ObjectMemo("map_entry"))  # (key, type) -> an entry's bytes
 
 
 def _merge_shared_map(msg: message.Message, field: Any, value: Any, resolve: Callable[[str], Any]) -> bool:
@@ -189,18 +187,15 @@ def _merge_shared_map(msg: message.Message, field: Any, value: Any, resolve: Cal
     tag = _varint(field.number << 3 | 2)
     parts: list[bytes] = []
     for k, v in value.items():
-        ek = (k, id(v), val_name)
-        hit = _entries.get(ek)
-        if hit is None or hit[0] is not v:
+        hit = _entries.get(v, (k, val_name))
+        if hit is None:
             sub = resolve(val_name)()
             fill(sub, v, resolve)
             vb = sub.SerializeToString(deterministic=True)
             kb = k.encode()
             body = b"\x0a" + _varint(len(kb)) + kb + b"\x12" + _varint(len(vb)) + vb
-            if len(_entries) > 200_000:
-                _entries.clear()
-            hit = _entries[ek] = (v, tag + _varint(len(body)) + body)
-        parts.append(hit[1])
+            hit = _entries.put(v, (k, val_name), tag + _varint(len(body)) + body)
+        parts.append(hit)
     msg.MergeFromString(b"".join(parts))
     return True
 

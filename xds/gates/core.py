@@ -18,7 +18,7 @@ from operator import attrgetter
 from typing import Any
 
 from aether.api.meshnode import MeshNode
-from aether.xds.memo import register
+from aether.xds.memo import ObjectMemo, register
 from aether.xds.resources import CLUSTER, LISTENER, Resources, Shared
 from aether.xds.translate.l4.tcp import TCP_PROXY_CONFIG
 from aether.xds.translate.l4.udp import UDP_ROUTE
@@ -58,18 +58,14 @@ def _clusters_in(obj: Any) -> frozenset[str] | set[str]:
     return out
 
 
-_walked_shared: dict[int, tuple[Any, frozenset[str]]] = register({})
+_walked_shared: ObjectMemo[str, frozenset[str]] = register(ObjectMemo("clusters"))  # on each Shared part
 
 
 def _shared_clusters(obj: Shared) -> frozenset[str]:
-    hit = _walked_shared.get(id(obj))
-    if hit is not None and hit[0] is obj:
-        return hit[1]
-    named = frozenset(_clusters_in(dict(obj)))
-    if len(_walked_shared) > 1 << 17:
-        _walked_shared.clear()
-    _walked_shared[id(obj)] = (obj, named)
-    return named
+    hit = _walked_shared.get(obj, "clusters")
+    if hit is not None:
+        return hit
+    return _walked_shared.put(obj, "clusters", frozenset(_clusters_in(dict(obj))))
 
 
 _walked: dict[int, tuple[Any, frozenset[str]]] = register({})
