@@ -181,18 +181,26 @@ OPERATOR_POLICIES = Gauge(
 
 
 class _MallInfo2(ctypes.Structure):
-    _FIELDS = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
-    _fields_ = [(name, ctypes.c_size_t) for name in _FIELDS.split()]  # glibc's struct mallinfo2 (2.33 on): size_t
+    _fields_ = [  # glibc's struct mallinfo2 (2.33 on), every field a size_t
+        (name, ctypes.c_size_t)
+        for name in [
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        ]
+    ]
 
 
-def _mallinfo2() -> _MallInfo2 | None:
-    """glibc's mallinfo2(), or None where the C library has none (musl, macOS)."""
-    fn = getattr(ctypes.CDLL(None), "mallinfo2", None)
-    if fn is None:
-        return None
-    fn.restype = _MallInfo2
-    got: _MallInfo2 = fn()
-    return got
+_MALLINFO2 = getattr(ctypes.CDLL(None), "mallinfo2", None)  # looked up once; None where the C library has none
+if _MALLINFO2 is not None:
+    _MALLINFO2.restype = _MallInfo2
 
 
 class HeapCollector(Collector):
@@ -202,8 +210,8 @@ class HeapCollector(Collector):
     objects, gRPC, protobuf, OpenSSL) and CPython's small-object blocks allocated (`sys.getallocatedblocks()`)."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        info = _mallinfo2()
-        if info is not None:
+        if _MALLINFO2 is not None:
+            info = _MALLINFO2()
             yield GaugeMetricFamily(
                 "aether_process_malloc_in_use_bytes",
                 "Bytes C malloc has handed out and not had back (glibc mallinfo2: uordblks + hblkhd)",

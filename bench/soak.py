@@ -235,8 +235,10 @@ def _churn(churn: Churn, deadline: float, every: float) -> None:
 def _row(x: Sample, t0: float) -> list[Any]:
     """One sample as the JSON's `samples` row (bench.soak_growth.verdicts reads these columns)."""
     allocated = x.heap_kib[0] if x.heap_kib else None
-    row = [round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs, allocated, x.draining]
-    return [*row, x.listeners, x.malloc_kib, x.py_blocks]
+    return [
+        *(round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs, allocated, x.draining),
+        *(x.listeners, x.malloc_kib, x.py_blocks),
+    ]
 
 
 def _report(
