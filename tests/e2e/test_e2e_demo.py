@@ -278,6 +278,9 @@ def test_leftover_check_sees_a_netns_a_process_and_a_directory(tmp_path: Path) -
         subprocess.run(["ip", "netns", "del", f"{tag}-x"], check=True)
     sleeper = subprocess.Popen(["sleep", "60"], env={**os.environ, "AETHER_DEMO_MARK": mark})
     try:
+        # Popen returns once the child has begun exec (vfork), which may be before the kernel has laid out the new
+        # environment; /proc/PID/environ reads empty in that window, so wait until the mark is visible.
+        wait_for(lambda: sleeper.pid in _marked(mark), 10.0, "the sleeper's mark to be visible", interval=0.05)
         with pytest.raises(AssertionError, match="processes left behind"):
             _assert_nothing_left(out, mark, reap=0.5)
     finally:
