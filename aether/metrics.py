@@ -5,14 +5,15 @@ Each area declares its own metrics here so names stay unique and documented in o
 
 from __future__ import annotations
 
-import ctypes
 import sys
 from collections.abc import Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from aether.heap import AFTER_FULL, malloc_in_use
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -180,47 +181,42 @@ OPERATOR_POLICIES = Gauge(
 # ---- the process's heap in use (both processes; docs/operations.md#metrics) ----------------------------------
 
 
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [  # glibc's struct mallinfo2 (2.33 on), every field a size_t
-        (name, ctypes.c_size_t)
-        for name in [
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        ]
-    ]
-
-
-_MALLINFO2 = getattr(ctypes.CDLL(None), "mallinfo2", None)  # looked up once; None where the C library has none
-if _MALLINFO2 is not None:
-    _MALLINFO2.restype = _MallInfo2
-
-
 class HeapCollector(Collector):
     """What the process's allocators hold in use, beside RSS (which keeps pages freed inside them: an RSS that
     steps up after a burst and stays there is the allocator's high-water mark, a heap in use that keeps rising is a
-    leak): C malloc's bytes in use (mallinfo2: `uordblks` + `hblkhd`, every arena and mmapped chunk: Python's large
-    objects, gRPC, protobuf, OpenSSL) and CPython's small-object blocks allocated (`sys.getallocatedblocks()`)."""
+    leak): C malloc's bytes in use and CPython's small-object blocks allocated, now and right after the last full
+    garbage collection (aether.heap: what is still reachable; the figures of the moment also hold dead objects in
+    reference cycles waiting for the collector)."""
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        if _MALLINFO2 is not None:
-            info = _MALLINFO2()
+    def collect(self) -> Iterator[Metric]:
+        now = malloc_in_use()
+        if now is not None:
             yield GaugeMetricFamily(
                 "aether_process_malloc_in_use_bytes",
                 "Bytes C malloc has handed out and not had back (glibc mallinfo2: uordblks + hblkhd)",
-                value=info.uordblks + info.hblkhd,
+                value=now,
             )
         yield GaugeMetricFamily(
             "aether_process_python_allocated_blocks",
             "Memory blocks CPython's allocator has handed out and not had back (sys.getallocatedblocks())",
             value=sys.getallocatedblocks(),
+        )
+        if AFTER_FULL.malloc_bytes is not None:
+            yield GaugeMetricFamily(
+                "aether_process_malloc_in_use_after_full_gc_bytes",
+                "aether_process_malloc_in_use_bytes at the end of the last full garbage collection",
+                value=AFTER_FULL.malloc_bytes,
+            )
+        if AFTER_FULL.python_blocks is not None:
+            yield GaugeMetricFamily(
+                "aether_process_python_allocated_blocks_after_full_gc",
+                "aether_process_python_allocated_blocks at the end of the last full garbage collection",
+                value=AFTER_FULL.python_blocks,
+            )
+        yield CounterMetricFamily(
+            "aether_process_full_gc",
+            "Full (generation 2) garbage collections since start: the interpreter's and the periodic ones",
+            value=AFTER_FULL.collections,
         )
 
 

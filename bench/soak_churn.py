@@ -6,7 +6,8 @@ a time, each recorded as a bench.soak_report.Event from its first action until t
 - `endpoint_flap`: one of Service `dns`'s two backends not ready (its app still runs), then ready again;
 - `route_edit`: UDPRoute `split` re-applied with new weights, or re-pointed to one backend;
 - `policy_edit`: the MeshAuthorizationPolicy on `web` rewritten (same callers allowed, one made-up caller rotated);
-- `new_sa`: a new ServiceAccount's first pod on a node (allowed by the policy first): a new pair's first use;
+- `new_sa`: a new ServiceAccount's first pod (allowed by the policy first) on the node holding fewest such pods:
+  a new pair's first use;
 - `sa_leaves`: the oldest such ServiceAccount's last pod stops calling and is deleted (its pair goes dormant);
 - `sidecar_restart`, `envoy_restart`: a node's sidecar (SIGTERM, a new one) or Envoy (a new process, no hot
   restart); `operator_restart`: the operator stopped and started again;
@@ -65,6 +66,7 @@ class Churn:
     events: list[Event] = field(default_factory=list)
     echo: str = "echo-0"
     extra: list[tuple[str, list[Prober]]] = field(default_factory=list)  # (pod, its probers) of new_sa pods
+    extra_nodes: dict[str, str] = field(default_factory=dict)  # new_sa pod -> its node
     restart_every: int = 1  # the process restarts run in every n-th round of kinds (1: every round)
     restarts_until: float | None = None  # time.monotonic() after which no round holds a process restart
     _n: int = 0
@@ -156,6 +158,7 @@ class Churn:
         self._policy(f"ghost-{self._n}")
 
     def new_sa(self, e: Event, node: MeshNodeProxy) -> None:
+        node = self._spread(node)
         sa, pod = f"sa-{self._n}", f"caller-{self._n}"
         e.target = f"{pod}({sa})@{node.name}"
         self.callers.append(sa)
@@ -164,6 +167,18 @@ class Churn:
         self.mesh.add_pod(node, pod, sa=sa)
         wait_for(lambda: f"http-outbound:{self.mesh.namespace}/{pod}" in node.admin("/listeners"), SETTLE, pod)
         self.extra.append((pod, self.start_probers(node.name, pod, sa)))
+        self.extra_nodes[pod] = node.name
+
+    def _spread(self, drawn: MeshNodeProxy) -> MeshNodeProxy:
+        """The node a new ServiceAccount's pod goes to: the one holding the fewest such pods, `drawn` on a tie (as
+        kube-scheduler's default scoring spreads pods). Placed at random, each node's count wandered as far as every
+        such pod (a node's Envoy went 30 -> 45 listeners in the ninth 30-minute run), and its heap with it, which the
+        growth verdict then has to tell from a leak; spread, each node's live state holds level."""
+        held = {name: 0 for name in self.mesh.nodes}
+        for name in self.extra_nodes.values():
+            held[name] = held.get(name, 0) + 1
+        fewest = min(held.values())
+        return drawn if held[drawn.name] == fewest else self.mesh.nodes[min(n for n, c in held.items() if c == fewest)]
 
     def sa_leaves(self, e: Event, node: MeshNodeProxy) -> None:
         if not self.extra:
@@ -171,6 +186,7 @@ class Churn:
             self.new_sa(e, node)
             return
         pod, probers = self.extra.pop(0)
+        self.extra_nodes.pop(pod, None)
         e.target = pod
         for p in probers:
             p.leave()

@@ -17,10 +17,12 @@ working. So:
    `listener_manager.total_listeners_draining`, as a replaced listener is held, stats and all, for --drain-time-s,
    and `listener_manager.total_listeners_active`, as each meshed pod brings its own listeners; the sidecar: its QUIC pairs, live and dormant), a second fit adds each count that moved inside some process as a
    regressor, so growth that goes with what is live (a new ServiceAccount's twin, a listener swapped a moment ago)
-   is told from growth with time alone. Both fits are reported; the verdict reads the second unless the counts
-   move in step with time. "In step": the second fit's slope is known more than COLLINEAR times less precisely
-   than the first's (a count that only ever rises explains a leak as well as live state does, and the wide
-   interval would pass anything), or the counts and time are linearly dependent.
+   is told from growth with time alone. Both fits are reported. The live counts only excuse: the verdict reads
+   time alone when it shows no growth beyond noise (nothing to excuse: a heap that stays flat while the counts
+   fall is not called a leak because a fit crediting the fallen counts with memory then finds a time slope), else
+   the second fit, unless the counts move in step with time. "In step": the second fit's slope is known more than
+   COLLINEAR times less precisely than the first's (a count that only ever rises explains a leak as well as live
+   state does, and the wide interval would pass anything), or the counts and time are linearly dependent.
 
 A leak is growth, so the gate is one-sided: `grows_beyond_noise` (a positive slope not within noise); a count
 that falls beyond its noise (Envoy's fds as UDP sessions time out after a busy start) is reported, not a leak.
@@ -162,13 +164,18 @@ def growth(
         out[key] = fit
     alone, live = out["time_only"], out["with_live"]
     usable = live is not None and (alone is None or live["stderr"] <= COLLINEAR * max(alone["stderr"], 1e-9))
-    verdict = live if usable else alone
-    out["reads"] = "with_live" if usable else "time_only"
+    # the live counts only excuse: with no growth in time alone there is nothing to excuse, and a fit that finds a
+    # time slope only once counts that fell are credited with memory is not evidence of a leak by itself
+    reads = "with_live" if usable and (alone is None or _grows(alone)) else "time_only"
+    verdict = out[reads]
+    out["reads"] = reads
     out["within_noise"] = None if verdict is None else verdict["within_noise"]
-    out["grows_beyond_noise"] = (
-        None if verdict is None else bool(verdict["per_min"] > 0 and not verdict["within_noise"])
-    )
+    out["grows_beyond_noise"] = _grows(verdict)
     return out
+
+
+def _grows(fit: dict[str, Any] | None) -> bool | None:
+    return None if fit is None else bool(fit["per_min"] > 0 and not fit["within_noise"])
 
 
 # the samples row's columns of the role's live-state counts: Envoy's active clusters, draining listeners (a

@@ -145,15 +145,17 @@ class Watcher:
 
     def _python_figures(self, role: str, name: str) -> tuple[int | None, int | None, int | None]:
         """From a sidecar's or the operator's metrics: the sidecar's QUIC pairs, live and dormant (the live state its
-        memory grows with), and the heap in use (aether.metrics.HeapCollector: C malloc's KiB, CPython's blocks)."""
+        memory grows with), and the heap in use at the end of the process's last full garbage collection
+        (aether.metrics.HeapCollector, aether.heap: C malloc's KiB, CPython's blocks, what was still reachable; the
+        figures of the moment also count dead cycles waiting for the collector)."""
         port = self.metrics_ports.get(name)
         if port is None:
             return None, None, None
         with contextlib.suppress(OSError, ValueError):
             got = scrape(f"http://127.0.0.1:{port}/metrics")
             pairs = int(sum(sum(named(got, m).values()) for m in PAIR_GAUGES)) if role == "sidecar" else None
-            malloc = sum(named(got, "aether_process_malloc_in_use_bytes").values()) // 1024
-            blocks = sum(named(got, "aether_process_python_allocated_blocks").values())
+            malloc = sum(named(got, "aether_process_malloc_in_use_after_full_gc_bytes").values()) // 1024
+            blocks = sum(named(got, "aether_process_python_allocated_blocks_after_full_gc").values())
             return pairs, int(malloc) or None, int(blocks) or None
         return None, None, None
 

@@ -1,6 +1,7 @@
-"""`aether operator [--kubeconfig F] [--trust-domain D] [--metrics HOST:PORT] [--liveness HOST:PORT] [--verbose]`:
-the kopf operator, cluster-wide. `--metrics` serves Prometheus metrics at /metrics, `--liveness` kopf's liveness
-endpoint at /healthz (both off by default)."""
+"""`aether operator [--kubeconfig F] [--trust-domain D] [--metrics HOST:PORT] [--liveness HOST:PORT]
+[--full-gc-every SECONDS] [--verbose]`: the kopf operator, cluster-wide. `--metrics` serves Prometheus metrics at
+/metrics, `--liveness` kopf's liveness endpoint at /healthz (both off by default); `--full-gc-every` runs a full
+garbage collection on that period (aether.heap; default 60 s, 0: off)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import kopf
 
 from aether.api.addresses import AddressError, parse_hostport
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
+from aether.heap import FullCollections, add_full_gc_argument
 from aether.operator.handlers import OperatorConfig, build_registry, discover_route_version, quiet_kopf_loggers
 
 log = logging.getLogger("aether.operator")
@@ -39,6 +41,7 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: 
     kopf installs its own SIGTERM/SIGINT handlers when it runs in the main thread; a flag of ours set by a second
     handler would never be set (kopf's replaces it) and kopf would then wait 5 s for the task waiting on it."""
     server = None
+    collections = FullCollections(config.full_gc_every).start()
     if config.metrics is not None:
         from aether.metrics import serve
 
@@ -58,6 +61,7 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: 
             liveness_endpoint=liveness,
         )
     finally:
+        collections.stop()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -141,6 +145,7 @@ def make_parser() -> argparse.ArgumentParser:
         default=300.0,
         help="with --liveness: fail the probe when one reconcile pass runs longer than this (seconds, default 300)",
     )
+    add_full_gc_argument(parser)
     parser.add_argument("--verbose", action="store_true")
     return parser
 
@@ -167,6 +172,7 @@ def main(argv: list[str]) -> int:
         metrics=args.metrics,
         liveness=args.liveness,
         stall_after=args.stall_after,
+        full_gc_every=args.full_gc_every,
     )
     try:
         clean = run_until_stopped(run(config))  # stops on SIGTERM/SIGINT (kopf's handlers)

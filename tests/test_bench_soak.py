@@ -144,3 +144,23 @@ def test_restarts_can_be_thinned_to_every_nth_round() -> None:
     root = Path(__file__).resolve().parents[1]
     got = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
     assert got.returncode == 0, got.stderr
+
+
+def test_a_new_serviceaccounts_pod_goes_to_the_node_holding_fewest_such_pods() -> None:
+    """`new_sa` spreads its pods over the nodes (the drawn node on a tie), so each node's live state holds level
+    through a run and its heap can be judged against time (bench.soak_growth)."""
+    import subprocess
+
+    script = (
+        "import random, types; from bench.soak_churn import Churn\n"
+        "a, b = types.SimpleNamespace(name='node-a'), types.SimpleNamespace(name='node-b')\n"
+        "c = Churn(types.SimpleNamespace(nodes={'node-a': a, 'node-b': b}), None, random.Random(1), None, None, None, [])\n"
+        "assert c._spread(a) is a and c._spread(b) is b\n"
+        "c.extra_nodes = {'caller-1': 'node-a'}\n"
+        "assert c._spread(a) is b and c._spread(b) is b\n"
+        "c.extra_nodes['caller-2'] = 'node-b'\n"
+        "assert c._spread(a) is a and c._spread(b) is b\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    got = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr

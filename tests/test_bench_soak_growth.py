@@ -49,6 +49,12 @@ def _seesaw(m: float) -> float:
     return 10 + (int(m / 1.25) % 4)
 
 
+def _climbing(m: float) -> float:
+    """The seesaw on a slow rise (one unit every 6 minutes): live state that grows through the run as well as moving
+    up and down inside each process, so time alone sees growth the count explains."""
+    return _seesaw(m) + m / 6
+
+
 def test_start_up_is_not_a_leak_and_a_leak_in_every_process_is() -> None:
     flat = growth(_run())
     assert flat["judged"] == 4 and flat["within_noise"] is True and flat["grows_beyond_noise"] is False, flat
@@ -59,11 +65,29 @@ def test_start_up_is_not_a_leak_and_a_leak_in_every_process_is() -> None:
 
 
 def test_growth_with_live_state_is_told_from_growth_with_time() -> None:
-    got = growth(_run(per_live=400.0, live=_seesaw))
-    assert got["reads"] == "with_live" and got["within_noise"] is True, got
+    got = growth(_run(per_live=400.0, live=_climbing))
+    assert got["time_only"]["within_noise"] is False, got  # time alone sees growth: the count must excuse it
+    assert got["reads"] == "with_live" and got["within_noise"] is True and got["grows_beyond_noise"] is False, got
     assert 350 < got["with_live"]["per_live_unit"][0] < 450
-    leaky = growth(_run(leak_per_min=80.0, per_live=400.0, live=_seesaw))
+    leaky = growth(_run(leak_per_min=80.0, per_live=400.0, live=_climbing))
     assert leaky["reads"] == "with_live" and leaky["grows_beyond_noise"] is True, leaky
+
+
+def test_nothing_grows_with_time_alone_so_nothing_needs_excusing() -> None:
+    """A count that goes up and down with no trend: time alone shows no growth, the verdict reads it."""
+    got = growth(_run(per_live=400.0, live=_seesaw))
+    assert got["reads"] == "time_only" and got["grows_beyond_noise"] is False, got
+    assert 350 < got["with_live"]["per_live_unit"][0] < 450
+
+
+def test_counts_that_fall_under_a_flat_heap_do_not_make_a_leak() -> None:
+    """The eighth soak's Envoy node-b: its heap flat through the half while its clusters and listeners fell. The fit
+    with the counts credits each with memory and finds a time slope to match (the negative control: that fit
+    alone reads growth); the live counts only excuse, so time alone, flat, is the verdict."""
+    falling = growth(_run(leak_per_min=120.0, per_live=400.0, live=lambda m: _seesaw(m) - 0.3 * m))
+    assert falling["with_live"]["per_min"] > 100 and falling["with_live"]["within_noise"] is False, falling
+    assert falling["time_only"]["within_noise"] is True, falling
+    assert falling["reads"] == "time_only" and falling["grows_beyond_noise"] is False, falling
 
 
 def test_a_live_count_that_only_rises_excuses_nothing() -> None:
@@ -80,16 +104,16 @@ def _swaps(m: float) -> float:
 def test_two_live_counts_each_explain_their_part() -> None:
     """Envoy's heap follows its clusters and its draining listeners (~250 KiB each, held for --drain-time-s):
     both are regressors, each gets its own KiB per unit, and a leak on top is still seen."""
-    got = growth(_run(per_live=400.0, live=_seesaw, also=(250.0, _swaps)))
+    got = growth(_run(per_live=400.0, live=_climbing, also=(250.0, _swaps)))
     assert got["reads"] == "with_live" and got["live_regressors"] == [0, 1] and got["within_noise"] is True, got
     per_cluster, per_draining = got["with_live"]["per_live_unit"]
     assert 350 < per_cluster < 450 and 200 < per_draining < 300, got
-    leaky = growth(_run(leak_per_min=80.0, per_live=400.0, live=_seesaw, also=(250.0, _swaps)))
+    leaky = growth(_run(leak_per_min=80.0, per_live=400.0, live=_climbing, also=(250.0, _swaps)))
     assert leaky["reads"] == "with_live" and leaky["grows_beyond_noise"] is True, leaky
 
 
 def test_a_count_that_never_moves_inside_a_process_is_left_out() -> None:
-    got = growth(_run(per_live=400.0, live=_seesaw, also=(0.0, lambda m: 4.0)))
+    got = growth(_run(per_live=400.0, live=_climbing, also=(0.0, lambda m: 4.0)))
     assert got["live_regressors"] == [0] and got["reads"] == "with_live" and got["within_noise"] is True, got
 
 
@@ -112,7 +136,7 @@ def test_verdicts_read_a_reports_sample_rows() -> None:
     draining-listener counts, the sidecar's RSS and heap in use with its pairs, the operator's with time alone; the
     leak gate reads the heaps in use (here the RSS steps up after warm-up while the heap in use stays flat)."""
     rows: list[list[Any]] = []
-    for p in _run(per_live=400.0, live=_seesaw, also=(250.0, _swaps)):
+    for p in _run(per_live=400.0, live=_climbing, also=(250.0, _swaps)):
         t = round(p.minute * 60, 1)
         clusters, draining = p.live
         rows.append([t, "envoy", "node-a", p.pid, p.value, 30, clusters, None, p.value / 2, draining, 25])

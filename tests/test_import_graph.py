@@ -23,15 +23,17 @@ FOLDERS = ("netns", "api", "operator", "xds", "testing", "e2e")
 # image's CNI installer runs from a bare interpreter and the manifest tools stand alone: nothing of ours).
 TOOLS = ("bench", "deploy")
 
-# What each package may import, besides itself. Base modules import nothing of ours; netns <- api <- {operator,
+# What each package may import, besides itself. Base modules import nothing of ours (the metrics read the heap's
+# figures from aether.heap); netns <- api <- {operator,
 # xds} <- {testing, e2e}; e2e may use testing, never the reverse; operator and xds never import each other; the
 # console-script dispatcher `aether.cli` sits on top (it imports its subcommands lazily, by name).
-BASE = frozenset({"aether", "aether.atomicfile", "aether.backoff", "aether.metrics"})
+BASE = frozenset({"aether", "aether.atomicfile", "aether.backoff", "aether.heap", "aether.metrics"})
 ALLOWED: dict[str, frozenset[str]] = {
     "aether": frozenset(),  # aether/__init__.py: the version, nothing else
     "aether.atomicfile": frozenset(),
     "aether.backoff": frozenset(),
-    "aether.metrics": frozenset(),
+    "aether.heap": frozenset(),
+    "aether.metrics": frozenset({"aether.heap"}),
     "aether.netns": BASE,
     "aether.api": BASE | {"aether.netns"},
     "aether.operator": BASE | {"aether.netns", "aether.api"},

@@ -170,6 +170,7 @@ def test_healthz_fails_while_a_pass_is_stalled_and_errors_are_counted(api: tuple
         (["--metrics", "127.0.0.1:99999"], "expected host:port"),
         (["--liveness", "unix:/tmp/x.sock"], "argument --liveness: 'unix:/tmp/x.sock': expected host:port"),
         (["--stall-after", "0"], "--stall-after must be positive"),
+        (["--full-gc-every", "-1"], "argument --full-gc-every: '-1': must be 0 (off) or positive seconds"),
     ],
 )
 def test_bad_addresses_exit_2_with_a_clear_message(

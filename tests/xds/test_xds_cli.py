@@ -158,3 +158,52 @@ def test_east_west_quic_off_routes_every_destination_over_its_h2_cluster(tmp_pat
     route = json.loads(off.stdout)[ROUTE]["http-outbound"]
     actions = [r["route"] for vh in route["virtualHosts"] for r in vh["routes"]]
     assert actions and all(set(a) == {"cluster"} and a["cluster"].startswith("h2:") for a in actions), actions
+
+
+def test_the_sidecar_runs_full_collections_and_exports_the_heap_after_them(tmp_path: Path) -> None:
+    """`--full-gc-every SECONDS` (aether.heap): the running sidecar's metrics carry the full collections' count and
+    the heap after the last one; a negative period is refused."""
+    import socket
+
+    from aether.testing.promtext import named, scrape
+
+    state = tmp_path / "node.yaml"
+    state.write_text("apiVersion: mesh.aether.dev/v1alpha1\nkind: MeshNode\nmetadata: {name: n}\nstatus: {}\n")
+    argv = [sys.executable, "-m", "aether.cli", "xds", "--node", "n", "--state", str(state), "--dev-builtin-ca"]
+    out = subprocess.run(
+        [*argv, "--listen", f"unix:{tmp_path / 'a.sock'}", "--full-gc-every", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        out.returncode == 2 and "argument --full-gc-every: '-1': must be 0 (off) or positive seconds" in out.stderr
+    ), out.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = ["--listen", f"unix:{tmp_path / 'b.sock'}", "--metrics", f"127.0.0.1:{port}", "--full-gc-every", "0.2"]
+    proc = subprocess.Popen([*argv, *extra], stderr=subprocess.DEVNULL)
+    try:
+
+        def collected() -> dict[str, float] | None:
+            try:
+                got = scrape(f"http://127.0.0.1:{port}/metrics")
+            except OSError:
+                return None
+            figures = {
+                m: sum(named(got, m).values())
+                for m in (
+                    "aether_process_full_gc_total",
+                    "aether_process_malloc_in_use_after_full_gc_bytes",
+                    "aether_process_python_allocated_blocks_after_full_gc",
+                )
+            }
+            return figures if figures["aether_process_full_gc_total"] >= 3 else None
+
+        figures = wait_for(collected, 60.0, "three full collections in the sidecar's metrics", interval=0.2)
+        assert figures["aether_process_malloc_in_use_after_full_gc_bytes"] > 1 << 20, figures
+        assert figures["aether_process_python_allocated_blocks_after_full_gc"] > 10_000, figures
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

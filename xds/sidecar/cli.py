@@ -2,7 +2,7 @@
 
     aether xds --node N [--state FILE | --kubeconfig F] [--listen ADDR] [--allow-sds-over-tcp] [--records DIR]
                [--status-out FILE] [--metrics ADDR] [--quic-pair-fetch-window DURATION]
-               [--announce on|off] [--udp-dataplane envoy|kernel]
+               [--announce on|off] [--udp-dataplane envoy|kernel] [--full-gc-every SECONDS]
     aether xds render --state FILE [--node N] [--records DIR]
     aether xds bootstrap --node N [--xds ADDR] [--admin ADDR]
 
@@ -32,6 +32,7 @@ from aether.api.authz import KIND as POLICY_KIND
 from aether.api.authz import compile_bodies
 from aether.api.meshnode import MeshNodeFileError
 from aether.api.slices import load_state_file
+from aether.heap import FullCollections, add_full_gc_argument
 from aether.netns.records import load_records, state_dir
 from aether.xds.sidecar.arguments import duration
 from aether.xds.sidecar.arguments import east_west_gateway_argument as _east_west_gateway_argument
@@ -186,6 +187,7 @@ def _serve_parser() -> _Parser:
     )
     _udp_arguments(p)
     _eastwest_arguments(p)
+    add_full_gc_argument(p)
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -332,7 +334,6 @@ def _listen(args: argparse.Namespace, sidecar: Sidecar, cache: SnapshotCache) ->
             collector = KernelUdpCollector(sidecar.kernel.holding)
             REGISTRY.register(collector)
             collector.start()
-
         try:
             serve_metrics(*args.metrics)
         except OSError as exc:
@@ -383,10 +384,11 @@ def _serve(argv: list[str]) -> int:
         return 1
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    try:
-        sidecar.run(source, stop)
-    finally:
-        server.stop(grace=1).wait(2)
+    with FullCollections(args.full_gc_every):
+        try:
+            sidecar.run(source, stop)
+        finally:
+            server.stop(grace=1).wait(2)
     return 0
 
 

@@ -1,0 +1,151 @@
+"""The process's heap in use, and full garbage collections on a period so that figure is the live heap.
+
+CPython frees most objects when their last reference goes, but objects in reference cycles (an exception with its
+traceback and frames, a closure holding itself, a gRPC call's or an HTTP connection's bookkeeping) wait for the
+cyclic collector, and its full (generation 2) pass runs only once the objects that survived younger passes have
+grown by a quarter of those already in the oldest generation. A process holding some 300,000 objects (the sidecar,
+the operator) therefore carries tens of thousands of dead objects and the buffers they point to for minutes to hours
+between full passes: its heap in use rises steadily, then drops. Measured in the soak (docs/performance.md): each
+sidecar left about 2,000 objects in cycles every 30 s, some 60-130 KiB of C malloc with them; the operator 2,000-
+4,000. A heap that rises for that reason cannot be told from a leak over half an hour.
+
+So each long-running process runs a full collection every `every` seconds (`FullCollections`; 20-80 ms of CPU for
+those processes, once a minute by default) and records, at the end of every full pass (its own or the interpreter's),
+the heap in use right after it: what is still reachable. `aether.metrics` exports both the figures of the moment
+and these (docs/operations.md#metrics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import logging
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("aether.heap")
+
+FULL_GC_EVERY_S = 60.0  # the default period of the processes' full collections (0: off, the interpreter's own only)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [  # glibc's struct mallinfo2 (2.33 on), every field a size_t
+        (name, ctypes.c_size_t)
+        for name in [
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        ]
+    ]
+
+
+_MALLINFO2 = getattr(ctypes.CDLL(None), "mallinfo2", None)  # looked up once; None where the C library has none
+if _MALLINFO2 is not None:
+    _MALLINFO2.restype = _MallInfo2
+
+
+def malloc_in_use() -> int | None:
+    """Bytes C malloc has handed out and not had back (mallinfo2: `uordblks` + `hblkhd`, every arena and mmapped
+    chunk: Python's large objects, gRPC, protobuf, OpenSSL); None without glibc's mallinfo2."""
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return int(info.uordblks + info.hblkhd)
+
+
+@dataclass
+class AfterFull:
+    """The heap in use at the end of the last full collection (None before the first)."""
+
+    malloc_bytes: int | None = None
+    python_blocks: int | None = None
+    collections: int = 0  # full collections seen since `watch_full_collections` (the interpreter's and ours)
+
+
+AFTER_FULL = AfterFull()
+_WATCHING = threading.Lock()
+
+
+def _on_collection(phase: str, info: dict[str, Any]) -> None:
+    # "stop" comes after the pass has freed what it found unreachable
+    if phase == "stop" and info.get("generation") == 2:
+        AFTER_FULL.malloc_bytes = malloc_in_use()
+        AFTER_FULL.python_blocks = sys.getallocatedblocks()
+        AFTER_FULL.collections += 1
+
+
+def watch_full_collections() -> None:
+    """Record the heap after every full collection from now on (once per process; idempotent)."""
+    with _WATCHING:
+        if _on_collection not in gc.callbacks:
+            gc.callbacks.append(_on_collection)
+
+
+class FullCollections:
+    """A daemon thread running `gc.collect()` every `every` seconds until `stop()` (none when `every` is 0); a context
+    manager: started on entry, stopped on exit."""
+
+    def __init__(self, every: float) -> None:
+        if every < 0:
+            raise ValueError(f"the period of full collections must be 0 (off) or positive, not {every}")
+        self.every = every
+        self.last_seconds = 0.0  # how long the last one took
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="aether-full-gc", daemon=True)
+
+    def start(self) -> FullCollections:
+        watch_full_collections()
+        if self.every > 0:
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            began = time.perf_counter()
+            found = gc.collect()
+            self.last_seconds = time.perf_counter() - began
+            log.debug("full collection: %d unreachable objects freed in %.0f ms", found, self.last_seconds * 1000)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def __enter__(self) -> FullCollections:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def _period(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"{value!r}: must be 0 (off) or positive seconds")
+    return seconds
+
+
+def add_full_gc_argument(parser: argparse.ArgumentParser) -> None:
+    """`--full-gc-every SECONDS` on a long-running process's command line (the sidecar's, the operator's)."""
+    parser.add_argument(
+        "--full-gc-every",
+        type=_period,
+        metavar="SECONDS",
+        default=FULL_GC_EVERY_S,
+        help="seconds between full garbage collections, so the heap's dead cycles are freed and the heap metrics "
+        f"read the live heap (default {FULL_GC_EVERY_S:g}; 0: the interpreter's own only)",
+    )
