@@ -93,8 +93,8 @@ def watch_full_collections() -> None:
 
 
 class FullCollections:
-    """A daemon thread running `gc.collect()` every `every` seconds until `stop()` (none when `every` is 0); a context
-    manager: started on entry, stopped on exit."""
+    """A daemon thread running `gc.collect()` when started and every `every` seconds after until `stop()` (none when
+    `every` is 0); a context manager: started on entry, stopped on exit."""
 
     def __init__(self, every: float) -> None:
         if every < 0:
@@ -111,11 +111,13 @@ class FullCollections:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        while True:  # the first pass at once, so the figures after one exist from the start
             began = time.perf_counter()
             found = gc.collect()
             self.last_seconds = time.perf_counter() - began
             log.debug("full collection: %d unreachable objects freed in %.0f ms", found, self.last_seconds * 1000)
+            if self._stop.wait(self.every):
+                return
 
     def stop(self) -> None:
         self._stop.set()

@@ -41,7 +41,7 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
     assert all(len(row) == 13 for row in rows) and any(row[7] is not None for row in rows)
     envoy_rows = [r for r in rows if r[1] == "envoy"]
     assert all(row[9] is not None and row[10] for row in envoy_rows), envoy_rows[:3]
-    python_rows = [r for r in rows if r[1] in ("sidecar", "operator")]  # their heap in use, from their /metrics
+    python_rows = [r for r in rows if r[1] in ("sidecar", "operator")]  # their heap after the last full gc, /metrics
     assert {r[1] for r in python_rows} == {"sidecar", "operator"}
     assert sum(1 for r in python_rows if r[11] and r[12]) >= 0.9 * len(python_rows), python_rows[:3]
     envoys = {k: v for k, v in report["slopes"].items() if k.startswith("envoy/")}
