@@ -8,7 +8,8 @@ a time, each recorded as a bench.soak_report.Event from its first action until t
 - `policy_edit`: the MeshAuthorizationPolicy on `web` rewritten (same callers allowed, one made-up caller rotated);
 - `new_sa`: a new ServiceAccount's first pod (allowed by the policy first) on the node holding fewest such pods:
   a new pair's first use;
-- `sa_leaves`: the oldest such ServiceAccount's last pod stops calling and is deleted (its pair goes dormant);
+- `sa_leaves`: the oldest such ServiceAccount's last pod on the node holding most of them stops calling and is
+  deleted (its pair goes dormant);
 - `sidecar_restart`, `envoy_restart`: a node's sidecar (SIGTERM, a new one) or Envoy (a new process, no hot
   restart); `operator_restart`: the operator stopped and started again;
 - `api_down`: kube-apiserver stopped for 10 s (etcd keeps the data), then started again.
@@ -180,12 +181,21 @@ class Churn:
         fewest = min(held.values())
         return drawn if held[drawn.name] == fewest else self.mesh.nodes[min(n for n, c in held.items() if c == fewest)]
 
+    def _leaving(self) -> int:
+        """The index in `extra` of the pod that leaves: the oldest on the node holding the most such pods (so the
+        nodes' counts stay within one of each other, as `_spread` keeps them when pods arrive)."""
+        held: dict[str, int] = {}
+        for name in self.extra_nodes.values():
+            held[name] = held.get(name, 0) + 1
+        most = max(held.values(), default=0)
+        return next((i for i, (pod, _) in enumerate(self.extra) if held.get(self.extra_nodes.get(pod, "")) == most), 0)
+
     def sa_leaves(self, e: Event, node: MeshNodeProxy) -> None:
         if not self.extra:
             e.kind = "new_sa"
             self.new_sa(e, node)
             return
-        pod, probers = self.extra.pop(0)
+        pod, probers = self.extra.pop(self._leaving())
         self.extra_nodes.pop(pod, None)
         e.target = pod
         for p in probers:

@@ -147,8 +147,9 @@ def test_restarts_can_be_thinned_to_every_nth_round() -> None:
 
 
 def test_a_new_serviceaccounts_pod_goes_to_the_node_holding_fewest_such_pods() -> None:
-    """`new_sa` spreads its pods over the nodes (the drawn node on a tie), so each node's live state holds level
-    through a run and its heap can be judged against time (bench.soak_growth)."""
+    """`new_sa` spreads its pods over the nodes (the drawn node on a tie) and `sa_leaves` takes the oldest from the
+    node holding most, so each node's live state holds level through a run and its heap can be judged against time
+    (bench.soak_growth)."""
     import subprocess
 
     script = (
@@ -160,6 +161,11 @@ def test_a_new_serviceaccounts_pod_goes_to_the_node_holding_fewest_such_pods() -
         "assert c._spread(a) is b and c._spread(b) is b\n"
         "c.extra_nodes['caller-2'] = 'node-b'\n"
         "assert c._spread(a) is a and c._spread(b) is b\n"
+        "c.extra = [(p, []) for p in ('caller-1', 'caller-2', 'caller-3', 'caller-4')]\n"
+        "c.extra_nodes.update({'caller-3': 'node-b', 'caller-4': 'node-a'})\n"
+        "assert c._leaving() == 0, 'the oldest on either node: a tie'\n"
+        "c.extra_nodes['caller-4'] = 'node-b'\n"
+        "assert c._leaving() == 1, 'node-b holds 3: its oldest leaves'\n"
     )
     root = Path(__file__).resolve().parents[1]
     got = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
