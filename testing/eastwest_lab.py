@@ -81,7 +81,7 @@ class AdsHarness:
 
     def __init__(self, workdir: Path) -> None:
         self.cache = SnapshotCache()
-        self.servicer = DeltaAdsServer(self.cache)
+        self.servicer = DeltaAdsServer(self.cache, sent_log_size=10_000)  # benches index into the whole log
         self.socket_path = str(workdir / "ads.sock")
         self.server, _ = serve(self.servicer, f"unix:{self.socket_path}", max_workers=16)
 

@@ -110,19 +110,25 @@ class _Stream:
     pushed: str = ""  # the snapshot version last pushed to every started type, in PUSH_ORDER
 
 
+SENT_LOG: Final = 64  # responses `DeltaAdsServer.sent` keeps by default
+
+
 class DeltaAdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):  # type: ignore[misc]
     def __init__(
         self,
         cache: SnapshotCache,
         events: Callbacks | None = None,
         on_demand: OnDemand | None = None,
-        sent_log_size: int = 10_000,
+        sent_log_size: int = SENT_LOG,
         announce: bool = True,
     ) -> None:
         self.cache = cache
         self.announce = announce  # send on-demand answers' companions unasked (`_announce`)
         self.events: Callbacks = events or Events()
         self.on_demand = on_demand
+        # the last `sent_log_size` responses, for tests and debugging (every response is also logged at INFO); it
+        # was 10,000 records, filled at some 10 responses a minute under the soak's churn: the sidecar's heap grew
+        # with it for its first 16 hours (a few MiB of records and the resource names they held)
         self.sent: deque[SentRecord] = deque(maxlen=sent_log_size)
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
