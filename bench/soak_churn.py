@@ -21,6 +21,7 @@ import contextlib
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -170,23 +171,24 @@ class Churn:
         self.extra.append((pod, self.start_probers(node.name, pod, sa)))
         self.extra_nodes[pod] = node.name
 
+    def _held(self) -> Counter[str]:
+        """node -> the new ServiceAccounts' pods on it."""
+        return Counter(self.extra_nodes.values())
+
     def _spread(self, drawn: MeshNodeProxy) -> MeshNodeProxy:
         """The node a new ServiceAccount's pod goes to: the one holding the fewest such pods, `drawn` on a tie (as
         kube-scheduler's default scoring spreads pods). Placed at random, each node's count wandered as far as every
         such pod (a node's Envoy went 30 -> 45 listeners in the ninth 30-minute run), and its heap with it, which the
         growth verdict then has to tell from a leak; spread, each node's live state holds level."""
-        held = {name: 0 for name in self.mesh.nodes}
-        for name in self.extra_nodes.values():
-            held[name] = held.get(name, 0) + 1
+        on = self._held()
+        held = {name: on[name] for name in self.mesh.nodes}  # a node holding none counts 0
         fewest = min(held.values())
         return drawn if held[drawn.name] == fewest else self.mesh.nodes[min(n for n, c in held.items() if c == fewest)]
 
     def _leaving(self) -> int:
         """The index in `extra` of the pod that leaves: the oldest on the node holding the most such pods (so the
         nodes' counts stay within one of each other, as `_spread` keeps them when pods arrive)."""
-        held: dict[str, int] = {}
-        for name in self.extra_nodes.values():
-            held[name] = held.get(name, 0) + 1
+        held = self._held()
         most = max(held.values(), default=0)
         return next((i for i, (pod, _) in enumerate(self.extra) if held.get(self.extra_nodes.get(pod, "")) == most), 0)
 

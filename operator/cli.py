@@ -41,7 +41,6 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: 
     kopf installs its own SIGTERM/SIGINT handlers when it runs in the main thread; a flag of ours set by a second
     handler would never be set (kopf's replaces it) and kopf would then wait 5 s for the task waiting on it."""
     server = None
-    collections = FullCollections(config.full_gc_every).start()
     if config.metrics is not None:
         from aether.metrics import serve
 
@@ -50,6 +49,7 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: 
     liveness = _url(*config.liveness, "/healthz") if config.liveness is not None else None
     if liveness is not None:
         log.info("liveness at %s", liveness)
+    collections = FullCollections(config.full_gc_every).start()  # here: a metrics port in use left it running
     try:
         route_version = await asyncio.to_thread(discover_route_version, config)
         await kopf.operator(

@@ -123,11 +123,19 @@ def test_failures_per_minute_split_by_window() -> None:
     assert report.per_minute(failures, events, 0.0) == {"udp_dns": {0: [1, 1]}, "h3": {1: [0, 1]}}
 
 
-def test_restarts_can_be_thinned_to_every_nth_round() -> None:
-    """`--restart-every-rounds 3`: the process restarts appear in rounds 3, 6, ... only, every other kind in every
-    round; `--restarts-until-min`: none in a round that begins after it (bench.soak_churn imports the e2e harness and bench itself, so it runs from the repository root)."""
+def _run_from_root(script: str) -> None:
+    """`script` in a fresh interpreter from the repository root (bench.soak_churn imports the e2e harness and bench
+    itself); its assertions fail the test."""
     import subprocess
 
+    root = Path(__file__).resolve().parents[1]
+    got = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+
+
+def test_restarts_can_be_thinned_to_every_nth_round() -> None:
+    """`--restart-every-rounds 3`: the process restarts appear in rounds 3, 6, ... only, every other kind in every
+    round; `--restarts-until-min`: none in a round that begins after it."""
     script = (
         "import random; from bench.soak_churn import Churn, KINDS, PROCESS_RESTARTS\n"
         "c = Churn(None, None, random.Random(1), None, None, None, [], restart_every=3)\n"
@@ -141,17 +149,13 @@ def test_restarts_can_be_thinned_to_every_nth_round() -> None:
         "early = Churn(None, None, random.Random(1), None, None, None, [], restarts_until=time.monotonic() + 60)\n"
         "assert set(PROCESS_RESTARTS) <= set(early.schedule())\n"
     )
-    root = Path(__file__).resolve().parents[1]
-    got = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
-    assert got.returncode == 0, got.stderr
+    _run_from_root(script)
 
 
 def test_a_new_serviceaccounts_pod_goes_to_the_node_holding_fewest_such_pods() -> None:
     """`new_sa` spreads its pods over the nodes (the drawn node on a tie) and `sa_leaves` takes the oldest from the
     node holding most, so each node's live state holds level through a run and its heap can be judged against time
     (bench.soak_growth)."""
-    import subprocess
-
     script = (
         "import random, types; from bench.soak_churn import Churn\n"
         "a, b = types.SimpleNamespace(name='node-a'), types.SimpleNamespace(name='node-b')\n"
@@ -167,6 +171,4 @@ def test_a_new_serviceaccounts_pod_goes_to_the_node_holding_fewest_such_pods() -
         "c.extra_nodes['caller-4'] = 'node-b'\n"
         "assert c._leaving() == 1, 'node-b holds 3: its oldest leaves'\n"
     )
-    root = Path(__file__).resolve().parents[1]
-    got = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120)
-    assert got.returncode == 0, got.stderr
+    _run_from_root(script)
