@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -281,6 +282,12 @@ def _report(
     }
 
 
+def _terminated(signum: int, _frame: object) -> None:
+    """SIGTERM: leave through the mesh's `finally` (its netns, nftables and processes go), as a KeyboardInterrupt
+    would; by default the interpreter died at once and left them all behind."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, required=True)
@@ -308,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.restart_every_rounds < 1:
         p.error("--restart-every-rounds must be at least 1")
+    signal.signal(signal.SIGTERM, _terminated)
     report = run(args)
     Path(args.json).write_text(json.dumps(report, indent=2, default=str) + "\n")
     print(table(report, growth_table(report)))

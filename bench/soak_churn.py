@@ -9,7 +9,7 @@ a time, each recorded as a bench.soak_report.Event from its first action until t
 - `new_sa`: a new ServiceAccount's first pod (allowed by the policy first) on the node holding fewest such pods:
   a new pair's first use;
 - `sa_leaves`: the oldest such ServiceAccount's last pod on the node holding most of them stops calling and is
-  deleted (its pair goes dormant);
+  deleted (its pair goes dormant), and the policy stops naming that ServiceAccount;
 - `sidecar_restart`, `envoy_restart`: a node's sidecar (SIGTERM, a new one) or Envoy (a new process, no hot
   restart); `operator_restart`: the operator stopped and started again;
 - `api_down`: kube-apiserver stopped for 10 s (etcd keeps the data), then started again.
@@ -203,6 +203,17 @@ class Churn:
         for p in probers:
             p.leave()
         delete_pod(self.mesh, pod)
+        self._forget(pod)
+
+    def _forget(self, pod: str) -> None:
+        """The policy stops naming the ServiceAccount whose last pod left (as its owner would tidy it): a policy
+        that kept every ServiceAccount the run ever made grew by one source per new ServiceAccount (15 in a
+        30-minute run), and with it the RBAC every Envoy, sidecar and the operator hold: live state growing with
+        time, which the heap gate (bench.soak_growth) cannot tell from a leak."""
+        sa = f"sa-{pod.removeprefix('caller-')}"
+        if sa in self.callers:
+            self.callers.remove(sa)
+            self._policy()
 
     def sidecar_restart(self, e: Event, node: MeshNodeProxy) -> None:
         with self.swap:

@@ -172,3 +172,23 @@ def test_a_new_serviceaccounts_pod_goes_to_the_node_holding_fewest_such_pods() -
         "assert c._leaving() == 1, 'node-b holds 3: its oldest leaves'\n"
     )
     _run_from_root(script)
+
+
+def test_a_serviceaccount_that_left_leaves_the_policy() -> None:
+    """`sa_leaves` takes the ServiceAccount out of the policy's callers (re-applied): the policy, and every RBAC
+    made from it, holds the ServiceAccounts that have pods, not every one the run made (a policy that only grew
+    grew every role's heap with time)."""
+    script = (
+        "import random, types; import bench.soak_churn as sc\n"
+        "a = types.SimpleNamespace(name='node-a')\n"
+        "applied = []\n"
+        "kube = types.SimpleNamespace(authorization_policy=lambda ns, name, target, sources: applied.append(sources))\n"
+        "mesh = types.SimpleNamespace(nodes={'node-a': a}, namespace='ns', kube=kube)\n"
+        "sc.delete_pod = lambda mesh, pod: None\n"
+        "c = sc.Churn(mesh, None, random.Random(1), None, None, None, ['alpha', 'sa-7', 'sa-9'])\n"
+        "c.extra, c.extra_nodes = [('caller-7', []), ('caller-9', [])], {'caller-7': 'node-a', 'caller-9': 'node-a'}\n"
+        "c.sa_leaves(sc.Event('sa_leaves', 'node-a', 0.0), a)\n"
+        "assert c.callers == ['alpha', 'sa-9'], c.callers\n"
+        "assert [s.rsplit('/', 1)[1] for s in applied[-1]] == ['alpha', 'sa-9', 'ghost-0'], applied\n"
+    )
+    _run_from_root(script)
