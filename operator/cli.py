@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
+from kopf._core.reactor.inventory import ResourceMemories
 
 from aether.api.addresses import AddressError, parse_hostport
 from aether.api.naming import DEFAULT_TRUST_DOMAIN
@@ -52,8 +53,10 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None, ready: 
     collections = FullCollections(config.full_gc_every).start()  # here: a metrics port in use left it running
     try:
         route_version = await asyncio.to_thread(discover_route_version, config)
+        memories = ResourceMemories()  # kopf's per-object memory, shared with the index sweep (resync.py)
         await kopf.operator(
-            registry=build_registry(config, route_version),
+            registry=build_registry(config, route_version, memories),
+            memories=memories,
             clusterwide=True,
             standalone=True,
             stop_flag=stop,

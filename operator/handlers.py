@@ -11,6 +11,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import kopf
@@ -100,13 +101,17 @@ def discover_route_version(config: OperatorConfig) -> str:
     return UDPROUTE_VERSIONS[0]
 
 
-def build_registry(config: OperatorConfig, route_version: str = UDPROUTE_VERSIONS[0]) -> kopf.OperatorRegistry:
+def build_registry(
+    config: OperatorConfig, route_version: str = UDPROUTE_VERSIONS[0], memories: Any = None
+) -> kopf.OperatorRegistry:
     """The handlers, registered in this order: login, an index and an event handler per watched kind, our own kinds
-    (MeshNodes, MeshAuthorizationPolicies, MeshServiceSlices), startup (starts the loops), the probe, cleanup."""
+    (MeshNodes, MeshAuthorizationPolicies, MeshServiceSlices), startup (starts the loops), the probe, cleanup.
+    `memories`: the kopf `ResourceMemories` given to `kopf.operator`, whose entries the index sweep forgets with the
+    objects it drops (resync.py)."""
     registry = kopf.OperatorRegistry()
     watched = {**WATCHED, "route": ((GATEWAY, route_version, UDPROUTES), gateway.parse_route)}
     indexes: dict[Kind, Any] = {}
-    state: dict[str, Any] = {}
+    state: dict[str, Any] = {"memories": memories}
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -222,7 +227,8 @@ def _start_sweeper(
     kinds: dict[str, Kind] = {f"aether_{kind}s": kind for kind in watched}
     targets = {i: (discovery.resource(watched[kind][0]), kwargs[i]) for i, kind in kinds.items()}
     targets.update({i: ((API_GROUP, API_VERSION, plural), kwargs[i]) for i, plural in own.items()})
-    sweeper = IndexSweeper(client, targets, lambda i, ns, n: _gone(state, kinds, i, ns, n), config.resync)
+    gone = partial(_gone, state, kinds)
+    sweeper = IndexSweeper(client, targets, gone, config.resync, memories=state.get("memories"))
     state["sweeper"] = sweeper
     state["sweep_task"] = asyncio.create_task(sweeper.run(), name="aether-index-sweep")
 

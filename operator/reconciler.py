@@ -88,6 +88,7 @@ class Reconciler:
         self.desired: dict[str, NodeDesired] = {}  # MeshNode -> what the operator last computed for it
         self.refusals = Refusals()
         self.attempts: dict[Target, int] = {}  # failed writes waiting for their retry
+        self._ran: set[Target] = set()  # the targets this pass's write ran a job for
         self.sem = asyncio.Semaphore(concurrency)
         self.cycles = 0
         self.resyncs = 0
@@ -235,6 +236,20 @@ class Reconciler:
             jobs.append(self._guard(("udproute", key), self._route(key, verdicts, drift)))
         await asyncio.gather(*jobs)
         await asyncio.gather(*(self._guard(("slice", n), self._delete_slice(n)) for n in gone))
+        self._forget_unwanted(checks)
+
+    def _forget_unwanted(self, checks: set[Target]) -> None:
+        """Per-object bookkeeping goes with its object: a retry that came due and found nothing to write (the node,
+        slice or route is no longer wanted) ends its backoff, and the refusals and the Warning Events noted for
+        objects no longer wanted are forgotten. Kept otherwise, each object that left while failing, refused or
+        warned about stayed in these maps for the life of the process (and in `retryingWrites`)."""
+        for target in checks - self._ran:
+            self.attempts.pop(target, None)
+        self._ran.clear()
+        routes = {(ns, name) for ns, held in self.model.routes.items() for name in held}
+        self.warned = {key: said for key, said in self.warned.items() if key in routes}
+        wanted: dict[str, set[Any]] = {"meshnode": set(self.desired), "slice": set(self.slices), "udproute": routes}
+        self.refusals.keep(lambda what: what[1] in wanted.get(what[0], ()))
 
     def _orphan(self, name: str) -> bool:
         """A slice we do not want, of a namespace whose result we know (at start-up, before a namespace is computed,
@@ -270,6 +285,7 @@ class Reconciler:
 
     async def _guard(self, target: Target, job: Coroutine[Any, Any, None]) -> None:
         """Run one object's write; on failure schedule that object alone again, with backoff."""
+        self._ran.add(target)
         try:
             await job
         except asyncio.CancelledError:

@@ -13,8 +13,14 @@ then calls `on_gone(index_id, namespace, name)` (the operator marks the key dirt
 snapshot is taken before the list is asked for, so every object it names was created before the list was read:
 one absent from the list was deleted. A list that fails (the API down) skips that resource until the next sweep.
 
+kopf keeps one more thing per object: its per-object memory (`ResourceMemories`, keyed by uid, made on the first
+event of every object a handler watches), which it forgets on the DELETED event only. So the sweep also forgets the
+memory of every uid it drops (`forget`, given the operator's `ResourceMemories`, which `kopf.operator` accepts):
+else each object deleted while a watch was down kept a few KiB in the operator for the life of the process.
+
 kopf has no public way to remove an index entry (1.45): `_held` and `Index._discard` are its indexers' internal
-protocol, pinned by pyproject's kopf version; `supported` says whether this kopf still has them."""
+protocol, pinned by pyproject's kopf version; `supported` says whether this kopf still has them. `ResourceMemories`
+and its `forget(raw_body)` are kopf's too (`kopf._core.reactor.inventory`), pinned the same way."""
 
 from __future__ import annotations
 
@@ -77,8 +83,9 @@ class IndexSweeper:
         indexes: Mapping[str, tuple[Resource, Any]],
         on_gone: Callable[[str, str, str], None],
         period: float = RESYNC_PERIOD,
+        memories: Any = None,
     ) -> None:
-        self.client, self.on_gone, self.period = client, on_gone, period
+        self.client, self.on_gone, self.period, self.memories = client, on_gone, period, memories
         self.indexes = {i: (r, index) for i, (r, index) in indexes.items() if supported(index)}
         self.dropped = 0  # entries dropped so far (tests, logs)
         for index_id in set(indexes) - set(self.indexes):
@@ -108,6 +115,8 @@ class IndexSweeper:
                 if uid in uids:
                     continue
                 index._discard((namespace, name, uid))
+                if self.memories is not None:
+                    await self.memories.forget({"metadata": {"uid": uid}})
                 dropped += 1
                 kind = resource[2]
                 where = f"{namespace}/{name}" if namespace else str(name)

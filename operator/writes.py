@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,10 @@ class Refusals:
 
     def clear(self, what: tuple[str, Any]) -> None:
         self.refused.pop(what, None)
+
+    def keep(self, wanted: Callable[[tuple[str, Any]], bool]) -> None:
+        """Forget the refusals of objects no longer `wanted` (deleted, or no longer computed)."""
+        self.refused = {what: body for what, body in self.refused.items() if wanted(what)}
 
 
 def write_node(

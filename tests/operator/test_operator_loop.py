@@ -105,3 +105,41 @@ async def test_a_slice_left_by_an_earlier_split_is_deleted_at_the_next_resync() 
     assert "app.0" in writer.slices, "the slice it wants is written"
     assert "elsewhere.0" in writer.slices, "a namespace it has not computed is left alone (its owner deletes it)"
     task.cancel()
+
+
+class _Refusing(RecordingWriter):
+    """Every MeshNode status write is refused (422): sending it again cannot succeed."""
+
+    def apply_meshnode_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        from aether.api.client import ApiException
+
+        raise ApiException(status=422, reason="Invalid")
+
+
+@pytest.mark.parametrize("writer", [RecordingWriter(fail_first=10**6), _Refusing()], ids=["failing", "refused"])
+async def test_a_node_that_leaves_while_its_write_fails_leaves_nothing_behind(writer: RecordingWriter) -> None:
+    """A node whose status write keeps failing (retried with backoff) or is refused, then deleted: once its retry
+    comes due and finds nothing to write, no retry and no refusal of it is kept (`retryingWrites` back to 0).
+    Before, each stayed for the life of the process."""
+    rec, objects = setup(writer)
+    task = asyncio.create_task(rec.run())
+    rec.ready.set()
+    put(rec, objects, "namespace", o.namespace("app"))
+    put(rec, objects, "node", {"metadata": {"name": "n1", "uid": "u1"}})
+    await asyncio.wait_for(_until(lambda: rec.attempts or rec.refusals.refused), 30)
+    del objects[("node", ("", "n1"))]
+    rec.touch("node", ("", "n1"))
+    await asyncio.wait_for(_until(lambda: not rec.attempts and not rec.refusals.refused), 30)
+    assert rec.health()["retryingWrites"] == 0 and "n1" not in writer.meshnodes
+    task.cancel()
+
+
+async def test_the_warnings_noted_for_a_route_go_with_the_route() -> None:
+    """`warned` (the unnamed-parent Warning Events posted per route, so each is posted once) keeps the routes the
+    model holds only: a deleted route's entry went nowhere before."""
+    rec, objects = setup(RecordingWriter())
+    rec.warned = {("app", "kept"): ("1", "no parentRefs"), ("app", "deleted"): ("3", "no parentRefs")}
+    put(rec, objects, "namespace", o.namespace("app"))
+    rec.model.routes["app"]["kept"] = object()  # type: ignore[assignment]  # only its presence is read
+    rec._forget_unwanted(set())
+    assert rec.warned == {("app", "kept"): ("1", "no parentRefs")}

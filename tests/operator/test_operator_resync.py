@@ -49,3 +49,18 @@ def test_a_failed_list_drops_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     sweeper = resync.IndexSweeper(NO_CLIENT, {"aether_pods": (POD, index)}, lambda *a: None)
     assert asyncio.run(sweeper.sweep()) == 0
     assert set(index) == {("ns", "a")}
+
+
+def test_the_sweep_forgets_kopfs_memory_of_what_it_drops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf forgets an object's per-object memory on its DELETED event only: the sweep, which stands in for the
+    DELETED events a watch outage lost, forgets it too (else a few KiB per such object for the process's life)."""
+    from kopf._core.reactor.inventory import ResourceMemories
+
+    memories = ResourceMemories()
+    for uid in ("u1", "u2"):
+        asyncio.run(memories.recall({"metadata": {"uid": uid}}))
+    index = index_of(("ns", "kept", "u1"), ("ns", "gone", "u2"))
+    monkeypatch.setattr(resync, "list_uids", lambda client, res: {"u1"})
+    sweeper = resync.IndexSweeper(NO_CLIENT, {"aether_pods": (POD, index)}, lambda *a: None, memories=memories)
+    assert asyncio.run(sweeper.sweep()) == 1
+    assert set(memories._items) == {"u1"}
