@@ -152,8 +152,28 @@ def _recorder(mesh: Mesh, ports: dict[str, int]) -> Recorder:
     return rec
 
 
+# glibc's per-thread cache (tcache) off in every process the mesh starts: glibc's heap-in-use figure (mallinfo2,
+# what the leak gate reads for the sidecars and the operator) counts the chunks a thread freed into its own cache
+# as in use, up to about 180 KiB a thread that has done mixed-size work (tests/test_metrics_heap.py), and a thread
+# fills its cache the first time it does such work: after an API outage several idle threads (watches, writers)
+# did at once, and a sidecar's figure stepped up 0.3-1.2 MiB and stayed. Off, freed chunks go back to the arena
+# and the figure is what is allocated. It changes where freed memory waits, not what is live; Envoy uses tcmalloc.
+MALLOC_ENV = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
+
+
+def measured_malloc_env(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` with MALLOC_ENV's tunable added to any it already sets."""
+    have = [
+        t
+        for t in (environ.get("GLIBC_TUNABLES") or "").split(":")
+        if t and not t.startswith("glibc.malloc.tcache_count=")
+    ]
+    return {**environ, "GLIBC_TUNABLES": ":".join([*have, MALLOC_ENV["GLIBC_TUNABLES"]])}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    os.environ.update(measured_malloc_env(dict(os.environ)))  # before the mesh: every process inherits it
     rng = random.Random(seed)
     load = {"before": os.getloadavg()}
     workdir = Path(args.workdir) if args.workdir else None
@@ -258,6 +278,7 @@ def _report(
         "churn_every_s": args.churn_every,
         "restart_every_rounds": args.restart_every_rounds,
         "restarts_until_min": args.restarts_until_min,
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "wall_s": round(t_end - t0, 1),
         "load_average": load,
         "classes": classes(rec.outcomes, churn.events),

@@ -80,3 +80,52 @@ def test_no_periodic_collection_when_the_period_is_zero() -> None:
     assert off.last_seconds == 0.0
     with pytest.raises(ValueError, match="positive"):
         FullCollections(-1.0)
+
+
+_PARKED = """
+import json, random, threading, time
+from aether.heap import malloc_in_use
+def work(done):
+    held = []
+    for _ in range(20000):
+        held.append(bytes(random.randint(1, 1000)))
+        if len(held) > 50:
+            held.pop(random.randrange(len(held)))
+    held.clear()
+    done.set()
+    threading.Event().wait()
+base = malloc_in_use()
+for _ in range(4):
+    done = threading.Event()
+    threading.Thread(target=work, args=(done,), daemon=True).start()
+    done.wait()
+print(json.dumps((malloc_in_use() - base) // 1024))
+"""
+
+
+def _parked_kib(tunables: str | None) -> int:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    if tunables is not None:
+        env["GLIBC_TUNABLES"] = tunables
+    got = subprocess.run([sys.executable, "-c", _PARKED], env=env, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    return int(json.loads(got.stdout))
+
+
+def test_a_threads_own_malloc_cache_counts_as_in_use_unless_the_soak_turns_it_off() -> None:
+    """Why bench.soak runs its processes with glibc's tcache off (bench.soak.MALLOC_ENV): four threads that did
+    mixed-size work and then wait hold their freed chunks in their caches, which mallinfo2 counts as in use (some
+    180 KiB a thread here), so the heap-in-use figure steps up when idle threads first work and stays there; with the
+    cache off the same threads leave almost nothing."""
+    from bench.soak import MALLOC_ENV, measured_malloc_env
+
+    cached, uncached = _parked_kib(None), _parked_kib(MALLOC_ENV["GLIBC_TUNABLES"])
+    assert cached >= 4 * 100, cached
+    assert uncached <= 100, uncached
+    env = measured_malloc_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=7"})
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0"
