@@ -61,6 +61,9 @@ def dnsmasq_argv(ip: str, port: int, answer_ip: str, workdir: Path, answer_ip6: 
         f"--port={port}",
         f"--pid-file={workdir / f'dnsmasq-{ip}.pid'}",
         "--user=root",
+        # and its group: dnsmasq's default group (dip) changed the process's gid, which clears the parent-death
+        # signal the lab sets (prctl(2)), so a dnsmasq outlived a test killed before its cleanup
+        "--group=root",
         "--edns-packet-max=4096",
         f"--address=/{WHO_NAME}/{answer_ip}",
         *([f"--address=/{WHO_NAME}/{answer_ip6}"] if answer_ip6 else []),
