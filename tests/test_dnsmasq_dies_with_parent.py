@@ -36,24 +36,47 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_dnsmasq_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+def _free_port() -> int:
+    """A port free for both UDP and TCP on 127.0.0.1 (dnsmasq binds both)."""
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    root = Path(__file__).resolve().parents[1]
-    starter = subprocess.Popen(
-        [sys.executable, "-c", _STARTER, str(port), str(tmp_path)],
-        cwd=root,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert starter.stdout is not None and starter.stdin is not None
-    pid = int(starter.stdout.readline())
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u, socket.socket() as t:
+            u.bind(("127.0.0.1", 0))
+            port = u.getsockname()[1]
+            try:
+                t.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def _serving(pid: int, port: int) -> bool:
+    """`pid` is dnsmasq (the exec happened) and a UDP socket on `port` is open in its network namespace."""
     try:
-        wait_for(lambda: (tmp_path / "dnsmasq-127.0.0.1.pid").exists(), 15, "dnsmasq's pid file")
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        udp = Path(f"/proc/{pid}/net/udp").read_text()
+    except FileNotFoundError:
+        return False
+    return comm == "dnsmasq" and f":{port:04X} " in udp
+
+
+def test_a_dnsmasq_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    port, root = _free_port(), Path(__file__).resolve().parents[1]
+    err = tmp_path / "stderr"
+    with err.open("w") as errors:  # the starter's and dnsmasq's own complaints, shown if it never serves
+        starter = subprocess.Popen(
+            [sys.executable, "-c", _STARTER, str(port), str(tmp_path)],
+            cwd=root,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+    assert starter.stdout is not None and starter.stdin is not None
+    pid = int(starter.stdout.readline() or -1)
+    try:
+        wait_for(lambda: _serving(pid, port), 15, f"dnsmasq on {port}", diagnose=err.read_text)
         starter.stdin.write("go\n")
         starter.stdin.flush()
         starter.wait(15)

@@ -122,10 +122,20 @@ def test_a_threads_own_malloc_cache_counts_as_in_use_unless_the_soak_turns_it_of
     mixed-size work and then wait hold their freed chunks in their caches, which mallinfo2 counts as in use (some
     180 KiB a thread here), so the heap-in-use figure steps up when idle threads first work and stays there; with the
     cache off the same threads leave almost nothing."""
-    from bench.soak import MALLOC_ENV, measured_malloc_env
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    cached, uncached = _parked_kib(None), _parked_kib(MALLOC_ENV["GLIBC_TUNABLES"])
+    ask = (  # bench is a directory at the repository's root, not an installed package: asked from there
+        "import json; from bench.soak import MALLOC_ENV, measured_malloc_env; print(json.dumps([MALLOC_ENV,"
+        " measured_malloc_env({'GLIBC_TUNABLES': 'glibc.malloc.arena_max=2:glibc.malloc.tcache_count=7'})]))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    got = subprocess.run([sys.executable, "-c", ask], cwd=root, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0, got.stderr
+    malloc_env, merged = json.loads(got.stdout)
+    cached, uncached = _parked_kib(None), _parked_kib(malloc_env["GLIBC_TUNABLES"])
     assert cached >= 4 * 100, cached
     assert uncached <= 100, uncached
-    env = measured_malloc_env({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=7"})
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0"
+    assert merged["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0"
