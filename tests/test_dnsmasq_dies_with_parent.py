@@ -43,7 +43,7 @@ def _free_port() -> int:
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u, socket.socket() as t:
             u.bind(("127.0.0.1", 0))
-            port = u.getsockname()[1]
+            port: int = u.getsockname()[1]
             try:
                 t.bind(("127.0.0.1", port))
             except OSError:
