@@ -155,9 +155,10 @@ def _recorder(mesh: Mesh, ports: dict[str, int]) -> Recorder:
 # glibc's per-thread cache (tcache) off in every process the mesh starts: glibc's heap-in-use figure (mallinfo2,
 # what the leak gate reads for the sidecars and the operator) counts the chunks a thread freed into its own cache
 # as in use, up to about 180 KiB a thread that has done mixed-size work (tests/test_metrics_heap.py), and a thread
-# fills its cache the first time it does such work: after an API outage several idle threads (watches, writers)
-# did at once, and a sidecar's figure stepped up 0.3-1.2 MiB and stayed. Off, freed chunks go back to the arena
-# and the figure is what is allocated. It changes where freed memory waits, not what is live; Envoy uses tcmalloc.
+# fills its cache the first time it does such work (after an API outage, several idle threads at once), so the
+# figure can step up and stay with nothing more live. Off, freed chunks go back to the arena and the figure is what
+# is allocated (the sidecars' 0.7-1.1 MiB steps in the soak remained with it off: docs/performance.md). It changes
+# where freed memory waits, not what is live; Envoy uses tcmalloc.
 MALLOC_ENV = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
 
 
