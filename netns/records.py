@@ -63,9 +63,10 @@ def write_record(record: PodRecord, directory: str | os.PathLike[str] | None = N
     return path
 
 
-def read_record(path: Path) -> PodRecord:
+def read_record(path: str | os.PathLike[str]) -> PodRecord:
     try:
-        return PodRecord.model_validate(json.loads(path.read_text()))
+        with open(path, encoding="utf-8") as f:
+            return PodRecord.model_validate(json.loads(f.read()))
     except (OSError, json.JSONDecodeError, ValidationError) as exc:
         raise RecordError(f"{path}: {exc}") from exc
 
@@ -73,12 +74,14 @@ def read_record(path: Path) -> PodRecord:
 def load_records(directory: str | os.PathLike[str] | None = None) -> dict[str, PodRecord]:
     """All valid records by pod uid; unreadable files are skipped (the caller logs what is missing)."""
     out: dict[str, PodRecord] = {}
-    d = state_dir(directory)
-    if not d.is_dir():
+    d = state_dir_str(directory)
+    try:
+        names = sorted(e.name for e in os.scandir(d) if e.name.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
         return out
-    for path in sorted(d.glob("*.json")):
+    for name in names:
         try:
-            rec = read_record(path)
+            rec = read_record(os.path.join(d, name))
         except RecordError:
             continue
         out[rec.uid] = rec

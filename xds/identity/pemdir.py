@@ -11,10 +11,17 @@ The trust bundle is `<root>/bundle.pem` when present, else the union of the per-
 re-read on every call, so a helper rotating them in place (rename over) shows up as new content, hence a new SDS
 Secret version, on the next build. The leaf's URI SAN must be the identity the directory is named for and the key
 must match the leaf: a misplaced file is an IdentityError, never another workload's certificate.
+
+The reads build their paths as strings (`os.path`, `glob`), never `pathlib.Path`: on the Python this runs on (3.11)
+`Path` interns every part of every path it parses, and these reads run on every build, so each one interned the
+identities' directory names anew once the last build's paths had died. A table that churns that way is resized
+from its live count every few tens of thousands of insertions, and the process's heap stepped up by a MiB when a
+resize doubled it (docs/performance.md, the soak's sidecar steps).
 """
 
 from __future__ import annotations
 
+import glob
 import os
 from pathlib import Path
 
@@ -32,7 +39,7 @@ FILE_SETS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _leaf_uris(chain_pem: str, where: Path) -> list[str]:
+def _leaf_uris(chain_pem: str, where: str) -> list[str]:
     try:
         leaf = x509.load_pem_x509_certificates(chain_pem.encode())[0]
     except ValueError as exc:
@@ -44,7 +51,7 @@ def _leaf_uris(chain_pem: str, where: Path) -> list[str]:
     return [str(u) for u in san.get_values_for_type(x509.UniformResourceIdentifier)]
 
 
-def _check_key_matches(chain_pem: str, key_pem: str, where: Path) -> None:
+def _check_key_matches(chain_pem: str, key_pem: str, where: str) -> None:
     leaf = x509.load_pem_x509_certificates(chain_pem.encode())[0]
     try:
         key = serialization.load_pem_private_key(key_pem.encode(), password=None)
@@ -55,22 +62,27 @@ def _check_key_matches(chain_pem: str, key_pem: str, where: Path) -> None:
         raise IdentityError(f"{where}: the private key does not match the leaf certificate")
 
 
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
 class DirectorySource:
     """CertificateSource over a directory tree in the layout above."""
 
     def __init__(self, root: str | os.PathLike[str], trust_domain: str) -> None:
-        self.root = Path(root)
+        self.root = os.fspath(root)
         self._trust_domain = trust_domain
 
     @property
     def trust_domain(self) -> str:
         return self._trust_domain
 
-    def _files(self, namespace: str, service_account: str) -> tuple[Path, Path, Path]:
-        d = self.root / namespace / service_account
+    def _files(self, namespace: str, service_account: str) -> tuple[str, str, str]:
+        d = os.path.join(self.root, namespace, service_account)
         for chain, key, bundle in FILE_SETS:
-            if (d / chain).is_file() and (d / key).is_file():
-                return d / chain, d / key, d / bundle
+            if os.path.isfile(os.path.join(d, chain)) and os.path.isfile(os.path.join(d, key)):
+                return os.path.join(d, chain), os.path.join(d, key), os.path.join(d, bundle)
         names = " or ".join(f"{c}+{k}" for c, k, _ in FILE_SETS)
         raise IdentityError(f"{d}: no SVID files ({names})")
 
@@ -80,9 +92,9 @@ class DirectorySource:
             raise IdentityError(f"{spiffe_id}: not in trust domain {self._trust_domain!r}")
         chain_path, key_path, _ = self._files(sid.namespace, sid.service_account)
         try:
-            chain_pem, key_pem = chain_path.read_text(), key_path.read_text()
+            chain_pem, key_pem = _read(chain_path), _read(key_path)
         except OSError as exc:
-            raise IdentityError(f"{chain_path.parent}: cannot read: {exc}") from exc
+            raise IdentityError(f"{os.path.dirname(chain_path)}: cannot read: {exc}") from exc
         uris = _leaf_uris(chain_pem, chain_path)
         if uris != [spiffe_id]:
             raise IdentityError(f"{chain_path}: leaf URI SANs {uris} are not exactly [{spiffe_id}]")
@@ -90,13 +102,15 @@ class DirectorySource:
         return Svid(spiffe_id, chain_pem, key_pem)
 
     def bundle(self) -> TrustBundle:
-        top = self.root / BUNDLE_FILE
-        if top.is_file():
-            return TrustBundle(self._trust_domain, top.read_text())
+        top = os.path.join(self.root, BUNDLE_FILE)
+        if os.path.isfile(top):
+            return TrustBundle(self._trust_domain, _read(top))
         seen: dict[str, None] = {}
         for _chain, _key, bundle_name in FILE_SETS:
-            for path in sorted(self.root.glob(f"*/*/{bundle_name}")):
-                for cert in x509.load_pem_x509_certificates(path.read_bytes()):
+            for path in sorted(
+                glob.glob(os.path.join(glob.escape(self.root), "*", "*", bundle_name), include_hidden=True)
+            ):
+                for cert in x509.load_pem_x509_certificates(_read(path).encode()):
                     seen.setdefault(cert.public_bytes(serialization.Encoding.PEM).decode(), None)
         if not seen:
             raise IdentityError(f"{self.root}: no trust bundle ({BUNDLE_FILE} or per-identity bundle files)")
