@@ -144,7 +144,8 @@ def test_verdicts_read_a_reports_sample_rows() -> None:
         rows.append([t, "sidecar", "node-a", p.pid + 10, p.value - 250 * draining, 15, None, clusters, *[None] * 3])
         rows[-1] += heap
         step = 2_000 * (p.minute % 7.5 > 4.5)  # RSS: a high-water step late in each process (not judged)
-        rows.append([t, "operator", "", p.pid + 20, p.value + step, 9, *[None] * 5, 30_000, 150_000])
+        wobble = int(p.minute) % 3  # the heap figures change at each full collection, once a minute
+        rows.append([t, "operator", "", p.pid + 20, p.value + step, 9, *[None] * 5, 30_000 + wobble, 150_000 + wobble])
     got = growth_mod.verdicts(rows)
     assert set(got) == {"envoy/node-a", "sidecar/node-a", "operator"}
     assert got["envoy/node-a"]["rss_kib"]["reads"] == "with_live"
@@ -191,3 +192,30 @@ def test_only_the_second_half_is_judged_and_a_leak_there_is_still_seen() -> None
     assert half["from_min"] == 15.0 and half["grows_beyond_noise"] is False, half
     leaky = [Point(1, p.minute, p.value + 80 * p.minute) for p in slow]
     assert growth(leaky, from_min=15.0)["grows_beyond_noise"] is True
+
+
+def test_a_figure_read_six_times_per_change_is_judged_once_per_change() -> None:
+    """The heap after a full collection changes once a minute and the soak reads it every 10 s. Counted six times,
+    a drift of 12 KiB/min inside a figure that swings +-150 KiB from one collection to the next read as growth
+    beyond noise (the standard error shrunk by about the square root of six); judged once per collection it is
+    noise. A leak of 80 KiB/min is still seen either way."""
+    rng = random.Random(62)
+
+    def rows(per_min: float) -> list[list[Any]]:
+        out: list[list[Any]] = []
+        for minute in range(31):
+            heap = 19_300 + per_min * minute + rng.gauss(0, 150)
+            for tick in range(6):  # every 10 s, the same collection's figure
+                t = minute * 60 + tick * 10
+                out.append([t, "sidecar", "node-a", 7, 95_000, 15, None, 0, None, None, None, round(heap), 333_000])
+        return out
+
+    drift = rows(12.0)
+    judged = growth_mod.verdicts(drift, growth_mod.second_half(30))["sidecar/node-a"]["malloc_kib"]
+    assert judged["samples"] == 16 and judged["grows_beyond_noise"] is False, judged
+    every_read = growth([Point(7, r[0] / 60, float(r[11])) for r in drift], from_min=15.0)
+    assert every_read["grows_beyond_noise"] is True, every_read  # the old reading: a leak
+    # the repeats shrank the standard error by about sqrt(6) = 2.45 and added nothing
+    assert judged["time_only"]["stderr"] > 2 * every_read["time_only"]["stderr"], (judged, every_read)
+    leak = growth_mod.verdicts(rows(80.0), growth_mod.second_half(30))["sidecar/node-a"]["malloc_kib"]
+    assert leak["grows_beyond_noise"] is True, leak
