@@ -10,8 +10,8 @@ sidecar left about 2,000 objects in cycles every 30 s, some 60-130 KiB of C mall
 4,000. A heap that rises for that reason cannot be told from a leak over half an hour.
 
 So each long-running process runs a full collection every `every` seconds (`FullCollections`; 20-80 ms of CPU for
-those processes, once a minute by default) and records, at the end of every full pass (its own or the interpreter's),
-the heap in use right after it: what is still reachable. `aether.metrics` exports both the figures of the moment
+those processes, once a minute by default) and records, at the end of each of its passes (of the interpreter's own
+when the periodic ones are off), the heap in use right after it: what is still reachable. `aether.metrics` exports both the figures of the moment
 and these (docs/operations.md#metrics).
 """
 
@@ -70,15 +70,24 @@ class AfterFull:
 
     malloc_bytes: int | None = None
     python_blocks: int | None = None
-    collections: int = 0  # full collections seen since `watch_full_collections` (the interpreter's and ours)
+    collections: int = 0  # full collections recorded: the periodic ones while they run, else the interpreter's
 
 
 AFTER_FULL = AfterFull()
 _WATCHING = threading.Lock()
 
 
+COLLECTOR_THREAD = "aether-full-gc"
+_OWN_ONLY = threading.Event()  # set while periodic full collections run: only theirs are recorded
+
+
 def _on_collection(phase: str, info: dict[str, Any]) -> None:
-    # "stop" comes after the pass has freed what it found unreachable
+    # "stop" comes after the pass has freed what it found unreachable. The interpreter starts a full pass of its
+    # own when allocations pile up, i.e. in the middle of a burst of work, so its figure counts that work's
+    # temporaries as well (the soak saw a sidecar's block count 10,000 over its level at such passes); with
+    # periodic collections on, only theirs are recorded, from their own thread
+    if _OWN_ONLY.is_set() and threading.current_thread().name != COLLECTOR_THREAD:
+        return
     if phase == "stop" and info.get("generation") == 2:
         AFTER_FULL.malloc_bytes = malloc_in_use()
         AFTER_FULL.python_blocks = sys.getallocatedblocks()
@@ -102,11 +111,12 @@ class FullCollections:
         self.every = every
         self.last_seconds = 0.0  # how long the last one took
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="aether-full-gc", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=COLLECTOR_THREAD, daemon=True)
 
     def start(self) -> FullCollections:
         watch_full_collections()
         if self.every > 0:
+            _OWN_ONLY.set()
             self._thread.start()
         return self
 
@@ -121,6 +131,7 @@ class FullCollections:
 
     def stop(self) -> None:
         self._stop.set()
+        _OWN_ONLY.clear()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
 

@@ -204,18 +204,19 @@ class HeapCollector(Collector):
         if AFTER_FULL.malloc_bytes is not None:
             yield GaugeMetricFamily(
                 "aether_process_malloc_in_use_after_full_gc_bytes",
-                "aether_process_malloc_in_use_bytes at the end of the last full garbage collection",
+                "aether_process_malloc_in_use_bytes at the end of the last recorded full garbage collection",
                 value=AFTER_FULL.malloc_bytes,
             )
         if AFTER_FULL.python_blocks is not None:
             yield GaugeMetricFamily(
                 "aether_process_python_allocated_blocks_after_full_gc",
-                "aether_process_python_allocated_blocks at the end of the last full garbage collection",
+                "aether_process_python_allocated_blocks at the end of the last recorded full garbage collection",
                 value=AFTER_FULL.python_blocks,
             )
         yield CounterMetricFamily(
             "aether_process_full_gc",
-            "Full (generation 2) garbage collections since start: the interpreter's and the periodic ones",
+            "Full (generation 2) garbage collections recorded since start: the periodic ones, or the interpreter's when"
+            " periodic collections are off",
             value=AFTER_FULL.collections,
         )
 
