@@ -11,8 +11,8 @@ sidecar left about 2,000 objects in cycles every 30 s, some 60-130 KiB of C mall
 
 So each long-running process runs a full collection every `every` seconds (`FullCollections`; 20-80 ms of CPU for
 those processes, once a minute by default) and records, at the end of each of its passes (of the interpreter's own
-when the periodic ones are off), the heap in use right after it: what is still reachable. `aether.metrics` exports both the figures of the moment
-and these (docs/operations.md#metrics).
+when the periodic ones are off), the heap in use right after it: what is still reachable. `aether.metrics` exports
+both the figures of the moment and these (docs/operations.md#metrics).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ first snapshot, connection buffers). A leak is growth that goes on after that, i
 working. So:
 
 1. every process of the role and node in the run (a restart starts a new one; its samples share a pid), its
-   first `warmup_min` minutes left out (age counted from its first sample): 3 for the sidecar and the operator,
-   15 for Envoy, whose live heap approaches its level with traffic alone over about that long (WARMUP_MIN_BY_ROLE);
+   first `warmup_min` minutes left out (age counted from its first sample): 3 for the sidecar and the
+   operator, 15 for Envoy, whose live heap approaches its level with traffic alone over about that long
+   (WARMUP_MIN_BY_ROLE);
 2. the processes with at least `min_span_min` minutes left;
 3. one least-squares fit over all of them at once, each process with its own intercept (its RSS level: a process
    that started when more was live starts higher) and one common slope in time: the "within" estimator of a

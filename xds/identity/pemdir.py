@@ -80,11 +80,12 @@ class DirectorySource:
 
     def _files(self, namespace: str, service_account: str) -> tuple[str, str, str]:
         d = os.path.join(self.root, namespace, service_account)
-        for chain, key, bundle in FILE_SETS:
-            if os.path.isfile(os.path.join(d, chain)) and os.path.isfile(os.path.join(d, key)):
-                return os.path.join(d, chain), os.path.join(d, key), os.path.join(d, bundle)
-        names = " or ".join(f"{c}+{k}" for c, k, _ in FILE_SETS)
-        raise IdentityError(f"{d}: no SVID files ({names})")
+        for file_set in FILE_SETS:
+            chain, key, bundle = (os.path.join(d, name) for name in file_set)
+            if os.path.isfile(chain) and os.path.isfile(key):
+                return chain, key, bundle
+        expected = " or ".join(f"{c}+{k}" for c, k, _ in FILE_SETS)
+        raise IdentityError(f"{d}: no SVID files ({expected})")
 
     def svid(self, spiffe_id: str) -> Svid:
         sid = parse_spiffe_id(spiffe_id)
