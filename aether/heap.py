@@ -10,7 +10,8 @@ sidecar left about 2,000 objects in cycles every 30 s, some 60-130 KiB of C mall
 4,000. A heap that rises for that reason cannot be told from a leak over half an hour.
 
 So each long-running process runs a full collection every `every` seconds (`FullCollections`; 20-80 ms of CPU for
-those processes, once a minute by default) and records, at the end of each of its passes (of the interpreter's own
+those processes, once a minute by default), then hands C malloc's free pages back to the kernel
+(`release_free_pages`), and records, at the end of each of its passes (of the interpreter's own
 when the periodic ones are off), the heap in use right after it: what is still reachable. `aether.metrics` exports
 both the figures of the moment and these (docs/operations.md#metrics).
 """
@@ -50,9 +51,14 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-_MALLINFO2 = getattr(ctypes.CDLL(None), "mallinfo2", None)  # looked up once; None where the C library has none
+_LIBC = ctypes.CDLL(None)
+_MALLINFO2 = getattr(_LIBC, "mallinfo2", None)  # looked up once; None where the C library has none
 if _MALLINFO2 is not None:
     _MALLINFO2.restype = _MallInfo2
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)
+if _MALLOC_TRIM is not None:
+    _MALLOC_TRIM.argtypes = [ctypes.c_size_t]
+    _MALLOC_TRIM.restype = ctypes.c_int
 
 
 def malloc_in_use() -> int | None:
@@ -62,6 +68,18 @@ def malloc_in_use() -> int | None:
         return None
     info = _MALLINFO2()
     return int(info.uordblks + info.hblkhd)
+
+
+def release_free_pages() -> bool:
+    """Give the kernel back the whole free pages inside C malloc's heaps (glibc `malloc_trim(0)`: every arena, not
+    only the top of the main one); whether any were released (False without glibc's malloc_trim).
+
+    glibc returns memory by itself only from the top of its main heap: pages freed in the middle of a heap, or in a
+    thread's arena, stay in the process's RSS until something is allocated there again. A process that frees
+    what a burst of work allocated (an API watch's page of objects, a snapshot's serialised resources) therefore
+    keeps its highest-ever footprint, and its RSS creeps up as the free space fragments. Trimming after each
+    periodic full collection, right after the collector freed the dead cycles, makes RSS follow the heap in use."""
+    return _MALLOC_TRIM is not None and bool(_MALLOC_TRIM(0))
 
 
 @dataclass
@@ -102,8 +120,8 @@ def watch_full_collections() -> None:
 
 
 class FullCollections:
-    """A daemon thread running `gc.collect()` when started and every `every` seconds after until `stop()` (none when
-    `every` is 0); a context manager: started on entry, stopped on exit."""
+    """A daemon thread running `gc.collect()` and `release_free_pages()` when started and every `every` seconds after
+    until `stop()` (none when `every` is 0); a context manager: started on entry, stopped on exit."""
 
     def __init__(self, every: float) -> None:
         if every < 0:
@@ -124,8 +142,14 @@ class FullCollections:
         while True:  # the first pass at once, so the figures after one exist from the start
             began = time.perf_counter()
             found = gc.collect()
+            released = release_free_pages()
             self.last_seconds = time.perf_counter() - began
-            log.debug("full collection: %d unreachable objects freed in %.0f ms", found, self.last_seconds * 1000)
+            log.debug(
+                "full collection: %d unreachable objects freed, free pages %sreleased, in %.0f ms",
+                found,
+                "" if released else "not ",
+                self.last_seconds * 1000,
+            )
             if self._stop.wait(self.every):
                 return
 
