@@ -137,7 +137,8 @@ def test_verdicts_read_a_reports_sample_rows(monkeypatch: pytest.MonkeyPatch) ->
     """The report's rows ([t_s, role, node, pid, rss, fds, clusters, pairs, allocated, draining, listeners, malloc,
     py_blocks]; older reports lack the last ones): Envoy's RSS and heap are judged with its cluster and
     draining-listener counts, the sidecar's RSS and heap in use with its pairs, the operator's with time alone; the
-    leak gate reads the heaps in use (here the RSS steps up after warm-up while the heap in use stays flat)."""
+    leak gate reads the heaps in use, RSS and fds (here the operator's RSS steps up late in each process while its
+    heap in use stays flat: the gate names it)."""
     # these processes live 7-8 minutes: Envoy judged with the common warm-up here (its own has its own test)
     monkeypatch.setattr(growth_mod, "WARMUP_MIN_BY_ROLE", {})
     rows: list[list[Any]] = []
@@ -148,7 +149,7 @@ def test_verdicts_read_a_reports_sample_rows(monkeypatch: pytest.MonkeyPatch) ->
         heap = [20_000 + 400 * clusters, 150_000 + 10 * clusters]
         rows.append([t, "sidecar", "node-a", p.pid + 10, p.value - 250 * draining, 15, None, clusters, *[None] * 3])
         rows[-1] += heap
-        step = 2_000 * (p.minute % 7.5 > 4.5)  # RSS: a high-water step late in each process (not judged)
+        step = 2_000 * (p.minute % 7.5 > 4.5)  # RSS: a high-water step late in each process
         wobble = int(p.minute) % 3  # the heap figures change at each full collection, once a minute
         rows.append([t, "operator", "", p.pid + 20, p.value + step, 9, *[None] * 5, 30_000 + wobble, 150_000 + wobble])
     got = growth_mod.verdicts(rows)
@@ -168,9 +169,24 @@ def test_verdicts_read_a_reports_sample_rows(monkeypatch: pytest.MonkeyPatch) ->
     assert got["sidecar/node-a"]["malloc_kib"]["reads"] == "with_live"
     assert got["operator"]["rss_kib"]["grows_beyond_noise"] is True, got["operator"]["rss_kib"]
     gate = growth_mod.leak_gate(got)
-    assert gate["envoy"]["metrics"] == ["allocated_kib"] and gate["sidecar"]["metrics"] == ["malloc_kib", "py_blocks"]
+    assert gate["envoy"]["metrics"] == ["allocated_kib", "rss_kib", "fds"]
+    assert gate["sidecar"]["metrics"] == gate["operator"]["metrics"] == ["malloc_kib", "py_blocks", "rss_kib", "fds"]
     assert gate["envoy"]["leak"] is False and gate["sidecar"]["leak"] is False, gate
-    assert gate["operator"]["leak"] is False, gate
+    assert gate["operator"] == {"metrics": gate["operator"]["metrics"], "nodes": {"operator": True}, "leak": True}
+
+
+def test_rss_that_grows_under_a_flat_heap_fails_the_gate() -> None:
+    """RSS is what the issue that asked for the soak names, and every process hands its free pages back now, so
+    RSS rising 80 KiB/min in every process fails the gate though the heap in use stays flat (the gate that read
+    the heaps alone passed it); the same run with flat RSS passes."""
+    flat = [None, None, None, 20_000, 150_000]
+
+    def rows(leak: float) -> list[list[Any]]:
+        return [[round(p.minute * 60, 1), "sidecar", "node-a", p.pid, p.value, 15, None, 3, *flat] for p in _run(leak)]
+
+    gate = growth_mod.leak_gate(growth_mod.verdicts(rows(80.0)))
+    assert gate["sidecar"]["nodes"] == {"sidecar/node-a": True} and gate["sidecar"]["leak"] is True, gate
+    assert growth_mod.leak_gate(growth_mod.verdicts(rows(0.0)))["sidecar"]["leak"] is False
 
 
 def test_the_leak_gate_names_the_node_that_leaks_and_none_when_nothing_was_judged() -> None:
@@ -180,7 +196,7 @@ def test_the_leak_gate_names_the_node_that_leaks_and_none_when_nothing_was_judge
         row[11] = p.value  # the heap in use grows 80 KiB/min in every process
     short = [[1.0 * t, "operator", "", 7, 90_000.0, 9, None, None, *flat] for t in range(0, 120, 10)]
     gate = growth_mod.leak_gate(growth_mod.verdicts(leaky + short))
-    want = {"metrics": ["malloc_kib", "py_blocks"], "nodes": {"sidecar/node-b": True}, "leak": True}
+    want = {"metrics": ["malloc_kib", "py_blocks", "rss_kib", "fds"], "nodes": {"sidecar/node-b": True}, "leak": True}
     assert gate["sidecar"] == want, gate
     assert gate["operator"]["leak"] is None, gate
 
