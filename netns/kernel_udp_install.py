@@ -31,6 +31,8 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
+from pyroute2.netlink.exceptions import NetlinkError
+
 from aether.netns import install, kernel_udp, kernel_udp_diff, kernel_udp_text
 from aether.netns.contract import L4_OUTBOUND_PORT
 from aether.netns.kernel_udp import FAMILIES, KERNEL_UDP_TABLE, Family, Json, KernelArm, KernelUdpCounter
@@ -220,7 +222,14 @@ def apply_kernel_udp(
     if verified is not None:
         after = fx.generation()
         verified.note(where, arms, default, after if after == before + sent else None)
-    return sum(fx.forget_flows(vip, L4_OUTBOUND_PORT, ip, port) for vip, ip, port in plan.departed)
+    try:
+        return sum(fx.forget_flows(vip, L4_OUTBOUND_PORT, ip, port) for vip, ip, port in plan.departed)
+    except (OSError, NetlinkError) as exc:
+        # pyroute2's NetlinkError is no OSError: uncaught, the caller's record of what the netns holds stayed at the
+        # old arms with no failure noted, so nothing retried and the departed backends' flows lived on
+        raise KernelUdpError(
+            f"the rules loaded in {where}, but forgetting departed backends' flows failed: {exc}"
+        ) from exc
 
 
 def counters(fx: KernelUdpEffects) -> list[KernelUdpCounter]:
@@ -245,7 +254,7 @@ def _in_netns(path: str, open_effects: Callable[[], KernelUdpEffects], fn: Calla
             return call_in_netns(path, run)
     except NetnsError as exc:
         raise KernelUdpError(exc.strerror or str(exc)) from exc
-    except (OSError, NftError) as exc:
+    except (OSError, NftError, NetlinkError) as exc:
         raise KernelUdpError(f"programming the kernel UDP rules in {path} failed: {exc}") from exc
 
 

@@ -4,6 +4,7 @@ installer against the recording effects (no privileges)."""
 from __future__ import annotations
 
 import copy
+import errno
 import itertools
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyroute2.netlink.exceptions import NetlinkError
 
 from aether.netns.contract import CAPTURE_DIVERT_FWMARK, KERNEL_UDP_FWMARK, L4_OUTBOUND_PORT
 from aether.netns.kernel_udp import (
@@ -214,6 +216,27 @@ def test_refused_transaction_keeps_the_previous_rules() -> None:
         apply_kernel_udp(fx, "ns", ARMS[:1], previous=ARMS)
     assert fx.tables == kept
     assert [c for c in fx.calls if c[0] == "forget_flows"] == []  # nothing forgotten for rules that did not load
+
+
+def test_a_conntrack_failure_after_the_rules_loaded_is_reported_and_the_retry_forgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyroute2's NetlinkError is no OSError: it passed every handler, so the sidecar kept its record of the old arms
+    with no failure noted and never retried, and the departed backend's flows lived on. Now it is a KernelUdpError
+    (a failure the sidecar notes and retries), and the retry, from the same previous arms, forgets the flows."""
+    fx = RecordingKernelUdp(flows=[("10.96.0.10", 18082, B2, 5353)])
+    apply_kernel_udp(fx, "ns", ARMS)
+    new = (KernelArm("10.96.0.10", (KernelBackend(B1, 5353, 70),)), *ARMS[1:])
+
+    def broken(vip: str, vip_port: int, backend_ip: str, backend_port: int) -> int:
+        raise NetlinkError(errno.ENOBUFS, "No buffer space available")
+
+    with monkeypatch.context() as m:
+        m.setattr(fx, "forget_flows", broken)
+        with pytest.raises(KernelUdpError, match="rules loaded in ns, but forgetting departed backends' flows failed"):
+            apply_kernel_udp(fx, "ns", new, previous=ARMS)
+    assert apply_kernel_udp(fx, "ns", new, previous=ARMS) == 1
+    assert fx.flows == []
 
 
 def test_canonical_ignores_the_order_nft_lists_set_elements_in() -> None:

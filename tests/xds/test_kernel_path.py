@@ -267,7 +267,7 @@ def test_a_kernel_failure_joins_a_slices_incomplete_message_at_once() -> None:
     p.serving("v1", {})
     p.acked("v1")
     assert p.condition is not None and p.condition.reason == "SlicesIncomplete"
-    p.kernel_rules(("kernel UDP rules not applied in pod default/client-0 (its previous rules stay): nft said no",))
+    p.kernel_rules(("kernel UDP rules not applied in pod default/client-0: nft said no",))
     assert p.condition is not None and "pod default/client-0" in p.condition.message
     p.new_state(())
     p.serving("v1", {})

@@ -273,7 +273,7 @@ class KernelUdpPath:
                 log.info("kernel UDP: pod %s has no netns %s any more: not programmed", target.name, target.netns)
                 self.failures.pop(uid, None)
                 return
-            why = f"kernel UDP rules not applied in pod {target.name} (its previous rules stay): {exc}"
+            why = f"kernel UDP rules not applied in pod {target.name}: {exc}"
             if self.failures.get(uid) != why:
                 log.warning("%s", why)
             self.failures[uid] = why
