@@ -78,7 +78,8 @@ def release_free_pages() -> bool:
     thread's arena, stay in the process's RSS until something is allocated there again. A process that frees
     what a burst of work allocated (an API watch's page of objects, a snapshot's serialised resources) therefore
     keeps its highest-ever footprint, and its RSS creeps up as the free space fragments. Trimming after each
-    periodic full collection, right after the collector freed the dead cycles, makes RSS follow the heap in use."""
+    periodic full collection, right after the collector freed the dead cycles, returns those pages; pages still
+    partly in use, and CPython's own arenas, stay (docs/limits.md)."""
     return _MALLOC_TRIM is not None and bool(_MALLOC_TRIM(0))
 
 

@@ -259,10 +259,10 @@ def second_half(minutes: float) -> float:
 
 
 # What each role's leak gate reads: the heap in use (a leak shows there first and plainly), RSS and open fds (what
-# the issue that asked for the soak names). RSS follows the heap since each process hands its free pages back:
-# Envoy's tcmalloc at 1 MiB/s (its bootstrap's memory_allocator_manager), the sidecar's and the operator's glibc
-# malloc after each periodic full collection (aether.heap.release_free_pages); before that, RSS rose 60-400 KiB a
-# minute while the heaps in use stayed flat, and the gate read the heaps alone
+# the issue that asked for the soak names). Each process hands its free pages back (Envoy's tcmalloc at 1 MiB/s,
+# its bootstrap's memory_allocator_manager; the sidecar's and the operator's glibc malloc after each periodic full
+# collection, aether.heap.release_free_pages), so RSS no longer keeps every freed page; what fragmentation still
+# keeps is read as growth (docs/performance.md, the seventeenth run). Until then the gate read the heaps alone
 GATE = {
     "envoy": ("allocated_kib", "rss_kib", "fds"),
     "sidecar": ("malloc_kib", "py_blocks", "rss_kib", "fds"),
