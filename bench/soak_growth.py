@@ -325,9 +325,18 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m bench.soak_growth REPORT.json`: the verdicts of a saved soak report's samples, as JSON."""
     p = argparse.ArgumentParser(prog="python -m bench.soak_growth", description=main.__doc__)
     p.add_argument("report")
+    p.add_argument("--from-min", type=float, help="judge from this minute of the run (default: its second half)")
+    p.add_argument(
+        "--to-min",
+        type=float,
+        help="leave out the samples after this minute, as if the run had ended there (a long run's windows: does "
+        "a slope fall with the processes' age?)",
+    )
     args = p.parse_args(argv)
     report = json.loads(Path(args.report).read_text())
-    got = verdicts(report["samples"], second_half(report["minutes"]))
+    rows = [r for r in report["samples"] if args.to_min is None or r[0] / 60 <= args.to_min]
+    minutes = report["minutes"] if args.to_min is None else min(report["minutes"], args.to_min)
+    got = verdicts(rows, second_half(minutes) if args.from_min is None else args.from_min * 60)
     print("\n".join(lines(got)))
     summary = {"rss_slope_kib_per_min": worst(got, "rss_kib"), "fd_slope_per_min": worst(got, "fds")}
     print(json.dumps(summary | {"leak_gate": leak_gate(got)}))

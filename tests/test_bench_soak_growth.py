@@ -5,6 +5,7 @@ only rises, which would excuse any leak)."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from typing import Any
@@ -265,3 +266,29 @@ def test_envoys_quarter_hour_of_warm_up_is_not_judged_and_a_leak_after_it_is() -
     assert growth(points, 3.0, from_min=15.0)["grows_beyond_noise"] is True  # the Python processes' warm-up
     leak = growth_mod.verdicts(rows(80.0), growth_mod.second_half(30))["envoy/node-b"]["allocated_kib"]
     assert leak["grows_beyond_noise"] is True, leak
+
+
+def test_a_long_runs_windows_are_judged_as_if_the_run_had_ended_there(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m bench.soak_growth REPORT --to-min M [--from-min F]`: a 60-minute run's sidecar whose RSS rises
+    for its first 25 minutes, then stays: its second half (30-60) is flat; cut at minute 30, the window 15-30 is
+    growth, judged against a 30-minute horizon."""
+    rng = random.Random(5)
+    flat = [None, None, None, None, None]
+    rows = [
+        [round(m * 60, 1), "sidecar", "node-a", 7, 95_000 + 40 * min(m, 25.0) + rng.gauss(0, 60), 15, None, 3, *flat]
+        for m in (t / 6 for t in range(0, 361))
+    ]
+    report = tmp_path / "soak.json"
+    report.write_text(json.dumps({"minutes": 60.0, "samples": rows}))
+
+    def gate(*extra: str) -> dict[str, Any]:
+        assert growth_mod.main([str(report), *extra]) == 0
+        out: dict[str, Any] = json.loads(capsys.readouterr().out.splitlines()[-1])
+        return out
+
+    assert gate()["leak_gate"]["sidecar"]["leak"] is False
+    cut = gate("--to-min", "30")
+    assert cut["leak_gate"]["sidecar"]["leak"] is True, cut
+    assert gate("--to-min", "30", "--from-min", "26")["leak_gate"]["sidecar"]["leak"] is False
