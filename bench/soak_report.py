@@ -36,10 +36,14 @@ OK = "ok"
 EAST_WEST = ("h3", "h2")  # classes whose destination side runs through the destination node's Envoy
 ENVOY_RESTART = "envoy_restart"
 UDP_SWAP = "udp_listener_swap"  # recorded by the churn when a route edit replaced capture listeners
+ENDPOINT_FLAP = "endpoint_flap"  # one of Service dns's backends not ready, then ready again (bench.soak_churn)
+FLAPPED_CLASS = "udp_dns"  # the class that asks Service dns
 DOCUMENTED = {
     ENVOY_RESTART: "docs/operations.md (Upgrade, step 3): a node's Envoy down, its traffic has no listener",
     UDP_SWAP: "docs/limits.md: a change to a node's UDP Services replaces each pod's capture listener; a reply on its"
     " way at the swap is lost (Envoy path)",
+    ENDPOINT_FLAP: "docs/limits.md: an endpoint that stops being ready leaves its Service at once, and Envoy closes"
+    " its sessions to it; a reply on its way from it is lost (Envoy path)",
 }
 MAX_LISTED = 200  # failures kept in the JSON with their detail (all are counted)
 
@@ -113,6 +117,8 @@ def in_window(o: Outcome, events: Sequence[Event]) -> str | None:
             continue
         if e.kind == UDP_SWAP and o.cls.startswith("udp_") and e.target == o.node and o.kind == "timeout":
             return UDP_SWAP
+        if e.kind == ENDPOINT_FLAP and o.cls == FLAPPED_CLASS and o.kind == "timeout":
+            return ENDPOINT_FLAP
         if e.kind != ENVOY_RESTART:
             continue
         if e.target == o.node or (o.cls in EAST_WEST and o.dest_node in (e.target, None)):
