@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,14 +57,14 @@ def run_once(argv: list[str], extra: dict[str, str]) -> Sample:
     """One whole run of `argv` under python with `extra` over a clean allocator environment."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONMALLOC", "GLIBC_TUNABLES")}
     env.update(extra)
-    proc = subprocess.Popen(
-        [sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read().decode() if proc.stderr else ""
-    if proc.returncode != 0:
-        raise RuntimeError(f"{argv} under {extra} exited {proc.returncode}: {err[-2000:]}")
+    with tempfile.TemporaryFile() as err:  # a file, not a pipe: a child's long stderr cannot block it before wait4
+        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = err.read().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"{argv} under {extra} exited {proc.returncode}: {tail}")
     return Sample(cpu_s=usage.ru_utime + usage.ru_stime, maxrss_kib=usage.ru_maxrss)
 
 
@@ -81,9 +82,10 @@ def table(results: dict[str, dict[str, list[Sample]]]) -> str:
         "| workload | setting | CPU s (median) | CPU vs default | peak RSS MiB (median) | RSS vs default |",
         "|---|---|---|---|---|---|",
     ]
+    default = next(iter(SETTINGS))
     for w, by in results.items():
-        base_cpu = statistics.median(x.cpu_s for x in by[next(iter(SETTINGS))])
-        base_rss = statistics.median(x.maxrss_kib for x in by[next(iter(SETTINGS))])
+        base_cpu = statistics.median(x.cpu_s for x in by[default])
+        base_rss = statistics.median(x.maxrss_kib for x in by[default])
         for s, xs in by.items():
             cpu = statistics.median(x.cpu_s for x in xs)
             rss = statistics.median(x.maxrss_kib for x in xs)
