@@ -10,7 +10,7 @@ sidecar left about 2,000 objects in cycles every 30 s, some 60-130 KiB of C mall
 4,000. A heap that rises for that reason cannot be told from a leak over half an hour.
 
 So each long-running process runs a full collection every `every` seconds (`FullCollections`; 20-80 ms of CPU for
-those processes, once a minute by default), then hands C malloc's free pages back to the kernel
+those processes, every 15 s by default), then hands C malloc's free pages back to the kernel
 (`release_free_pages`), and records, at the end of each of its passes (of the interpreter's own
 when the periodic ones are off), the heap in use right after it: what is still reachable. `aether.metrics` exports
 both the figures of the moment and these (docs/operations.md#metrics).
@@ -30,7 +30,13 @@ from typing import Any
 
 log = logging.getLogger("aether.heap")
 
-FULL_GC_EVERY_S = 60.0  # the default period of the processes' full collections (0: off, the interpreter's own only)
+# The default period of the processes' full collections (0: off, the interpreter's own only). Dead cycles wait for
+# the next pass, and until then the allocator must find room for them beside the live heap: under the soak's churn
+# the operator's passes freed 7,600-11,100 objects a minute (kopf's per-event bodies and patches, aiohttp's failed
+# connections during an API outage), a sidecar's 3,900-8,300 (urllib3's), so a minute's worth raised the peak CPython
+# and glibc had to map for, and each new peak maps memory that stays. 15 s holds a quarter of that, for 0.1-0.5 % of
+# a core (a pass takes 19-43 ms in a sidecar, 44-80 ms in the operator)
+FULL_GC_EVERY_S = 15.0
 
 
 class _MallInfo2(ctypes.Structure):

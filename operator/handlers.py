@@ -63,7 +63,7 @@ class OperatorConfig:
     liveness: tuple[str, int] | None = None  # kopf's liveness endpoint at http://host:port/healthz
     stall_after: float = 300.0  # the probe fails when one reconcile pass has run longer than this (seconds)
     resync: float = RESYNC_PERIOD  # seconds between sweeps of the indexes against the API (resync.py)
-    full_gc_every: float = 0.0  # seconds between full garbage collections (aether.heap; 0: off, the CLI's is 60)
+    full_gc_every: float = 0.0  # seconds between full collections (aether.heap; 0: off; CLI default FULL_GC_EVERY_S)
     reconciler: list[Reconciler] = field(default_factory=list)  # filled at startup, for tests and probes
 
 

@@ -296,7 +296,7 @@ def assert_fast_equals_parsedict(type_url: str, name: str, resource: ResourceDic
     fields, same values, same unknown fields, down through every Any."""
     fast = codec.message_class(codec.full_name(type_url))()
     try:
-        fastfill.fill(fast, resource, fastfill.message_class_resolver(codec.pool()))
+        fastfill.fill(fast, resource, codec.message_class)
     except (fastfill.Unsupported, TypeError, ValueError, KeyError, AttributeError) as exc:  # what the codec catches
         pytest.fail(f"{short_type(type_url)} {name!r}: the fast path fell back to ParseDict: {exc}")
     slow = codec.to_message(type_url, resource, name, fast=False)

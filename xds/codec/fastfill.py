@@ -13,7 +13,7 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from google.protobuf import descriptor, message, message_factory
+from google.protobuf import descriptor, message
 
 from aether.xds.memo import ObjectMemo, register
 from aether.xds.resources import Shared
@@ -215,16 +215,3 @@ def _fill_any(msg: Any, data: dict[str, Any], resolve: Callable[[str], Any]) -> 
         fill(sub, {k: v for k, v in data.items() if k != "@type"}, resolve)
     msg.type_url = type_url
     msg.value = sub.SerializeToString(deterministic=True)
-
-
-def message_class_resolver(pool: Any) -> Callable[[str], Any]:
-    cache: dict[str, Any] = {}
-
-    def resolve(full_name: str) -> Any:
-        cls = cache.get(full_name)
-        if cls is None:
-            cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))
-            cache[full_name] = cls
-        return cls
-
-    return resolve

@@ -121,40 +121,56 @@ def _import_package_of(symbol: str) -> None:
 
 _lock = threading.Lock()
 _pool: Any = None
+# Every message class of the private pool, held for the life of the process. upb makes a message's class on demand
+# (a sub-message field read or set, an Any's content) and its descriptor keeps no strong reference to it, so a class
+# only the messages of one translation use became garbage with them and was made again by the next one: some 65
+# classes a minute per sidecar under churn, each a type object, its dict and its MRO freed by the cyclic collector
+# minutes later, in the middle of the allocator's arenas. Holding a class holds its descriptor, which then finds it.
 _classes: dict[str, Callable[[], message.Message]] = {}
 
 
 def pool() -> Any:
     """The private descriptor pool (default pool + EXTRA_FIELDS)."""
-    global _pool
     with _lock:
-        if _pool is None:
-            _pool = descriptor_pool.DescriptorPool(_PatchedDB(EXTRA_FIELDS))
-        return _pool
+        return _pool_locked()
 
 
 def message_class(full_name: str) -> Callable[[], message.Message]:
+    """The class of message type `full_name` in the private pool; it and the class of every message type its fields
+    reach (sub-messages, map entries, recursively) are made once and held (`_classes`)."""
     cls = _classes.get(full_name)
     if cls is None:
-        desc = pool().FindMessageTypeByName(full_name)
-        cls = message_factory.GetMessageClass(desc)
-        _classes[full_name] = cls
+        with _lock:
+            _hold(_pool_locked().FindMessageTypeByName(full_name))
+        cls = _classes[full_name]
     return cls
+
+
+def _pool_locked() -> Any:
+    global _pool
+    if _pool is None:
+        _pool = descriptor_pool.DescriptorPool(_PatchedDB(EXTRA_FIELDS))
+    return _pool
+
+
+def _hold(root: Any) -> None:
+    """Make and hold the class of `root` and of every message type reachable from its fields (caller holds _lock)."""
+    todo = [root]
+    while todo:
+        desc = todo.pop()
+        if desc.full_name in _classes:
+            continue
+        _classes[desc.full_name] = message_factory.GetMessageClass(desc)
+        todo += [f.message_type for f in desc.fields if f.message_type is not None]
 
 
 def full_name(type_url: str) -> str:
     return type_url.rsplit("/", 1)[-1]
 
 
-_resolve: Callable[[str], Any] | None = None
-
-
 def _fast(msg: message.Message, resource: ResourceDict) -> bool:
-    global _resolve
-    if _resolve is None:
-        _resolve = fastfill.message_class_resolver(pool())
     try:
-        fastfill.fill(msg, resource, _resolve)
+        fastfill.fill(msg, resource, message_class)
     except (fastfill.Unsupported, TypeError, ValueError, KeyError, AttributeError):
         msg.Clear()
         return False
