@@ -259,7 +259,7 @@ def _row(x: Sample, t0: float) -> list[Any]:
     allocated = x.heap_kib[0] if x.heap_kib else None
     return [
         *(round(x.t - t0, 1), x.role, x.node, x.pid, x.rss_kib, x.fds, x.clusters, x.pairs, allocated, x.draining),
-        *(x.listeners, x.malloc_kib, x.py_blocks),
+        *(x.listeners, x.malloc_kib, x.py_blocks, x.rss_anon_kib, x.rss_file_kib),
     ]
 
 
@@ -290,6 +290,7 @@ def _report(
         "crash_list": [c | {"t": round(c["t"] - t0, 1)} for c in w.crashes],
         "restarts_requested": {k: sum(1 for e in churn.events if e.kind == k) for k in PROCESS_RESTARTS},
         "rss_slope_kib_per_min": worst_growth(judged, "rss_kib"),
+        "rss_anon_slope_kib_per_min": worst_growth(judged, "rss_anon_kib"),
         "fd_slope_per_min": worst_growth(judged, "fds"),
         "growth": judged,
         "leak_gate": leak_gate(judged),

@@ -197,14 +197,31 @@ LIVE_COLUMNS = {
     "sidecar": {"pairs": 7},
 }
 # allocated_kib: Envoy's server.memory_allocated; malloc_kib, py_blocks: a sidecar's or the operator's heap in use
-METRICS = {"rss_kib": 4, "fds": 5, "allocated_kib": 8, "malloc_kib": 11, "py_blocks": 12}
-LIVE_JUDGED = ("rss_kib", "allocated_kib", "malloc_kib", "py_blocks")  # judged with the live counts beside time
+# rss_anon_kib, rss_file_kib: RSS's anonymous and file-backed parts (RssAnon, RssFile; rss_kib is their sum)
+METRICS = {
+    "rss_kib": 4,
+    "fds": 5,
+    "allocated_kib": 8,
+    "malloc_kib": 11,
+    "py_blocks": 12,
+    "rss_anon_kib": 13,
+    "rss_file_kib": 14,
+}
+LIVE_JUDGED = (
+    "rss_kib",
+    "allocated_kib",
+    "malloc_kib",
+    "py_blocks",
+    "rss_anon_kib",
+    "rss_file_kib",
+)  # judged with the live counts beside time
 PER_COLLECTION = ("malloc_kib", "py_blocks")  # figures of the last full collection: one point per collection
 
 
 def verdicts(rows: Sequence[Sequence[Any]], from_s: float = 0.0) -> dict[str, dict[str, Any]]:
     """role/node -> {metric: growth(...)} from the report's `samples` rows ([t_s, role, node, pid, rss_kib, fds,
-    active_clusters, pairs, allocated_kib, draining_listeners, active_listeners, malloc_kib, py_blocks]; rows of
+    active_clusters, pairs, allocated_kib, draining_listeners, active_listeners, malloc_kib, py_blocks, rss_anon_kib,
+    rss_file_kib]; rows of
     older reports lack the last columns, and a metric a role never has, allocated_kib outside Envoy, is left out), judged from second
     `from_s` of the run (bench.soak passes `second_half`)."""
     groups: dict[str, list[Sequence[Any]]] = {}

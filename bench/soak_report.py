@@ -88,6 +88,8 @@ class Sample:
     listeners: int | None = None  # Envoy: listener_manager.total_listeners_active (a meshed pod's come and go with it)
     malloc_kib: int | None = None  # sidecar, operator: C malloc's KiB in use (aether_process_malloc_in_use_bytes)
     py_blocks: int | None = None  # sidecar, operator: CPython's allocated blocks (aether_process_python_...)
+    rss_anon_kib: int | None = None  # RssAnon: the anonymous part of RSS (heaps, arenas, stacks)
+    rss_file_kib: int | None = None  # RssFile: the file-backed part (executable and libraries, shared, evictable)
 
 
 HEAP_FIGURES = ("allocated_kib", "heap_size_kib", "physical_kib")
@@ -237,6 +239,8 @@ def table(report: dict[str, Any], growth_lines: Sequence[str] = ()) -> str:
         f"{report['inuse_twins_pruned']} (prunes {len(report['prunes'])}); unrequested crashes: {report['crashes']}"
     )
     lines.append(f"RSS slope KiB/min: {report['rss_slope_kib_per_min']}; fd slope /min: {report['fd_slope_per_min']}")
+    if "rss_anon_slope_kib_per_min" in report:
+        lines.append(f"of which anonymous (RssAnon) KiB/min: {report['rss_anon_slope_kib_per_min']}")
     if "cpu_per_request_us" in report:
         lines.append(
             f"CPU per request (us, both Envoys): {report['cpu_per_request_us']}; h3/h2 {report['h3_over_h2_cpu']}"

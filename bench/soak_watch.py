@@ -45,15 +45,20 @@ def envoy_heap(stats: dict[str, int]) -> tuple[int, int, int] | None:
     return allocated, heap, physical
 
 
-def proc_sample(pid: int) -> tuple[int, int] | None:
-    """(VmRSS in KiB, open fds) of a running process; None once it is gone."""
+def proc_sample(pid: int) -> tuple[int, int, int | None, int | None] | None:
+    """(VmRSS in KiB, open fds, RssAnon KiB, RssFile KiB) of a running process; None once it is gone. RSS is the sum
+    of the anonymous part (the process's own memory: heaps, arenas, stacks) and the file-backed part (pages of its
+    executable and libraries, shared with every process mapping them, which the kernel drops and reads back at will);
+    the shared-memory part (RssShmem) none of these processes has."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
         fds = len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
-    m = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
-    return (int(m.group(1)), fds) if m else None
+    got = {k: int(v) for k, v in re.findall(r"^(VmRSS|RssAnon|RssFile):\s+(\d+) kB", status, re.M)}
+    if "VmRSS" not in got:
+        return None
+    return got["VmRSS"], fds, got.get("RssAnon"), got.get("RssFile")
 
 
 @dataclass
@@ -138,9 +143,13 @@ class Watcher:
             heap, clusters, draining, listeners = self._envoy_figures(name) if role == "envoy" else (None,) * 4
             pairs, malloc, blocks = self._python_figures(role, name) if role != "envoy" else (None,) * 3
             pid = proc.pid if proc else 0
-            rss, fds = got
+            rss, fds, anon, file = got
             self.samples.append(
-                Sample(now, role, name, pid, rss, fds, heap, clusters, pairs, draining, listeners, malloc, blocks)
+                Sample(
+                    *(now, role, name, pid, rss, fds, heap, clusters, pairs, draining, listeners, malloc, blocks),
+                    rss_anon_kib=anon,
+                    rss_file_kib=file,
+                )
             )
 
     def _python_figures(self, role: str, name: str) -> tuple[int | None, int | None, int | None]:

@@ -3,6 +3,7 @@ slope test that says whether an RSS or fd series drifts beyond its noise."""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 from pathlib import Path
@@ -206,3 +207,22 @@ def test_a_serviceaccount_that_left_leaves_the_policy() -> None:
         "assert [s.rsplit('/', 1)[1] for s in applied[-1]] == ['alpha', 'sa-9', 'ghost-0'], applied\n"
     )
     _run_from_root(script)
+
+
+def test_a_processes_rss_is_sampled_with_its_anonymous_and_file_backed_parts() -> None:
+    """RSS = RssAnon + RssFile + RssShmem (the kernel's own account, one read of /proc/PID/status): the soak samples
+    the two parts beside the sum, as most of an Envoy's RSS is its executable's pages, shared and evictable."""
+    watch = load_bench("soak_watch")
+    got = watch.proc_sample(os.getpid())
+    assert got is not None
+    rss, fds, anon, file = got
+    shmem = int(
+        next(
+            line.split()[1]
+            for line in Path("/proc/self/status").read_text().splitlines()
+            if line.startswith("RssShmem:")
+        )
+    )
+    assert anon and file and fds > 0
+    assert abs(rss - (anon + file + shmem)) <= 64, (rss, anon, file, shmem)  # two reads of a living process
+    assert watch.proc_sample(2**22 + 1) is None  # above pid_max: never a process

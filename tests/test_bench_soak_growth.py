@@ -292,3 +292,19 @@ def test_a_long_runs_windows_are_judged_as_if_the_run_had_ended_there(
     cut = gate("--to-min", "30")
     assert cut["leak_gate"]["sidecar"]["leak"] is True, cut
     assert gate("--to-min", "30", "--from-min", "26")["leak_gate"]["sidecar"]["leak"] is False
+
+
+def test_rss_is_also_judged_by_its_anonymous_and_file_backed_parts() -> None:
+    """Rows with RssAnon and RssFile (columns 13, 14) get a verdict for each part beside the sum's, so a report says
+    whether RSS grew in the process's own memory or in its executable's pages; older rows get none."""
+    heap = [None, None, None, None, None, 20_000, 150_000]  # columns 6-12, the heap in use flat
+    rows = [
+        [round(p.minute * 60, 1), "sidecar", "node-a", p.pid, p.value + 36_000, 15, *heap, p.value, 36_000]
+        for p in _run(80.0)
+    ]
+    got = growth_mod.verdicts(rows)["sidecar/node-a"]
+    assert got["rss_anon_kib"]["grows_beyond_noise"] is True, got["rss_anon_kib"]
+    assert got["rss_file_kib"]["grows_beyond_noise"] is False, got["rss_file_kib"]
+    assert got["rss_kib"]["grows_beyond_noise"] is True
+    older = growth_mod.verdicts([row[:13] for row in rows])["sidecar/node-a"]
+    assert "rss_anon_kib" not in older and "rss_file_kib" not in older
