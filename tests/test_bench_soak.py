@@ -3,12 +3,13 @@ slope test that says whether an RSS or fd series drifts beyond its noise."""
 
 from __future__ import annotations
 
-import os
+import json
 import random
+import subprocess
 import sys
 from pathlib import Path
 
-from aether.testing.benchload import load_bench
+from aether.testing.benchload import ROOT, load_bench
 
 report = load_bench("soak_report")  # bench/ by its path (aether.testing.benchload says why)
 Event, Outcome, Sample = report.Event, report.Outcome, report.Sample
@@ -211,18 +212,16 @@ def test_a_serviceaccount_that_left_leaves_the_policy() -> None:
 
 def test_a_processes_rss_is_sampled_with_its_anonymous_and_file_backed_parts() -> None:
     """RSS = RssAnon + RssFile + RssShmem (the kernel's own account, one read of /proc/PID/status): the soak samples
-    the two parts beside the sum, as most of an Envoy's RSS is its executable's pages, shared and evictable."""
-    watch = load_bench("soak_watch")
-    got = watch.proc_sample(os.getpid())
-    assert got is not None
-    rss, fds, anon, file = got
-    shmem = int(
-        next(
-            line.split()[1]
-            for line in Path("/proc/self/status").read_text().splitlines()
-            if line.startswith("RssShmem:")
-        )
+    the two parts beside the sum, as most of an Envoy's RSS is its executable's pages, shared and evictable.
+    bench.soak_watch imports bench.* by package, so it runs from the repository root in a child interpreter."""
+    code = (
+        "import json, os; from bench.soak_watch import proc_sample;"
+        "print(json.dumps([proc_sample(os.getpid()), proc_sample(2**22 + 1), open('/proc/self/status').read()]))"
     )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    got, gone, status = json.loads(out.stdout)
+    rss, fds, anon, file = got
+    shmem = int(next(line.split()[1] for line in status.splitlines() if line.startswith("RssShmem:")))
     assert anon and file and fds > 0
     assert abs(rss - (anon + file + shmem)) <= 64, (rss, anon, file, shmem)  # two reads of a living process
-    assert watch.proc_sample(2**22 + 1) is None  # above pid_max: never a process
+    assert gone is None  # above pid_max: never a process

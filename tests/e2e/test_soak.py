@@ -36,9 +36,10 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
     # the growth verdicts (bench.soak_growth): every process judged, too short at 3 minutes to give a slope
     assert {"operator", "sidecar/node-a", "envoy/node-b"} <= set(report["growth"]), report["growth"]
     # [t, role, node, pid, rss, fds, clusters, pairs, allocated, draining listeners, active listeners, malloc_kib,
-    # py_blocks]
+    # py_blocks, rss_anon, rss_file]
     rows = report["samples"]
-    assert all(len(row) == 13 for row in rows) and any(row[7] is not None for row in rows)
+    assert all(len(row) == 15 for row in rows) and any(row[7] is not None for row in rows)
+    assert all(row[13] and row[14] and abs(row[4] - row[13] - row[14]) <= 64 for row in rows), rows[:3]
     envoy_rows = [r for r in rows if r[1] == "envoy"]
     assert all(row[9] is not None and row[10] for row in envoy_rows), envoy_rows[:3]
     python_rows = [r for r in rows if r[1] in ("sidecar", "operator")]  # their heap after the last full gc, /metrics
