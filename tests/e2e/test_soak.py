@@ -39,7 +39,8 @@ def test_a_three_minute_soak_keeps_the_zero_count_invariants(tmp_path: Path) -> 
     # py_blocks, rss_anon, rss_file]
     rows = report["samples"]
     assert all(len(row) == 15 for row in rows) and any(row[7] is not None for row in rows)
-    assert all(row[13] and row[14] and abs(row[4] - row[13] - row[14]) <= 64 for row in rows), rows[:3]
+    # RSS = RssAnon + RssFile + RssShmem (Envoy has shared memory: its hot-restart region)
+    assert all(row[13] and row[14] and row[13] + row[14] <= row[4] for row in rows), rows[:3]
     envoy_rows = [r for r in rows if r[1] == "envoy"]
     assert all(row[9] is not None and row[10] for row in envoy_rows), envoy_rows[:3]
     python_rows = [r for r in rows if r[1] in ("sidecar", "operator")]  # their heap after the last full gc, /metrics
