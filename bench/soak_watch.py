@@ -141,7 +141,7 @@ class Watcher:
             if got is None:
                 continue
             heap, clusters, draining, listeners = self._envoy_figures(name) if role == "envoy" else (None,) * 4
-            pairs, malloc, blocks = self._python_figures(role, name) if role != "envoy" else (None,) * 3
+            pairs, malloc, blocks = self.python_figures(role, name) if role != "envoy" else (None,) * 3
             pid = proc.pid if proc else 0
             rss, fds, anon, file = got
             self.samples.append(
@@ -152,7 +152,7 @@ class Watcher:
                 )
             )
 
-    def _python_figures(self, role: str, name: str) -> tuple[int | None, int | None, int | None]:
+    def python_figures(self, role: str, name: str) -> tuple[int | None, int | None, int | None]:
         """From a sidecar's or the operator's metrics: the sidecar's QUIC pairs, live and dormant (the live state its
         memory grows with), and the heap in use at the end of the process's last full garbage collection
         (aether.metrics.HeapCollector, aether.heap: C malloc's KiB, CPython's blocks, what was still reachable; the
