@@ -33,7 +33,8 @@ def _judge(batches: list[dict[str, Any]]) -> dict[str, Any]:
         [sys.executable, "-c", code], cwd=ROOT, input=json.dumps(batches), capture_output=True, text=True, timeout=120
     )
     assert got.returncode == 0, got.stderr
-    return json.loads(got.stdout)
+    verdicts: dict[str, Any] = json.loads(got.stdout)
+    return verdicts
 
 
 def test_a_figure_left_behind_by_every_cycle_is_seen_and_a_flat_one_is_not() -> None:
