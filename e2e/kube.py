@@ -134,6 +134,28 @@ class Kube:
         uid: str = created.metadata.uid
         return uid
 
+    def pod_deleting(self, ns: str, name: str) -> None:
+        """A user's `kubectl delete pod`: a graceful delete, which only marks the object (deletionTimestamp) until
+        the kubelet has stopped the pod."""
+        self.core.delete_namespaced_pod(name, ns)
+
+    def pod_gone(self, ns: str, name: str, uid: str) -> None:
+        """The kubelet's last word on a pod it stopped and tore down: a delete with grace period 0, for this uid only
+        (a pod made since under the same name is not touched), which removes the object; returns once it is gone.
+        Without it a deleted pod stays Terminating in the API for good, and everything that lists pods holds it."""
+        with contextlib.suppress(ApiException):  # 404: already gone; 409: the uid is another pod's
+            self.core.delete_namespaced_pod(name, ns, body={"gracePeriodSeconds": 0, "preconditions": {"uid": uid}})
+
+        def gone() -> bool:
+            try:
+                return bool(self.core.read_namespaced_pod(name, ns).metadata.uid != uid)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return True
+                raise
+
+        wait_for(gone, 30.0, f"pod {ns}/{name} gone from the API")
+
     def pod_running(self, ns: str, name: str, ips: Sequence[str]) -> None:
         """The kubelet's part after CNI ADD: podIPs (one per family, podIP the first) and phase Running (through
         the status subresource)."""

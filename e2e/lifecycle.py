@@ -111,8 +111,10 @@ def restart_envoy(mesh: Mesh, node: MeshNodeProxy, timeout: float = 60.0) -> Non
 
 
 def delete_pod(mesh: Mesh, name: str) -> None:
-    """What deleting a pod does on its node: the kubelet's CNI DEL (the pod record goes), then the API object."""
+    """What deleting a pod does: the user's graceful delete marks the API object, the kubelet stops the pod's
+    containers and runs CNI DEL (the pod record goes), then removes the object (grace period 0)."""
     pod = mesh.pods.pop(name)
+    mesh.kube.pod_deleting(pod.namespace, name)
     for proc in mesh.apps.pop(name, []):
         mesh.lab.stop(proc)
     annotations = ((INBOUND_ANNOTATION, mesh.inbound),) if mesh.inbound else ()
@@ -121,7 +123,7 @@ def delete_pod(mesh: Mesh, name: str) -> None:
     )
     with contextlib.suppress(cni_runtime.CniFailed):
         cni_runtime.delete(sandbox, pod.node.records)
-    mesh.kube.core.delete_namespaced_pod(name, pod.namespace)
+    mesh.kube.pod_gone(pod.namespace, name, pod.uid)
 
 
 def set_http_endpoints(mesh: Mesh, service: str, backends: list[str]) -> None:
