@@ -75,6 +75,8 @@ class TranslateOptions:
     east_west_gateway_quic: bool = False
     # this node's pods call other pods over QUIC twins; False: over the h2 clusters only (`aether xds --east-west-quic`)
     east_west_quic: bool = True
+    # the east-west clusters' idle timeout (`aether xds --east-west-idle-timeout`); None: EastWestOptions' own
+    east_west_idle_timeout_s: float | None = None
 
 
 def seconds(value: float) -> str:

@@ -294,3 +294,27 @@ def test_a_destination_outside_the_twins_san_pin_is_refused(mesh: Mesh) -> None:
         mesh.serve_a()
         mesh.wait_routed_to(f'"{TWIN}"')
     mesh.until_200(mesh.client)
+
+
+def test_an_idle_source_connection_closes_at_both_ends(mesh: Mesh) -> None:
+    """The h2 pools are per source identity, so a source's connection is only ever reused by that source: without an
+    idle timeout a ServiceAccount's connections (and node B's side of them) stayed Envoy's default hour after its
+    last request, one more set per ServiceAccount that came and went (the soak's node with h2 sources grew by
+    them). With `idle_timeout_s` each closes once idle that long, at the source and at the destination, and the
+    next request opens a new one as the same source."""
+    h2 = r"^cluster\.h2_default/web\."
+    try:
+        mesh.serve_a(mesh.resources_a(quic=False, idle_timeout_s=1.5))
+        wait_for(lambda: TWIN not in mesh.a.admin("/clusters"), 30, "twins gone")
+        wait_for(lambda: '"1.500s"' in mesh.a.active_config("dynamic_active_clusters"), 30, "the idle timeout applied")
+        closed = mesh.a.stat_sum(h2 + r"upstream_cx_idle_timeout$")
+        for pod, sid in ((mesh.client, CLIENT), (mesh.other, OTHER)):
+            assert [(s, xfcc_uri(b)) for s, b in mesh.until_200(pod)][-1] == (200, sid)
+        assert mesh.a.stat_sum(h2 + r"upstream_cx_active$") == 2  # one per source: the pool is keyed by identity
+        wait_for(lambda: mesh.a.stat_sum(h2 + r"upstream_cx_idle_timeout$") >= closed + 2, 15, "both idle-closed")
+        assert mesh.a.stat_sum(h2 + r"upstream_cx_active$") == 0
+        wait_for(lambda: mesh.b.stat_sum(r"^http\.inbound_http2\.downstream_cx_active$") == 0, 15, "node B's side")
+        assert [(s, xfcc_uri(b)) for s, b in mesh.get(mesh.other, n=2)] == [(200, OTHER)] * 2
+    finally:
+        mesh.serve_a()
+        mesh.wait_routed_to(f'"{TWIN}"')

@@ -160,6 +160,38 @@ def test_east_west_quic_off_routes_every_destination_over_its_h2_cluster(tmp_pat
     assert actions and all(set(a) == {"cluster"} and a["cluster"].startswith("h2:") for a in actions), actions
 
 
+def test_the_east_west_idle_timeout_reaches_every_h2_cluster_and_twin(tmp_path: Path) -> None:
+    """`--east-west-idle-timeout`: every h2 cluster's and twin's HTTP idle timeout (5 minutes without it, not
+    Envoy's hour); a value that is not a duration is a usage error."""
+    from aether.netns.records import write_record
+    from aether.testing.eastwest_sample import two_sources_one_destination
+    from aether.xds.resources import CLUSTER
+
+    node, records = two_sources_one_destination()
+    state = tmp_path / "node.json"
+    state.write_text(json.dumps(node.wire()))
+    for record in records.values():
+        write_record(record, tmp_path / "records")
+    base = ("render", "--state", str(state), "--records", str(tmp_path / "records"))
+
+    def idle(*extra: str) -> dict[str, str]:
+        out = _run(*base, *extra)
+        assert out.returncode == 0, out.stderr
+        clusters = json.loads(out.stdout)[CLUSTER].items()
+        options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+        return {
+            name: c["typedExtensionProtocolOptions"][options]["commonHttpProtocolOptions"]["idleTimeout"]
+            for name, c in clusters
+            if name.startswith(("h2:", "quic:"))
+        }
+
+    default, set_ = idle(), idle("--east-west-idle-timeout", "90s")
+    assert any(n.startswith("quic:") for n in default) and any(n.startswith("h2:") for n in default), default
+    assert set(default.values()) == {"300s"} and set(set_.values()) == {"90s"} and set_.keys() == default.keys()
+    bad = _run(*base, "--east-west-idle-timeout", "soon")
+    assert bad.returncode != 0 and "not a duration" in bad.stderr
+
+
 def test_the_sidecar_runs_full_collections_and_exports_the_heap_after_them(tmp_path: Path) -> None:
     """`--full-gc-every SECONDS` (aether.heap): the running sidecar's metrics carry the full collections' count and
     the heap after the last one; a negative period is refused."""

@@ -374,6 +374,7 @@ _BY_TYPE: Final[dict[Any, st.SearchStrategy[Any]]] = {
     # milliseconds: what the flags take (a float of 10+ decimals is no valid proto3-JSON Duration as the east-west
     # builders write it, f"{x}s", for either path)
     float: st.integers(1, 86_400_000).map(lambda ms: ms / 1000),
+    float | None: st.none() | st.integers(1, 86_400_000).map(lambda ms: ms / 1000),
     str: _DOMAINS,
 }
 _BY_NAME: Final[dict[tuple[type, str], st.SearchStrategy[Any]]] = {

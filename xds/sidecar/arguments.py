@@ -50,6 +50,14 @@ def east_west_quic_argument(p: argparse.ArgumentParser) -> None:
         "ServiceAccount and destination); off: every destination over its h2 cluster (TCP mTLS HTTP/2 with the "
         "source's own SVID), no twin built. Either way the node's inbound serves both",
     )
+    p.add_argument(
+        "--east-west-idle-timeout",
+        type=duration,
+        default=None,
+        help="how long a source's east-west connection (its h2 pool's or its twin's) may carry no request before "
+        "this node's Envoy closes it (e.g. 90s, 5m; default 5m). The h2 pools are per source identity: a "
+        "ServiceAccount's connections outlive its last pod on the node by this much",
+    )
 
 
 def udp_dataplane_argument(p: argparse.ArgumentParser) -> None:

@@ -132,6 +132,7 @@ def _render(argv: list[str]) -> int:
         east_west_gateway=args.east_west_gateway,
         east_west_gateway_quic=_east_west_gateway_quic(args.east_west_gateway_quic, os.environ),
         east_west_quic=args.east_west_quic == "on",
+        east_west_idle_timeout_s=args.east_west_idle_timeout,
     )
     for policy in options.authorization:
         if not policy.accepted:
@@ -299,6 +300,7 @@ def _translate_options(args: argparse.Namespace, areas: tuple[str, ...]) -> Tran
         east_west_gateway=args.east_west_gateway,
         east_west_gateway_quic=_east_west_gateway_quic(args.east_west_gateway_quic, os.environ),
         east_west_quic=args.east_west_quic == "on",
+        east_west_idle_timeout_s=args.east_west_idle_timeout,
     )
     if options.udp_gso_writer:
         log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")

@@ -74,9 +74,12 @@ def camel(obj: Any) -> Any:
 
 def _eastwest(options: TranslateOptions, ew: EastWestOptions | None) -> EastWestOptions:
     """The east-west knobs: `ew`, or a `TranslateOptions.eastwest` field, or the defaults; QUIC off when the node's
-    options say so (`aether xds --east-west-quic off`: every destination over its h2 cluster, no twin)."""
+    options say so (`aether xds --east-west-quic off`: every destination over its h2 cluster, no twin), and their
+    idle timeout when the node's options set one (`--east-west-idle-timeout`)."""
     ew = ew or getattr(options, "eastwest", None) or EastWestOptions()
-    return ew if options.east_west_quic else replace(ew, quic=False)
+    ew = ew if options.east_west_quic else replace(ew, quic=False)
+    idle = options.east_west_idle_timeout_s
+    return ew if idle is None else replace(ew, idle_timeout_s=idle)
 
 
 def build(

@@ -42,6 +42,10 @@ class EastWestOptions:
     access_log_path: str | None = None  # a text log file besides (tests log %PROTOCOL% here); None: none
     odcds_timeout_s: float = 2.0
     connect_timeout_s: float = 2.0
+    # How long a source's connection to a destination (its h2 pool's, its twin's) may carry no request before it
+    # closes (the clusters' HTTP idle_timeout; Envoy's own default is an hour). The h2 pools are per source identity,
+    # so a ServiceAccount's connections outlive its last pod until this fires (docs/architecture.md).
+    idle_timeout_s: float = 300.0
     # Where SDS secrets, EDS and RDS come from: ADS unless a test points them elsewhere.
     config_source: Mapping[str, Any] | None = None
     # Only the negative control of the identity-leak gate changes this; aether.xds.gates.quic rejects anything else.
