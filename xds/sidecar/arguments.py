@@ -8,6 +8,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from aether.api.meshnode import UDP_DATAPLANES
 from aether.api.naming import DEFAULT_MESH_DOMAIN
@@ -58,6 +59,11 @@ def east_west_quic_argument(p: argparse.ArgumentParser) -> None:
         "this node's Envoy closes it (e.g. 90s, 5m; default 5m). The h2 pools are per source identity: a "
         "ServiceAccount's connections outlive its last pod on the node by this much",
     )
+
+
+def east_west_transport(args: argparse.Namespace) -> dict[str, Any]:
+    """The `TranslateOptions` fields `east_west_quic_argument`'s flags set."""
+    return {"east_west_quic": args.east_west_quic == "on", "east_west_idle_timeout_s": args.east_west_idle_timeout}
 
 
 def udp_dataplane_argument(p: argparse.ArgumentParser) -> None:

@@ -34,7 +34,7 @@ from aether.api.meshnode import MeshNodeFileError
 from aether.api.slices import load_state_file
 from aether.heap import FullCollections, add_full_gc_argument
 from aether.netns.records import load_records, state_dir
-from aether.xds.sidecar.arguments import duration
+from aether.xds.sidecar.arguments import duration, east_west_transport
 from aether.xds.sidecar.arguments import east_west_gateway_argument as _east_west_gateway_argument
 from aether.xds.sidecar.arguments import east_west_gateway_quic as _east_west_gateway_quic
 from aether.xds.sidecar.arguments import east_west_quic_argument as _east_west_quic_argument
@@ -131,8 +131,7 @@ def _render(argv: list[str]) -> int:
         mesh_domain=args.mesh_domain,
         east_west_gateway=args.east_west_gateway,
         east_west_gateway_quic=_east_west_gateway_quic(args.east_west_gateway_quic, os.environ),
-        east_west_quic=args.east_west_quic == "on",
-        east_west_idle_timeout_s=args.east_west_idle_timeout,
+        **east_west_transport(args),
     )
     for policy in options.authorization:
         if not policy.accepted:
@@ -299,8 +298,7 @@ def _translate_options(args: argparse.Namespace, areas: tuple[str, ...]) -> Tran
         mesh_domain=args.mesh_domain,
         east_west_gateway=args.east_west_gateway,
         east_west_gateway_quic=_east_west_gateway_quic(args.east_west_gateway_quic, os.environ),
-        east_west_quic=args.east_west_quic == "on",
-        east_west_idle_timeout_s=args.east_west_idle_timeout,
+        **east_west_transport(args),
     )
     if options.udp_gso_writer:
         log.warning("--udp-gso on: UDP replies over 1,452 bytes to pods are dropped (Envoy's GSO writer refuses them)")
