@@ -17,6 +17,20 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _sample_state(tmp_path: Path) -> tuple[str, ...]:
+    """`aether xds render` arguments for two sources and one destination (`two_sources_one_destination`), written
+    under `tmp_path`."""
+    from aether.netns.records import write_record
+    from aether.testing.eastwest_sample import two_sources_one_destination
+
+    node, records = two_sources_one_destination()
+    state = tmp_path / "node.json"
+    state.write_text(json.dumps(node.wire()))
+    for record in records.values():
+        write_record(record, tmp_path / "records")
+    return ("render", "--state", str(state), "--records", str(tmp_path / "records"))
+
+
 def test_bootstrap_points_delta_ads_at_the_sidecar() -> None:
     out = _run("bootstrap", "--node", "node-a", "--xds", "unix:/run/aether/xds.sock")
     assert out.returncode == 0, out.stderr
@@ -118,37 +132,22 @@ def test_a_sidecar_without_certificates_refuses_to_start(tmp_path: Path) -> None
 def test_the_mesh_domain_reaches_the_routes_and_the_sni(tmp_path: Path) -> None:
     """`--mesh-domain`: the outbound routes answer <svc>.<ns>.<domain> and a twin's SNI ends in it; a name that is
     not a domain is a usage error."""
-    from aether.netns.records import write_record
-    from aether.testing.eastwest_sample import two_sources_one_destination
 
-    node, records = two_sources_one_destination()
-    state = tmp_path / "node.json"
-    state.write_text(json.dumps(node.wire()))
-    for record in records.values():
-        write_record(record, tmp_path / "records")
-    out = _run(
-        "render", "--state", str(state), "--records", str(tmp_path / "records"), "--mesh-domain", "mesh.example.org"
-    )
+    base = _sample_state(tmp_path)
+    out = _run(*base, "--mesh-domain", "mesh.example.org")
     assert out.returncode == 0, out.stderr
     assert ".mesh.example.org" in out.stdout and "mesh.aether.internal" not in out.stdout
     assert "quic." in out.stdout  # the twins are there: the SNI check is not vacuous
-    bad = _run("render", "--state", str(state), "--mesh-domain", "Not_A_Domain")
+    bad = _run(*base, "--mesh-domain", "Not_A_Domain")
     assert bad.returncode != 0 and "is not a DNS domain" in bad.stderr
 
 
 def test_east_west_quic_off_routes_every_destination_over_its_h2_cluster(tmp_path: Path) -> None:
     """`--east-west-quic off`: the pods' outbound route names the destination's h2 cluster, with no per-source twin
     selection, and no twin is built; on (the default) the twins are there."""
-    from aether.netns.records import write_record
-    from aether.testing.eastwest_sample import two_sources_one_destination
     from aether.xds.resources import CLUSTER, ROUTE
 
-    node, records = two_sources_one_destination()
-    state = tmp_path / "node.json"
-    state.write_text(json.dumps(node.wire()))
-    for record in records.values():
-        write_record(record, tmp_path / "records")
-    base = ("render", "--state", str(state), "--records", str(tmp_path / "records"))
+    base = _sample_state(tmp_path)
     on, off = _run(*base), _run(*base, "--east-west-quic", "off")
     assert on.returncode == 0 and off.returncode == 0, on.stderr + off.stderr
     clusters = {c: set(json.loads(r.stdout)[CLUSTER]) for c, r in (("on", on), ("off", off))}
@@ -163,16 +162,9 @@ def test_east_west_quic_off_routes_every_destination_over_its_h2_cluster(tmp_pat
 def test_the_east_west_idle_timeout_reaches_every_h2_cluster_and_twin(tmp_path: Path) -> None:
     """`--east-west-idle-timeout`: every h2 cluster's and twin's HTTP idle timeout (5 minutes without it, not
     Envoy's hour); a value that is not a duration is a usage error."""
-    from aether.netns.records import write_record
-    from aether.testing.eastwest_sample import two_sources_one_destination
     from aether.xds.resources import CLUSTER
 
-    node, records = two_sources_one_destination()
-    state = tmp_path / "node.json"
-    state.write_text(json.dumps(node.wire()))
-    for record in records.values():
-        write_record(record, tmp_path / "records")
-    base = ("render", "--state", str(state), "--records", str(tmp_path / "records"))
+    base = _sample_state(tmp_path)
 
     def idle(*extra: str) -> dict[str, str]:
         out = _run(*base, *extra)
